@@ -1,0 +1,469 @@
+"""nuScenes layout: reader (JSON tables + `samples/`) and a writer for multi-camera datasets.
+
+Layout: `root/samples/LIDAR_TOP/*.pcd.bin` float32 `[N, 5]` `(x, y, z, intensity 0..255, ring)`,
+`root/samples/CAM_*/*.jpg`, and tables in `root/<version>/` (`sample.json`, `sample_data.json`,
+`calibrated_sensor.json`, `ego_pose.json`, `sensor.json`, `sample_annotation.json`,
+`instance.json`, `category.json`, ...). One `Frame` per sample (frame id = sample token).
+
+Frames: annotations are global-frame boxes (size `w, l, h`, rotation quaternion `w, x, y, z`);
+they are moved into the lidar frame through the lidar's ego pose and calibrated sensor. Each
+camera gets `T_cam_from_lidar = inv(T_ego_from_cam) @ inv(T_global_from_ego_cam) @
+T_global_from_ego_lidar @ T_ego_from_lidar`, exact for the two timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+import numpy as np
+
+from pfactory.fsutil import atomic_write_bytes, atomic_write_json
+from pfactory.geometry import (
+    invert_transform,
+    make_transform,
+    matrix_to_quaternion,
+    quaternion_to_matrix,
+    yaw_from_matrix,
+)
+from pfactory.sensors.frame import Boxes3D, CameraView, DatasetError, Frame
+from pfactory.sensors.kitti import image_size, read_points
+
+TABLES = (
+    "sample",
+    "sample_data",
+    "calibrated_sensor",
+    "ego_pose",
+    "sensor",
+    "sample_annotation",
+    "instance",
+    "category",
+)
+CAMERA_CHANNELS = (
+    "CAM_FRONT",
+    "CAM_FRONT_RIGHT",
+    "CAM_BACK_RIGHT",
+    "CAM_BACK",
+    "CAM_BACK_LEFT",
+    "CAM_FRONT_LEFT",
+)
+LIDAR_CHANNEL = "LIDAR_TOP"
+
+
+def find_nuscenes_version(root: Path) -> str | None:
+    """Name of the table folder (`v1.0-*`) under `root` if it is a nuScenes layout, else None."""
+    if not (root / "samples").is_dir():
+        return None
+    versions = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("v1.0-"))
+    return versions[0] if versions else None
+
+
+def _transform(rec: dict, path: Path, what: str) -> np.ndarray:
+    try:
+        q = np.asarray(rec["rotation"], dtype=np.float64)
+        t = np.asarray(rec["translation"], dtype=np.float64)
+    except (KeyError, TypeError, ValueError) as e:
+        raise DatasetError(
+            path, f"{what}.rotation/translation", f"a quaternion [4] and translation [3] ({e})"
+        ) from e
+    if q.shape != (4,) or t.shape != (3,) or not np.all(np.isfinite(q)) or np.linalg.norm(q) < 1e-9:
+        raise DatasetError(
+            path, f"{what}.rotation/translation", "a non-zero finite quaternion [4] and translation [3]"
+        )
+    return make_transform(quaternion_to_matrix(q), t)
+
+
+class NuScenesDataset:
+    """Reader for a nuScenes-layout dataset root with tables in `root/<version>/`."""
+
+    layout = "nuscenes"
+
+    def __init__(self, root: str | Path, version: str):
+        self.root = Path(root)
+        self.version = version
+        self.table_dir = self.root / version
+        self.tables: dict[str, dict[str, dict]] = {}
+        # Tokens that occur in more than one record, per table: token -> record count. A
+        # token->record dict would silently keep one of them; instead the first is kept for
+        # lookups and every sample that touches a duplicated token is refused by `read`.
+        self.duplicates: dict[str, dict[str, int]] = {}
+        rows_of: dict[str, list[dict]] = {}
+        for name in TABLES:
+            path = self.table_dir / f"{name}.json"
+            if not path.is_file():
+                raise DatasetError(path, name, f"the nuScenes table {name}.json (missing)")
+            try:
+                rows = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise DatasetError(path, name, f"a JSON list of records ({e})") from e
+            if not isinstance(rows, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("token"), str) for r in rows
+            ):
+                raise DatasetError(path, name, "a JSON list of records, each with a string 'token'")
+            table: dict[str, dict] = {}
+            counts: dict[str, int] = {}
+            for r in rows:
+                counts[r["token"]] = counts.get(r["token"], 0) + 1
+                table.setdefault(r["token"], r)
+            self.tables[name] = table
+            self.duplicates[name] = {t: n for t, n in counts.items() if n > 1}
+            rows_of[name] = rows
+        # Index once: sample -> its key-frame sample_data by channel; sample -> annotations.
+        # Built from every record (not the de-duplicated tables) so duplicates stay visible.
+        self._sensor_of_cs = {
+            t: self.tables["sensor"].get(cs.get("sensor_token"), {})
+            for t, cs in self.tables["calibrated_sensor"].items()
+        }
+        self._data_by_sample: dict[str, dict[str, dict]] = {}
+        # sample token -> channels with more than one key-frame record (which one is meant?)
+        self.duplicate_channels: dict[str, list[str]] = {}
+        for sd in rows_of["sample_data"]:
+            if not sd.get("is_key_frame", True):
+                continue
+            channel = self._sensor_of_cs.get(sd.get("calibrated_sensor_token"), {}).get("channel")
+            if channel is None:
+                continue
+            by_channel = self._data_by_sample.setdefault(sd.get("sample_token"), {})
+            if channel in by_channel:
+                self.duplicate_channels.setdefault(sd.get("sample_token"), []).append(channel)
+                continue
+            by_channel[channel] = sd
+        self._anns_by_sample: dict[str, list[dict]] = {}
+        for ann in rows_of["sample_annotation"]:
+            self._anns_by_sample.setdefault(ann.get("sample_token"), []).append(ann)
+
+    def frame_ids(self) -> list[str]:
+        """Sample tokens, ordered by timestamp then token."""
+        samples = self.tables["sample"].values()
+        return [s["token"] for s in sorted(samples, key=lambda s: (s.get("timestamp", 0), s["token"]))]
+
+    def sample_data(self, frame_id: str) -> dict[str, dict]:
+        """Key-frame sample_data records of one sample by channel (first record per channel)."""
+        return dict(self._data_by_sample.get(frame_id, {}))
+
+    def annotations(self, frame_id: str) -> list[dict]:
+        """Every sample_annotation record of one sample, duplicates included."""
+        return list(self._anns_by_sample.get(frame_id, []))
+
+    def duplicate_errors(self, frame_id: str) -> list[DatasetError]:
+        """One error per duplicated token (or doubled key-frame channel) that this sample uses.
+
+        Checked: the sample itself, its key-frame sample_data and their calibrated_sensor,
+        sensor and ego_pose records, its annotations and their instance and category.
+        """
+        errs: list[DatasetError] = []
+
+        def check(table: str, token: object) -> None:
+            n = self.duplicates[table].get(token) if isinstance(token, str) else None
+            if n:
+                errs.append(
+                    DatasetError(
+                        self.table_dir / f"{table}.json",
+                        f"{token}.token",
+                        f"unique tokens, {token!r} is used by {n} records",
+                        frame_id,
+                    )
+                )
+
+        check("sample", frame_id)
+        for channel in self.duplicate_channels.get(frame_id, []):
+            errs.append(
+                DatasetError(
+                    self.table_dir / "sample_data.json",
+                    channel,
+                    f"one key-frame {channel} record for sample {frame_id}, found several",
+                    frame_id,
+                )
+            )
+        for sd in self._data_by_sample.get(frame_id, {}).values():
+            check("sample_data", sd.get("token"))
+            check("calibrated_sensor", sd.get("calibrated_sensor_token"))
+            check("ego_pose", sd.get("ego_pose_token"))
+            cs = self.tables["calibrated_sensor"].get(sd.get("calibrated_sensor_token"), {})
+            check("sensor", cs.get("sensor_token"))
+        seen: set[str] = set()
+        for ann in self._anns_by_sample.get(frame_id, []):
+            if ann["token"] in seen:
+                continue  # one error per duplicated annotation token, not one per copy
+            seen.add(ann["token"])
+            check("sample_annotation", ann["token"])
+            check("instance", ann.get("instance_token"))
+            inst = self.tables["instance"].get(ann.get("instance_token"), {})
+            check("category", inst.get("category_token"))
+        return errs
+
+    def resolve(self, filename: str, field: str) -> Path:
+        """A table's relative file path under the root; DatasetError if it escapes the root.
+
+        The test is lexical (`..` and absolute paths are refused) and does not follow
+        symlinks: a dataset whose files are symlinks into a cache (DVC's `cache.type:
+        symlink`, a shared mirror) is legitimate, a table naming `../x` is not.
+        """
+        table_path = self.table_dir / "sample_data.json"
+        if not isinstance(filename, str) or not filename or "\x00" in filename:
+            raise DatasetError(table_path, field, f"a relative file path, got {filename!r}")
+        rel = PurePosixPath(filename.replace("\\", "/"))
+        norm = PurePosixPath(posixpath.normpath(rel.as_posix()))
+        if rel.is_absolute() or PureWindowsPath(filename).is_absolute() or norm.parts[:1] == ("..",):
+            raise DatasetError(
+                table_path, field, f"a path inside the dataset root {self.root}, got {filename!r}"
+            )
+        return self.root / norm
+
+    def read(self, frame_id: str, with_labels: bool = True) -> Frame:
+        """Read one sample into the lidar-frame convention; DatasetError on any problem."""
+        try:
+            return self._read(frame_id, with_labels)
+        except DatasetError as e:
+            e.frame_id = frame_id
+            raise
+
+    def _pose(self, sd: dict) -> tuple[np.ndarray, np.ndarray]:
+        """`(T_ego_from_sensor, T_global_from_ego)` of one sample_data record."""
+        cs = self.tables["calibrated_sensor"].get(sd.get("calibrated_sensor_token"))
+        ep = self.tables["ego_pose"].get(sd.get("ego_pose_token"))
+        path = self.table_dir / "sample_data.json"
+        if cs is None or ep is None:
+            raise DatasetError(
+                path, f"{sd['token']}.calibrated_sensor_token/ego_pose_token", "tokens of existing records"
+            )
+        return (
+            _transform(cs, self.table_dir / "calibrated_sensor.json", cs["token"]),
+            _transform(ep, self.table_dir / "ego_pose.json", ep["token"]),
+        )
+
+    def _read(self, frame_id: str, with_labels: bool) -> Frame:
+        if frame_id not in self.tables["sample"]:
+            raise DatasetError(self.table_dir / "sample.json", "token", f"a sample with token {frame_id!r}")
+        dups = self.duplicate_errors(frame_id)
+        if dups:
+            raise dups[0]
+        data = self._data_by_sample.get(frame_id, {})
+        lidar_sd = data.get(LIDAR_CHANNEL)
+        if lidar_sd is None:
+            raise DatasetError(
+                self.table_dir / "sample_data.json",
+                LIDAR_CHANNEL,
+                f"a key-frame lidar record for sample {frame_id}",
+            )
+        lidar_path = self.resolve(lidar_sd.get("filename"), f"{lidar_sd['token']}.filename")
+        if not lidar_path.is_file():
+            raise DatasetError(lidar_path, "points", f"the lidar file of sample {frame_id} (missing)")
+        raw = read_points(lidar_path, dims=5)
+        points = np.concatenate([raw[:, :3], raw[:, 3:4] / 255.0], axis=1).astype(np.float32)  # [N, 4]
+        T_ego_from_lidar, T_global_from_ego_l = self._pose(lidar_sd)
+        T_global_from_lidar = T_global_from_ego_l @ T_ego_from_lidar
+        cameras = []
+        for channel in sorted(c for c in data if c.startswith("CAM")):
+            sd = data[channel]
+            path = self.resolve(sd.get("filename"), f"{sd['token']}.filename")
+            if not path.is_file():
+                raise DatasetError(path, channel, f"the {channel} image of sample {frame_id} (missing)")
+            T_ego_from_cam, T_global_from_ego_c = self._pose(sd)
+            cs = self.tables["calibrated_sensor"][sd["calibrated_sensor_token"]]
+            K = np.asarray(cs.get("camera_intrinsic") or [], dtype=np.float64)
+            if K.shape != (3, 3) or not np.all(np.isfinite(K)) or abs(np.linalg.det(K)) < 1e-9:
+                raise DatasetError(
+                    self.table_dir / "calibrated_sensor.json",
+                    f"{cs['token']}.camera_intrinsic",
+                    "an invertible 3x3 matrix",
+                )
+            T_cam_from_lidar = invert_transform(T_global_from_ego_c @ T_ego_from_cam) @ T_global_from_lidar
+            size = image_size(path)
+            if "width" in sd and "height" in sd and (sd["width"], sd["height"]) != size:
+                raise DatasetError(
+                    path,
+                    f"{channel} size",
+                    f"{sd['width']}x{sd['height']} as in sample_data.json, got {size[0]}x{size[1]}",
+                )
+            cameras.append(CameraView(channel, path, K, T_cam_from_lidar, size))
+        boxes = (
+            self._boxes(frame_id, invert_transform(T_global_from_lidar)) if with_labels else Boxes3D.empty()
+        )
+        return Frame(frame_id, points, cameras, boxes, lidar_path=lidar_path, source="nuscenes")
+
+    def _boxes(self, frame_id: str, T_lidar_from_global: np.ndarray) -> Boxes3D:
+        anns = sorted(self._anns_by_sample.get(frame_id, []), key=lambda a: a["token"])
+        path = self.table_dir / "sample_annotation.json"
+        boxes, names, npts = [], [], []
+        for a in anns:
+            T = T_lidar_from_global @ _transform(a, path, a["token"])
+            size = np.asarray(a.get("size", []), dtype=np.float64)
+            if size.shape != (3,) or not np.all(size > 0):
+                raise DatasetError(
+                    path, f"{a['token']}.size", f"three positive numbers (w, l, h), got {a.get('size')}"
+                )
+            inst = self.tables["instance"].get(a.get("instance_token"), {})
+            cat = self.tables["category"].get(inst.get("category_token"))
+            if cat is None:
+                raise DatasetError(path, f"{a['token']}.instance_token", "an instance with a known category")
+            w, l, h = size
+            boxes.append([*T[:3, 3], l, w, h, yaw_from_matrix(T[:3, :3])])
+            names.append(cat["name"])
+            npts.append(a.get("num_lidar_pts", -1))
+        # nuScenes has no KITTI difficulty; -1 marks "not defined" for every box.
+        return Boxes3D(np.array(boxes).reshape(-1, 7), names, np.full(len(names), -1, dtype=np.int8))
+
+
+@dataclass
+class NuScenesWriter:
+    """Writes frames in the nuScenes layout (used by the multi-camera synthetic generator).
+
+    Ego frame = lidar frame shifted by `T_ego_from_lidar`; the ego pose is the identity (the
+    global frame is the ego frame of each sample). Files are written atomically as frames are
+    added; the tables are written by `close()`.
+    """
+
+    root: Path
+    version: str = "v1.0-synth"
+    T_ego_from_lidar: np.ndarray = field(default_factory=lambda: make_transform(np.eye(3), [0.94, 0.0, 1.84]))
+    _rows: dict[str, list[dict]] = field(default_factory=lambda: {t: [] for t in TABLES})
+    _sensors: dict[str, str] = field(default_factory=dict)
+    _categories: dict[str, str] = field(default_factory=dict)
+
+    def _token(self, *parts: object) -> str:
+        import hashlib
+
+        return hashlib.md5("/".join(map(str, parts)).encode()).hexdigest()
+
+    def _sensor(self, channel: str) -> str:
+        if channel not in self._sensors:
+            tok = self._token("sensor", channel)
+            modality = "lidar" if channel.startswith("LIDAR") else "camera"
+            self._rows["sensor"].append({"token": tok, "channel": channel, "modality": modality})
+            self._sensors[channel] = tok
+        return self._sensors[channel]
+
+    def _category(self, name: str) -> str:
+        if name not in self._categories:
+            tok = self._token("category", name)
+            self._rows["category"].append({"token": tok, "name": name, "description": ""})
+            self._categories[name] = tok
+        return self._categories[name]
+
+    def _calibrated(self, key: str, channel: str, T_ego_from_sensor: np.ndarray, K: np.ndarray | None) -> str:
+        tok = self._token("cs", key, channel)
+        self._rows["calibrated_sensor"].append(
+            {
+                "token": tok,
+                "sensor_token": self._sensor(channel),
+                "translation": T_ego_from_sensor[:3, 3].tolist(),
+                "rotation": matrix_to_quaternion(T_ego_from_sensor[:3, :3]).tolist(),
+                "camera_intrinsic": [] if K is None else np.asarray(K).tolist(),
+            }
+        )
+        return tok
+
+    def add_frame(
+        self,
+        frame_id: str,
+        timestamp_us: int,
+        points: np.ndarray,
+        cameras: list[tuple[str, bytes, np.ndarray, np.ndarray, tuple[int, int]]],
+        boxes: np.ndarray,
+        category_names: list[str],
+        num_lidar_pts: list[int] | None = None,
+    ) -> None:
+        """Add one sample.
+
+        `points [N, 4]` lidar frame (intensity in [0, 1], written as 0..255 with ring 0);
+        `cameras`: `(channel, jpeg_bytes, K [3, 3], T_cam_from_lidar [4, 4], (width, height))`;
+        `boxes [M, 7]` lidar frame with nuScenes `category_names [M]`.
+        """
+        sample_tok = self._token("sample", frame_id)
+        ego_tok = self._token("ego", frame_id)
+        self._rows["ego_pose"].append(
+            {
+                "token": ego_tok,
+                "timestamp": timestamp_us,
+                "rotation": [1.0, 0, 0, 0],
+                "translation": [0.0, 0, 0],
+            }
+        )
+        self._rows["sample"].append(
+            {
+                "token": sample_tok,
+                "timestamp": timestamp_us,
+                "scene_token": self._token("scene"),
+                "prev": "",
+                "next": "",
+            }
+        )
+        pts = np.asarray(points, dtype=np.float32).reshape(-1, 4)
+        raw = np.concatenate([pts[:, :3], pts[:, 3:4] * 255.0, np.zeros((len(pts), 1), np.float32)], 1)
+        name = f"samples/{LIDAR_CHANNEL}/{frame_id}__{LIDAR_CHANNEL}__{timestamp_us}.pcd.bin"
+        atomic_write_bytes(self.root / name, raw.astype(np.float32).tobytes())
+        self._sample_data(
+            frame_id,
+            sample_tok,
+            ego_tok,
+            LIDAR_CHANNEL,
+            name,
+            self.T_ego_from_lidar,
+            None,
+            timestamp_us,
+            "pcd",
+            None,
+        )
+        for channel, jpeg, K, T_cam_from_lidar, size in cameras:
+            name = f"samples/{channel}/{frame_id}__{channel}__{timestamp_us}.jpg"
+            atomic_write_bytes(self.root / name, jpeg)
+            T_ego_from_cam = self.T_ego_from_lidar @ invert_transform(np.asarray(T_cam_from_lidar))
+            self._sample_data(
+                frame_id, sample_tok, ego_tok, channel, name, T_ego_from_cam, K, timestamp_us, "jpg", size
+            )
+        T_global_from_lidar = self.T_ego_from_lidar  # ego pose is the identity
+        for i, (b, cat) in enumerate(zip(np.asarray(boxes).reshape(-1, 7), category_names)):
+            x, y, z, l, w, h, yaw = b
+            T = T_global_from_lidar @ make_transform(
+                np.array([[np.cos(yaw), -np.sin(yaw), 0], [np.sin(yaw), np.cos(yaw), 0], [0, 0, 1]]),
+                [x, y, z],
+            )
+            inst = self._token("instance", frame_id, i)
+            self._rows["instance"].append(
+                {"token": inst, "category_token": self._category(cat), "nbr_annotations": 1}
+            )
+            self._rows["sample_annotation"].append(
+                {
+                    "token": self._token("ann", frame_id, i),
+                    "sample_token": sample_tok,
+                    "instance_token": inst,
+                    "translation": T[:3, 3].tolist(),
+                    "size": [float(w), float(l), float(h)],
+                    "rotation": matrix_to_quaternion(T[:3, :3]).tolist(),
+                    "num_lidar_pts": int(num_lidar_pts[i]) if num_lidar_pts is not None else -1,
+                    "num_radar_pts": 0,
+                    "attribute_tokens": [],
+                    "visibility_token": "",
+                    "prev": "",
+                    "next": "",
+                }
+            )
+
+    def _sample_data(
+        self, frame_id, sample_tok, ego_tok, channel, filename, T_ego_from_sensor, K, ts, fmt, size
+    ) -> None:
+        rec = {
+            "token": self._token("sd", frame_id, channel),
+            "sample_token": sample_tok,
+            "ego_pose_token": ego_tok,
+            "calibrated_sensor_token": self._calibrated(frame_id, channel, T_ego_from_sensor, K),
+            "filename": filename,
+            "fileformat": fmt,
+            "timestamp": ts,
+            "is_key_frame": True,
+            "prev": "",
+            "next": "",
+        }
+        if size is not None:
+            rec["width"], rec["height"] = int(size[0]), int(size[1])
+        self._rows["sample_data"].append(rec)
+
+    def close(self) -> None:
+        """Write every table (sorted by token for byte-identical output)."""
+        for name, rows in self._rows.items():
+            atomic_write_json(
+                self.root / self.version / f"{name}.json", sorted(rows, key=lambda r: r["token"])
+            )

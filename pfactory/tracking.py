@@ -1,0 +1,180 @@
+"""MLflow tracking with lineage, configured so a run stays offline and inside the project.
+
+`configure_environment(root)` points MLflow at `sqlite:///<root>/artifacts/mlflow/mlflow.db`
+(unless `MLFLOW_TRACKING_URI` is already set, e.g. to a tracking server), and keeps Prefect,
+DVC and Dask scratch/telemetry inside the project and off the network.
+`stage_run(stage, params)` opens one MLflow run per stage (nested under the pipeline's run
+when `PFACTORY_PARENT_RUN_ID` is set) tagged with the lineage of DESIGN.md §9.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+EXPERIMENT = "perception-factory"
+PARENT_ENV = "PFACTORY_PARENT_RUN_ID"
+LINEAGE_PACKAGES = (
+    "torch",
+    "triton",
+    "nvidia-dali-cuda120",
+    "onnx",
+    "onnxruntime",
+    "numpy",
+    "pyarrow",
+    "mlflow",
+    "prefect",
+    "dvc",
+    "dask",
+    "distributed",
+)
+
+
+def project_root(start: str | Path | None = None) -> Path:
+    """The project root: the nearest parent holding `params.yaml` or `dvc.yaml`, else the cwd."""
+    here = Path(start or os.getcwd()).resolve()
+    for p in (here, *here.parents):
+        if (p / "params.yaml").is_file() or (p / "dvc.yaml").is_file():
+            return p
+    return here
+
+
+def configure_environment(root: str | Path | None = None) -> Path:
+    """Set offline, in-project defaults for MLflow, Prefect, DVC and Dask; returns the root.
+
+    Only variables that are not already set are touched, so a user's `MLFLOW_TRACKING_URI`
+    or `PREFECT_API_URL` (real servers) wins.
+    """
+    root = project_root(root)
+    state = root / "artifacts" / ".state"
+    mlflow_dir = root / "artifacts" / "mlflow"
+    mlflow_dir.mkdir(parents=True, exist_ok=True)
+    defaults = {
+        "MLFLOW_TRACKING_URI": f"sqlite:///{mlflow_dir / 'mlflow.db'}",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
+        "PREFECT_HOME": str(state / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "DVC_NO_ANALYTICS": "1",
+        "DO_NOT_TRACK": "1",
+        "DASK_TEMPORARY_DIRECTORY": str(state / "dask"),
+        "TRITON_CACHE_DIR": str(state / "triton"),
+        "TORCHINDUCTOR_CACHE_DIR": str(state / "inductor"),
+        "MPLCONFIGDIR": str(state / "matplotlib"),
+    }
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    return root
+
+
+def artifact_location(root: Path) -> str:
+    return (root / "artifacts" / "mlflow" / "artifacts").resolve().as_uri()
+
+
+def git_info(root: str | Path) -> dict[str, Any]:
+    """`{"commit": sha or None, "dirty": bool or None}` of the repo at `root`."""
+
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, timeout=10, check=True
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "commit": commit.strip() if commit else None,
+        "dirty": bool(status.strip()) if status is not None else None,
+    }
+
+
+def package_versions(names: tuple[str, ...] = LINEAGE_PACKAGES) -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in names:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    return out
+
+
+def device_info() -> str:
+    """A short description of the compute device (GPU name, or the CPU and its core count)."""
+    if "torch" in sys.modules or _has("torch"):
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda:{torch.cuda.get_device_name(0)}"
+    return f"cpu:{platform.machine()}x{os.cpu_count()}"
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}` (lists stay values)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def lineage_tags(root: Path) -> dict[str, str]:
+    g = git_info(root)
+    tags = {
+        "git.commit": str(g["commit"]),
+        "git.dirty": str(g["dirty"]),
+        "device": device_info(),
+        **{f"version.{k}": v for k, v in package_versions().items()},
+    }
+    return tags
+
+
+@contextlib.contextmanager
+def stage_run(
+    stage: str, params: Mapping[str, Any], root: str | Path | None = None, run_name: str | None = None
+) -> Iterator[Any]:
+    """An MLflow run for one stage, with its params (prefixed by the stage) and lineage tags.
+
+    Nested under `PFACTORY_PARENT_RUN_ID` when the pipeline flow set it. Yields the
+    `mlflow.ActiveRun`; the run ends FAILED if the body raises.
+    """
+    import mlflow
+
+    root = configure_environment(root)
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    exp = mlflow.get_experiment_by_name(EXPERIMENT)
+    exp_id = (
+        exp.experiment_id
+        if exp
+        else mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_location(root))
+    )
+    parent = os.environ.get(PARENT_ENV) or None
+    tags = {"stage": stage, **lineage_tags(root)}
+    with mlflow.start_run(
+        experiment_id=exp_id,
+        run_name=run_name or stage,
+        parent_run_id=parent,
+        nested=parent is not None,
+        tags=tags,
+    ) as run:
+        flat = {f"{stage}.{k}": v for k, v in flatten(params).items()}
+        items = list(flat.items())
+        for i in range(0, len(items), 100):  # MLflow caps a log_params batch at 100
+            mlflow.log_params(dict(items[i : i + 100]))
+        yield run

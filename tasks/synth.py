@@ -1,0 +1,37 @@
+"""The optional `synth` source stage: params.data -> a synthetic raw dataset at paths.raw.
+
+Files in: none. Files out: `paths.raw` (KITTI layout, or nuScenes with `data.cameras > 1`),
+built in a temporary sibling and renamed into place, so an interrupted run leaves nothing.
+Run by DVC as `python -m tasks.synth [-S data.frames=...]`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from pfactory.config import Params
+from pfactory.fsutil import atomic_directory
+
+
+def run(params: Params, out: Path) -> dict:
+    """Generate `params.data.frames` frames into `out`; returns the generator's summary."""
+    from pfactory.sensors.synth import generate_dataset
+
+    d = params.data
+    t0 = time.perf_counter()
+    with atomic_directory(out) as tmp:
+        summary = generate_dataset(tmp, frames=d.frames, seed=d.seed, cameras=d.cameras, workers=d.workers)
+    summary["seconds"] = round(time.perf_counter() - t0, 3)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    from pfactory.cli_stage import stage_main
+
+    stage_main("synth", argv, lambda params: run(params, Path(params.paths.raw)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,72 @@
+"""params.yaml schema: defaults, overrides with DVC syntax, and refusals that name the key."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pfactory.config import Params, ParamsError, apply_overrides, load_params, parse_override
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_params_equal_embedded_defaults():
+    # `factory run` on a machine without params.yaml must run the same pipeline.
+    shipped = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert Params.model_validate(shipped).model_dump() == Params().model_dump()
+
+
+def test_every_schema_section_is_in_params_yaml():
+    shipped = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert set(shipped) == set(Params.model_fields)
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "value"),
+    [
+        ("prepare.val_fraction=0.3", "prepare.val_fraction", 0.3),
+        ("params.yaml:data.seed=7", "data.seed", 7),
+        ("prepare.voxel_size=[0.1,0.1,0.2]", "prepare.voxel_size", [0.1, 0.1, 0.2]),
+        ("prepare.voxel_size=null", "prepare.voxel_size", None),
+        ("data.name=night-drive", "data.name", "night-drive"),
+    ],
+)
+def test_overrides_parse_yaml_values(override, key, value):
+    assert parse_override(override) == (key, value)
+    p = load_params(None, [override])
+    section, field = key.split(".")
+    assert getattr(getattr(p, section), field) == value
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("prepare.val_fraction=2", "prepare.val_fraction: expected less than or equal to 1, got 2"),
+        ("prepare.bogus=1", "prepare.bogus: unknown key"),
+        ("nosuchsection.x=1", "nosuchsection: unknown key"),
+        ("prepare.pc_range=[1,2]", "prepare.pc_range: expected 6 numbers"),
+        ("data.frames=0", "data.frames: expected greater than 0"),
+        ("prepare.class_map={Car: Truck}", "class_map targets ['Truck'] are not in classes"),
+        ("prepare", "expected section.key=value"),
+        ("other.yaml:data.seed=1", "only params.yaml is supported"),
+    ],
+)
+def test_bad_values_are_refused_with_the_key(override, needle):
+    with pytest.raises(ParamsError) as e:
+        load_params(None, [override])
+    assert needle in str(e.value)
+
+
+def test_bad_file_is_refused_with_its_name(tmp_path):
+    f = tmp_path / "params.yaml"
+    f.write_text("prepare:\n  shard_max_frames: -3\n")
+    with pytest.raises(ParamsError, match=r"params.yaml: prepare.shard_max_frames: expected greater than 0, got -3"):
+        load_params(f)
+    f.write_text("- just\n- a list\n")
+    with pytest.raises(ParamsError, match="expected a mapping of sections"):
+        load_params(f)
+
+
+def test_override_cannot_descend_into_a_value():
+    with pytest.raises(ParamsError, match="is a value, not a section"):
+        apply_overrides({"data": {"seed": 1}}, ["data.seed.x=2"])
