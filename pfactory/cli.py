@@ -205,7 +205,7 @@ def kpi_cmd(
 
     Example: factory kpi --gt data/label_2 --pred results/ --out kpis.json
     """
-    from pfactory.metrics.kpi_cli import run_kpi
+    from pfactory.metrics.kpi_cli import format_kpi_table, run_kpi
     from pfactory.sensors.frame import DatasetError
 
     _params(params_file, set_param)  # validates overrides even though kpi uses library defaults
@@ -213,7 +213,7 @@ def kpi_cmd(
         result = run_kpi(gt, pred, out)
     except DatasetError as e:
         _fail(str(e))
-    typer.echo(json.dumps({k: result[k] for k in ("mAP", "NDS") if k in result}, indent=2))
+    typer.echo(format_kpi_table(result))
 
 
 def main() -> None:

@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # Install the project with its dev extra into ./.venv and run the test suite.
 # The nuScenes devkit pins numpy<2, so it is installed without its dependencies
-# (the few it needs at import time are in requirements/devkit.txt) — see docs/KPIS.md.
+# together with the two it needs at import time (requirements/devkit.txt) — see docs/KPIS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/pip install -q -e ".[dev]"
 if [ -f requirements/devkit.txt ]; then
-  .venv/bin/pip install -q -r requirements/devkit.txt
-  .venv/bin/pip install -q --no-deps nuscenes-devkit==1.2.0
+  .venv/bin/pip install -q --no-deps -r requirements/devkit.txt
 fi
 .venv/bin/ruff check .
 exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,170 @@
+"""`factory kpi`: detection KPIs from KITTI-format ground-truth and result files.
+
+In:  `gt_dir` with KITTI `label_2` files `<frame_id>.txt` (15 columns: type trunc occ alpha
+     x1 y1 x2 y2 h w l x y z ry, rectified camera frame, location = bottom centre) and `pred_dir`
+     with result files of the same frame ids (the same 15 columns + a 16th, the score).
+Out: the KPI dict of `pfactory.metrics.detection.evaluate_detections` (summary + `per_frame` +
+     `pr_curves` + `inputs`), returned and, with `out`, written as JSON.
+
+No calibration is needed: boxes go from the camera frame (x right, y down, z forward) to a
+lidar-like frame (x forward, y left, z up) by the fixed rotation
+    x_l = z_c,  y_l = -x_c,  z_l = -y_c + h/2 (box centre),  (l, w, h) kept,  yaw_l = -ry - pi/2,
+a rigid transform, so BEV distances, sizes and yaw differences (all the KPIs use) are unchanged;
+ranges are measured from the camera origin instead of the lidar's (KITTI: ~0.27 m apart).
+
+A missing result file means no predictions for that frame; a result file without a GT file is
+an error naming it. Every file problem is a `DatasetError` naming the file, line and field.
+
+Run: `factory kpi --gt LABEL_DIR --pred RESULT_DIR [--out kpis.json]`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pfactory.fsutil import atomic_write_json
+from pfactory.metrics.detection import FrameDetections, KpiParams, evaluate_detections
+from pfactory.sensors.frame import DatasetError
+from pfactory.sensors.kitti import KittiObject, parse_label_file
+
+# KITTI type -> evaluated class. Other types (Van, Truck, Person_sitting, Tram, Misc, DontCare)
+# are ignored on both sides.
+DEFAULT_KITTI_CLASS_MAP: dict[str, str] = {"Car": "Car", "Pedestrian": "Pedestrian", "Cyclist": "Cyclist"}
+
+
+def run_kpi(
+    gt_dir: Path,
+    pred_dir: Path,
+    out: Path | None = None,
+    *,
+    class_map: Mapping[str, str] | None = None,
+    latency: Mapping[str, Any] | None = None,
+    params: KpiParams | None = None,
+    **param_overrides: Any,
+) -> dict[str, Any]:
+    """KPIs of the KITTI result files in `pred_dir` against the labels in `gt_dir`.
+
+    `class_map` maps KITTI types to evaluated classes (default `DEFAULT_KITTI_CLASS_MAP`);
+    `params` (or keyword overrides of `KpiParams` fields, e.g. `score_threshold=0.5`) set the
+    evaluation; by default the classes are the class map's targets. Raises `DatasetError`.
+    """
+    class_map = dict(DEFAULT_KITTI_CLASS_MAP if class_map is None else class_map)
+    if params is None:
+        targets = tuple(dict.fromkeys(class_map.values()))  # first-seen order, unique
+        param_overrides.setdefault("classes", targets)
+        params = KpiParams(**param_overrides)
+    elif param_overrides:
+        raise TypeError("pass either params or KpiParams keyword overrides, not both")
+
+    gt_files = _label_files(Path(gt_dir), "ground-truth", required=True)
+    pred_files = _label_files(Path(pred_dir), "result", required=False)
+    orphans = sorted(set(pred_files) - set(gt_files))
+    if orphans:
+        raise DatasetError(
+            pred_files[orphans[0]],
+            "file name",
+            f"a ground-truth file {Path(gt_dir) / (orphans[0] + '.txt')} for this result file "
+            f"({len(orphans)} result file(s) have none)",
+            frame_id=orphans[0],
+        )
+
+    gts = [load_kitti_frame(p, fid, class_map, with_score=False) for fid, p in gt_files.items()]
+    preds = [load_kitti_frame(p, fid, class_map, with_score=True) for fid, p in pred_files.items()]
+    kpis = evaluate_detections(gts, preds, params, latency=latency)
+    result = kpis.to_dict(per_frame=True, pr_curves=True)
+    result["inputs"] = {
+        "gt_dir": str(gt_dir),
+        "pred_dir": str(pred_dir),
+        "num_frames": len(gt_files),
+        "num_result_files": len(pred_files),
+        "class_map": class_map,
+    }
+    if out is not None:
+        atomic_write_json(out, result)
+    return result
+
+
+def load_kitti_frame(
+    path: Path, frame_id: str, class_map: Mapping[str, str], with_score: bool
+) -> FrameDetections:
+    """One KITTI label (`with_score=False`) or result file -> `FrameDetections` in the lidar-like frame."""
+    objs = parse_label_file(path, with_score=with_score)
+    keep = [i for i, o in enumerate(objs) if o.type in class_map]
+    boxes = kitti_camera_to_lidar([objs[i] for i in keep])  # [N, 7]
+    names = [class_map[objs[i].type] for i in keep]
+    scores = None
+    if with_score:
+        scores = np.array([objs[i].score for i in keep], dtype=np.float64)  # [N]
+        bad = np.flatnonzero(scores < 0)
+        if len(bad):
+            raise DatasetError(
+                path,
+                f"line {_line_of(path, keep[bad[0]])} score",
+                f"a score >= 0, got {scores[bad[0]]}",
+                frame_id,
+            )
+    small = np.flatnonzero((boxes[:, 3:6] <= 0).any(axis=1))
+    if len(small):
+        raise DatasetError(
+            path,
+            f"line {_line_of(path, keep[small[0]])} dimensions",
+            f"height, width and length > 0, got {objs[keep[small[0]]].dimensions_hwl.tolist()}",
+            frame_id,
+        )
+    return FrameDetections(frame_id, boxes, names, scores)
+
+
+def kitti_camera_to_lidar(objs: list[KittiObject]) -> np.ndarray:
+    """KITTI objects (rectified camera frame, bottom centre) -> boxes `[N, 7]` (x, y, z, l, w, h, yaw)
+    in the lidar-like frame of the module docstring (no calibration)."""
+    if not objs:
+        return np.zeros((0, 7))
+    hwl = np.array([o.dimensions_hwl for o in objs], dtype=np.float64)  # [N, 3]
+    loc = np.array([o.location for o in objs], dtype=np.float64)  # [N, 3] camera x right, y down, z fwd
+    ry = np.array([o.rotation_y for o in objs], dtype=np.float64)  # [N] about camera +y (down)
+    h, w, l = hwl[:, 0], hwl[:, 1], hwl[:, 2]
+    # Camera heading (cos ry, 0, -sin ry) becomes (-sin ry, -cos ry, 0): yaw = -ry - pi/2.
+    yaw = (-ry - math.pi / 2 + math.pi) % (2 * math.pi) - math.pi  # wrapped to [-pi, pi)
+    return np.stack([loc[:, 2], -loc[:, 0], -loc[:, 1] + h / 2, l, w, h, yaw], axis=1)
+
+
+def format_kpi_table(metrics: Mapping[str, Any]) -> str:
+    """A plain-text table of a KPI dict: per class AP at each threshold and the TP errors."""
+    classes = metrics["classes"]
+    ths = list(next(iter(classes.values()))["ap"]) if classes else []
+    head = (
+        f"{'class':<12}"
+        + "".join(f"{'AP@' + t:>9}" for t in ths)
+        + f"{'ATE':>8}{'ASE':>8}{'AOE':>8}{'#GT':>8}"
+    )
+    lines = [head]
+    for name, c in classes.items():
+        aps = "".join(f"{c['ap'][t]:>9.4f}" for t in ths)
+        lines.append(f"{name:<12}{aps}{c['ate']:>8.3f}{c['ase']:>8.3f}{c['aoe']:>8.3f}{c['num_gt']:>8d}")
+    lines.append(f"mAP {metrics['mAP']:.4f}   NDS* {metrics['NDS']:.4f}")
+    for key, r in metrics.get("by_range", {}).items():
+        lines.append(f"  range {key:>6} m: mAP {r['mAP']:.4f}  NDS* {r['NDS']:.4f}")
+    return "\n".join(lines)
+
+
+def _label_files(folder: Path, what: str, required: bool) -> dict[str, Path]:
+    """`<frame_id>.txt` files of a folder (or of its `label_2/` subfolder), sorted by frame id."""
+    if not folder.is_dir():
+        raise DatasetError(folder, "directory", f"an existing directory of KITTI {what} files")
+    files = sorted(folder.glob("*.txt"))
+    if not files and (folder / "label_2").is_dir():
+        files = sorted((folder / "label_2").glob("*.txt"))
+    if required and not files:
+        raise DatasetError(folder, "directory", f"at least one KITTI {what} file <frame_id>.txt")
+    return {p.stem: p for p in files}
+
+
+def _line_of(path: Path, k: int) -> int:
+    """1-based line number of the k-th object (non-blank line) of a label file (error path only)."""
+    lines = [i for i, line in enumerate(path.read_text().splitlines(), 1) if line.split()]
+    return lines[k]

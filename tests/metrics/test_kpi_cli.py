@@ -1,0 +1,137 @@
+"""`run_kpi` (behind `factory kpi`) on KITTI files written in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pfactory.metrics.detection import FrameDetections, evaluate_detections
+from pfactory.metrics.kpi_cli import format_kpi_table, kitti_camera_to_lidar, run_kpi
+from pfactory.metrics.synthetic import random_detections
+from pfactory.sensors.frame import DatasetError
+from pfactory.sensors.kitti import objects_to_lidar_boxes, parse_label_lines
+
+# Lidar-like frame <- rectified camera frame, the fixed rotation of kpi_cli (no calibration).
+T_RECT_FROM_LIDAR = np.array([[0.0, -1, 0, 0], [0, 0, -1, 0], [1, 0, 0, 0], [0, 0, 0, 1]])
+
+
+def kitti_lines(f: FrameDetections) -> str:
+    """Lidar-frame boxes -> KITTI label/result lines at full precision (the inverse rotation)."""
+    out = []
+    for i, (x, y, z, l, w, h, yaw) in enumerate(f.boxes.tolist()):
+        loc = (-y, h / 2 - z, x)  # bottom centre in the camera frame (y down)
+        ry = -yaw - math.pi / 2
+        cols = [str(f.names[i]), "0", "0", "0", "0", "0", "50", "50", h, w, l, *loc, ry]
+        if f.scores is not None:
+            cols.append(f.scores[i])
+        out.append(" ".join(c if isinstance(c, str) else repr(float(c)) for c in cols))
+    return "\n".join(out) + "\n"
+
+
+def write_dir(folder: Path, frames: list[FrameDetections]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in frames:
+        (folder / f"{f.frame_id}.txt").write_text(kitti_lines(f))
+    return folder
+
+
+def test_same_kpis_as_the_library(tmp_path: Path) -> None:
+    gts, preds = random_detections(n_frames=12, gt_per_frame=10, pred_per_frame=25, seed=3)
+    out = tmp_path / "kpis.json"
+    res = run_kpi(write_dir(tmp_path / "gt", gts), write_dir(tmp_path / "pred", preds), out)
+    ref = evaluate_detections(gts, preds).metrics
+    assert res["mAP"] == pytest.approx(ref["mAP"], abs=1e-9)
+    assert res["NDS"] == pytest.approx(ref["NDS"], abs=1e-9)
+    for name, c in ref["classes"].items():
+        for m in ("ate", "ase", "aoe"):
+            assert res["classes"][name][m] == pytest.approx(c[m], abs=1e-9)
+    for k, r in ref["by_range"].items():
+        assert res["by_range"][k]["mAP"] == pytest.approx(r["mAP"], abs=1e-9)
+    written = json.loads(out.read_text())
+    assert written["mAP"] == res["mAP"] and len(written["per_frame"]) == 12
+    assert written["inputs"]["num_frames"] == 12
+    assert "Car" in format_kpi_table(res)
+
+
+def test_conversion_matches_the_calibrated_reader() -> None:
+    text = "Car 0 0 0.3 10 10 50 50 1.5 1.8 4.2 -3.1 1.7 22.4 2.9\nCyclist 0 0 0 0 0 5 5 1.7 0.6 1.8 5 1.6 8 -0.4\n"
+    objs = parse_label_lines(text)
+    ours = kitti_camera_to_lidar(objs)
+    ref = objects_to_lidar_boxes(objs, T_RECT_FROM_LIDAR)
+    np.testing.assert_allclose(ours[:, :6], ref[:, :6], atol=1e-12)
+    np.testing.assert_allclose(np.cos(ours[:, 6] - ref[:, 6]), 1.0, atol=1e-12)
+    assert ours[0, 0] == 22.4 and ours[0, 1] == 3.1 and ours[0, 2] == pytest.approx(-1.7 + 0.75)
+
+
+def test_missing_result_file_means_no_predictions(tmp_path: Path) -> None:
+    gts, preds = random_detections(n_frames=4, gt_per_frame=8, seed=1)
+    res = run_kpi(write_dir(tmp_path / "gt", gts), write_dir(tmp_path / "pred", preds[:2]))
+    rows = {r["frame_id"]: r for r in res["per_frame"]}
+    assert rows[gts[3].frame_id]["tp"] == 0 and rows[gts[3].frame_id]["fp"] == 0
+    assert rows[gts[3].frame_id]["fn"] == len(gts[3].boxes)
+    assert res["inputs"]["num_result_files"] == 2
+
+
+def test_result_without_gt_is_an_error(tmp_path: Path) -> None:
+    gts, preds = random_detections(n_frames=3, seed=1)
+    write_dir(tmp_path / "gt", gts[:2])
+    write_dir(tmp_path / "pred", preds)
+    with pytest.raises(DatasetError, match=rf"{preds[2].frame_id}\.txt.*ground-truth file"):
+        run_kpi(tmp_path / "gt", tmp_path / "pred")
+
+
+def test_bad_lines_name_file_line_and_field(tmp_path: Path) -> None:
+    gt = write_dir(tmp_path / "gt", [FrameDetections("000001", [[5, 0, 0, 4, 2, 1.5, 0]], ["Car"])])
+    pred = tmp_path / "pred"
+    pred.mkdir()
+    good = "Car 0 0 0 0 0 50 50 1.5 2 4 0 0.75 5 0 0.9"
+    (pred / "000001.txt").write_text(f"{good}\n\nCar 0 0 0 0 0 50 50 1.5 2 4 0 0.75 5 0 -0.2\n")
+    with pytest.raises(DatasetError, match=r"000001\.txt: line 3 score: a score >= 0"):
+        run_kpi(gt, pred)
+    (pred / "000001.txt").write_text(f"{good}\nCar 0 0 0 0 0 50 50 1.5 2 0 0 0.75 5 0 0.9\n")
+    with pytest.raises(DatasetError, match=r"line 2 dimensions"):
+        run_kpi(gt, pred)
+    (pred / "000001.txt").write_text(f"{good}\nCar 0 0 0 0 0 50 50 1.5 2 four 0 0.75 5 0 0.9\n")
+    with pytest.raises(DatasetError, match=r"line 2 length"):
+        run_kpi(gt, pred)
+    (pred / "000001.txt").write_text("Car 0 0 0 0 0 50 50 1.5 2 4 0 0.75 5 0\n")  # no score column
+    with pytest.raises(DatasetError, match=r"line 1"):
+        run_kpi(gt, pred)
+    with pytest.raises(DatasetError, match="existing directory"):
+        run_kpi(gt, tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match="at least one"):
+        run_kpi(tmp_path / "empty", pred)
+
+
+def test_class_map_and_ignored_types(tmp_path: Path) -> None:
+    gt = tmp_path / "gt"
+    gt.mkdir()
+    (gt / "a.txt").write_text(
+        "Car 0 0 0 0 0 50 50 1.5 2 4 0 0.75 5 0\n"
+        "Van 0 0 0 0 0 50 50 2 2 5 3 1 15 0\n"
+        "DontCare -1 -1 -10 0 0 50 50 -1 -1 -1 -1000 -1000 -1000 -10\n"
+    )
+    pred = tmp_path / "pred"
+    pred.mkdir()
+    (pred / "a.txt").write_text(
+        "Car 0 0 0 0 0 50 50 1.5 2 4 0 0.75 5 0 0.9\nCar 0 0 0 0 0 50 50 2 2 5 3 1 15 0 0.8\n"
+    )
+    default = run_kpi(gt, pred)  # Van ignored: the second prediction is a false positive
+    assert default["classes"]["Car"]["num_gt"] == 1
+    assert default["per_frame"][0]["fp"] == 1
+    vans = run_kpi(gt, pred, class_map={"Car": "Car", "Van": "Car"}, range_buckets_m=())
+    assert list(vans["classes"]) == ["Car"] and vans["classes"]["Car"]["num_gt"] == 2
+    assert vans["classes"]["Car"]["mean_ap"] == pytest.approx(1.0, abs=1e-12)
+    assert vans["by_range"] == {}
+
+
+def test_label_2_subfolder_and_latency(tmp_path: Path) -> None:
+    gts, preds = random_detections(n_frames=2, seed=9)
+    write_dir(tmp_path / "gt" / "label_2", gts)
+    res = run_kpi(tmp_path / "gt", write_dir(tmp_path / "pred", preds), latency={"p50_ms": 3.0})
+    assert res["inputs"]["num_frames"] == 2 and res["latency"] == {"p50_ms": 3.0}
