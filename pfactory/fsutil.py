@@ -24,6 +24,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates 0600; published files are ordinary readable files.
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -57,6 +59,7 @@ def atomic_directory(path: str | os.PathLike[str], overwrite: bool = True) -> It
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp.chmod(0o755)  # mkdtemp creates 0700
     try:
         yield tmp
     except BaseException:

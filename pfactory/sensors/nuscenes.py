@@ -9,6 +9,10 @@ Frames: annotations are global-frame boxes (size `w, l, h`, rotation quaternion 
 they are moved into the lidar frame through the lidar's ego pose and calibrated sensor. Each
 camera gets `T_cam_from_lidar = inv(T_ego_from_cam) @ inv(T_global_from_ego_cam) @
 T_global_from_ego_lidar @ T_ego_from_lidar`, exact for the two timestamps.
+The Frame stays in the sensor's own frame: nuScenes mounts LIDAR_TOP x right, y forward;
+prepare rotates onto the ego axes (`prepare.reference_frame: ego_axes`). A yaw-only box drops
+the tilt of that frame against the global z the annotations stand on (~1 deg).
+Tokens used by more than one record are kept in `duplicates`; a sample touching one is refused.
 """
 
 from __future__ import annotations
@@ -181,7 +185,7 @@ class NuScenesDataset:
             check("sample_data", sd.get("token"))
             check("calibrated_sensor", sd.get("calibrated_sensor_token"))
             check("ego_pose", sd.get("ego_pose_token"))
-            cs = self.tables["calibrated_sensor"].get(sd.get("calibrated_sensor_token"), {})
+            cs = self.record("calibrated_sensor", sd.get("calibrated_sensor_token")) or {}
             check("sensor", cs.get("sensor_token"))
         seen: set[str] = set()
         for ann in self._anns_by_sample.get(frame_id, []):
@@ -190,9 +194,13 @@ class NuScenesDataset:
             seen.add(ann["token"])
             check("sample_annotation", ann["token"])
             check("instance", ann.get("instance_token"))
-            inst = self.tables["instance"].get(ann.get("instance_token"), {})
+            inst = self.record("instance", ann.get("instance_token")) or {}
             check("category", inst.get("category_token"))
         return errs
+
+    def record(self, table: str, token: object) -> dict | None:
+        """The record of `table` with `token`; None if absent or the token is not a string."""
+        return self.tables[table].get(token) if isinstance(token, str) else None
 
     def resolve(self, filename: str, field: str) -> Path:
         """A table's relative file path under the root; DatasetError if it escapes the root.

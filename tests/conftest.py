@@ -1,0 +1,271 @@
+"""Shared test fixtures: the real KITTI / nuScenes sample files and tmp datasets built from them.
+
+The real files live outside the repo in `../shared/data/real/` (see its SOURCES.md; they are
+CC BY-NC-SA and are never copied into the repo). `PFACTORY_REAL_DATA` points elsewhere.
+Tests that need them skip with the reason when they are absent. Tests that modify data work
+on copies in `tmp_path` (copies, never symlinks: a write through a symlink would corrupt the
+shared originals).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REAL_DATA_ENV = "PFACTORY_REAL_DATA"
+
+
+def real_data_root() -> Path:
+    """`$PFACTORY_REAL_DATA`, else `<repo>/../shared/data/real`."""
+    env = os.environ.get(REAL_DATA_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1].parent / "shared/data/real"
+
+
+@pytest.fixture(scope="session")
+def real_kitti_dir() -> Path:
+    """Root of the 6 real KITTI frames (`<root>/training/{velodyne,image_2,calib,label_2}`)."""
+    d = real_data_root() / "kitti"
+    if not (d / "training" / "velodyne").is_dir():
+        pytest.skip(f"real KITTI frames not found at {d} (set {REAL_DATA_ENV} to the data/real folder)")
+    return d
+
+
+@pytest.fixture(scope="session")
+def real_nuscenes_dir() -> Path:
+    """Root of the real nuScenes files (`samples/`, `sweeps/`, `mmdet3d_derived/`; no tables)."""
+    d = real_data_root() / "nuscenes"
+    if not (d / "samples" / "LIDAR_TOP").is_dir() or not (d / "mmdet3d_derived").is_dir():
+        pytest.skip(f"real nuScenes files not found at {d} (set {REAL_DATA_ENV} to the data/real folder)")
+    return d
+
+
+@pytest.fixture
+def kitti_copy(real_kitti_dir: Path, tmp_path: Path) -> Path:
+    """A writable copy of the real KITTI frames: returns the dataset root (`.../kitti`)."""
+    dst = tmp_path / "kitti"
+    for part in ("velodyne", "image_2", "calib", "label_2"):
+        shutil.copytree(real_kitti_dir / "training" / part, dst / "training" / part)
+    return dst
+
+
+# ---------------------------------------------------------------------------------------------
+# A nuScenes table set around the real files.
+#
+# The real folder has sensor files but no tables. Two samples are written:
+# - sample "demo" (log n015-2018-07-24, mmdetection3d's demo): the full 34,688-point sweep and
+#   the six camera images taken with it;
+# - sample "mono3d" (log n015-2018-07-18, mmdetection3d's nus_infos_mono3d.coco.json): its
+#   CAM_BACK_LEFT image with the exact calibration, ego pose and annotations of that JSON. The
+#   JSON's other five images are not in the real folder: those channels reuse the demo's image
+#   of the same channel as a stand-in (only their size, 1600x900, matters to the geometry), and
+#   the lidar file is the real 40-point stub (a different log: the JSON has no lidar).
+# Camera calibration (intrinsics, cam->ego) comes from the JSON for every channel and both
+# samples: the same vehicle (n015), six days apart. The lidar calibration is the LIDAR_TOP
+# record of this vehicle in nuScenes v1.0-mini; ego poses of the demo sample are plausible
+# made-up values (the camera and lidar poses differ by a few cm, as the ego moves between
+# their timestamps).
+
+LIDAR_CS = {  # n015 LIDAR_TOP calibrated_sensor (nuScenes v1.0-mini, scene-0061)
+    "translation": [0.943713, 0.0, 1.84023],
+    "rotation": [0.7077955119163518, -0.006492242056004365, 0.010646214713995808, -0.7063073142877817],
+}
+DEMO_FILES = {
+    "LIDAR_TOP": "samples/LIDAR_TOP/n015-2018-07-24-11-22-45+0800__LIDAR_TOP__1532402927647951.pcd.bin",
+    "CAM_FRONT": "samples/CAM_FRONT/n015-2018-07-24-11-22-45+0800__CAM_FRONT__1532402927612460.jpg",
+    "CAM_FRONT_RIGHT": "samples/CAM_FRONT_RIGHT/n015-2018-07-24-11-22-45+0800__CAM_FRONT_RIGHT__1532402927620339.jpg",
+    "CAM_BACK_RIGHT": "samples/CAM_BACK_RIGHT/n015-2018-07-24-11-22-45+0800__CAM_BACK_RIGHT__1532402927627893.jpg",
+    "CAM_BACK": "samples/CAM_BACK/n015-2018-07-24-11-22-45+0800__CAM_BACK__1532402927637525.jpg",
+    "CAM_BACK_LEFT": "samples/CAM_BACK_LEFT/n015-2018-07-24-11-22-45+0800__CAM_BACK_LEFT__1532402927647423.jpg",
+    "CAM_FRONT_LEFT": "samples/CAM_FRONT_LEFT/n015-2018-07-24-11-22-45+0800__CAM_FRONT_LEFT__1532402927604844.jpg",
+}
+MONO3D_LIDAR = "samples/LIDAR_TOP/n015-2018-08-02-17-16-37+0800__LIDAR_TOP__1533201470948018.pcd.bin"
+MONO3D_CAM = "samples/CAM_BACK_LEFT/n015-2018-07-18-11-07-57+0800__CAM_BACK_LEFT__1531883530447423.jpg"
+DEMO_TOKEN = "demo0000000000000000000000000000"
+MONO3D_TOKEN = "e93e98b63d3b40209056d129dc53ceee"  # the JSON's sample token
+
+
+@dataclass
+class NuScenesFixture:
+    """A tmp nuScenes root and what was written into it."""
+
+    root: Path
+    version: str
+    demo_token: str
+    mono3d_token: str
+    # annotation token -> (channel, center2d [3] (u, v, depth), bbox [4] x1 y1 x2 y2 from the JSON)
+    expected: dict[str, tuple[str, np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def table_path(self, name: str) -> Path:
+        return self.root / self.version / f"{name}.json"
+
+    def load(self, name: str) -> list[dict]:
+        return json.loads(self.table_path(name).read_text())
+
+    def save(self, name: str, rows: list[dict]) -> None:
+        self.table_path(name).write_text(json.dumps(rows, indent=1))
+
+
+def _quat_z(yaw: float) -> list[float]:
+    return [float(np.cos(yaw / 2)), 0.0, 0.0, float(np.sin(yaw / 2))]
+
+
+def build_nuscenes_tables(real: Path, root: Path, version: str = "v1.0-mini") -> NuScenesFixture:
+    """Copy the real files into `root` and write the 8 tables (see the comment above)."""
+    from pfactory.geometry import make_transform, quaternion_to_matrix
+
+    mono = json.loads((real / "mmdet3d_derived/nus_infos_mono3d.coco.json").read_text())
+    images = {im["file_name"].split("__")[1]: im for im in mono["images"]}  # channel -> image info
+    for rel in [*DEMO_FILES.values(), MONO3D_LIDAR, MONO3D_CAM]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(real / rel, root / rel)
+
+    rows: dict[str, list[dict]] = {
+        t: []
+        for t in ("sample", "sample_data", "calibrated_sensor", "ego_pose", "sensor", "sample_annotation")
+    }
+    rows["instance"], rows["category"] = [], []
+    for ch in ("LIDAR_TOP", *images):
+        modality = "lidar" if ch == "LIDAR_TOP" else "camera"
+        rows["sensor"].append({"token": f"sensor-{ch}", "channel": ch, "modality": modality})
+
+    def ts_of(rel: str) -> int:
+        return int(Path(rel).name.split("__")[-1].split(".")[0])
+
+    def add_sd(sample: str, ch: str, rel: str, ego: dict, log: str) -> None:
+        cs_tok = f"cs-{log}-{ch}"
+        if not any(r["token"] == cs_tok for r in rows["calibrated_sensor"]):
+            if ch == "LIDAR_TOP":
+                cs = {**LIDAR_CS, "camera_intrinsic": []}
+            else:
+                im = images[ch]
+                cs = {
+                    "translation": im["cam2ego_translation"],
+                    "rotation": im["cam2ego_rotation"],
+                    "camera_intrinsic": im["cam_intrinsic"],
+                }
+            rows["calibrated_sensor"].append({"token": cs_tok, "sensor_token": f"sensor-{ch}", **cs})
+        ep_tok = f"ep-{sample[:6]}-{ch}"
+        rows["ego_pose"].append({"token": ep_tok, "timestamp": ts_of(rel), **ego})
+        rec = {
+            "token": f"sd-{sample[:6]}-{ch}",
+            "sample_token": sample,
+            "ego_pose_token": ep_tok,
+            "calibrated_sensor_token": cs_tok,
+            "filename": rel,
+            "fileformat": "pcd" if ch == "LIDAR_TOP" else "jpg",
+            "timestamp": ts_of(rel),
+            "is_key_frame": True,
+            "prev": "",
+            "next": "",
+        }
+        if ch != "LIDAR_TOP":
+            rec["width"], rec["height"] = 1600, 900
+        rows["sample_data"].append(rec)
+
+    # Sample "demo": plausible ego poses, the camera ones a few cm along the heading.
+    yaw = -1.93
+    for ch, rel in DEMO_FILES.items():
+        dt_s = (ts_of(rel) - ts_of(DEMO_FILES["LIDAR_TOP"])) * 1e-6
+        t = np.array([411.3, 1180.9, 0.0]) + 5.0 * dt_s * np.array([np.cos(yaw), np.sin(yaw), 0])
+        add_sd(DEMO_TOKEN, ch, rel, {"translation": t.tolist(), "rotation": _quat_z(yaw)}, "0724")
+    rows["sample"].append(
+        {
+            "token": DEMO_TOKEN,
+            "timestamp": ts_of(DEMO_FILES["LIDAR_TOP"]),
+            "scene_token": "scene-0724",
+            "prev": "",
+            "next": "",
+        }
+    )
+
+    # Sample "mono3d": the JSON's ego pose for the cameras; the lidar 0.2 m behind.
+    cam_ego = {
+        "translation": images["CAM_BACK_LEFT"]["ego2global_translation"],
+        "rotation": images["CAM_BACK_LEFT"]["ego2global_rotation"],
+    }
+    R_ego = quaternion_to_matrix(cam_ego["rotation"])
+    lidar_ego = {
+        "translation": (np.asarray(cam_ego["translation"]) - R_ego @ [0.2, 0.0, 0.0]).tolist(),
+        "rotation": cam_ego["rotation"],
+    }
+    add_sd(MONO3D_TOKEN, "LIDAR_TOP", MONO3D_LIDAR, lidar_ego, "0718")
+    for ch in images:
+        rel = MONO3D_CAM if ch == "CAM_BACK_LEFT" else DEMO_FILES[ch]
+        ego = {
+            "translation": images[ch]["ego2global_translation"],
+            "rotation": images[ch]["ego2global_rotation"],
+        }
+        add_sd(MONO3D_TOKEN, ch, rel, ego, "0718")
+    rows["sample"].append(
+        {
+            "token": MONO3D_TOKEN,
+            "timestamp": 1531883530447423,
+            "scene_token": "scene-0718",
+            "prev": "",
+            "next": "",
+        }
+    )
+
+    # Annotations: the JSON's camera-frame boxes -> global frame. bbox_cam3d is (x, y, z) the
+    # box centre in the camera frame, then nuScenes' (w, l, h) and a yaw r about the camera's
+    # y axis with the length axis along (cos r, 0, sin r) in the camera frame (fitted: that
+    # convention puts every projected box within ~6 px of the JSON's 2D boxes).
+    expected = {}
+    for a in mono["annotations"]:
+        ch = a["file_name"].split("__")[1]
+        im = images[ch]
+        T_ego_from_cam = make_transform(
+            quaternion_to_matrix(im["cam2ego_rotation"]), im["cam2ego_translation"]
+        )
+        T_global_from_ego = make_transform(
+            quaternion_to_matrix(im["ego2global_rotation"]), im["ego2global_translation"]
+        )
+        T = T_global_from_ego @ T_ego_from_cam
+        x, y, z, w, l, h, r = a["bbox_cam3d"]
+        centre = T[:3, :3] @ [x, y, z] + T[:3, 3]
+        heading = T[:3, :3] @ [np.cos(r), 0.0, np.sin(r)]
+        yaw_g = float(np.arctan2(heading[1], heading[0]))
+        cat_tok = f"cat-{a['category_name']}"
+        if not any(c["token"] == cat_tok for c in rows["category"]):
+            rows["category"].append({"token": cat_tok, "name": a["category_name"], "description": ""})
+        tok = f"ann-{a['id']:02d}"
+        rows["instance"].append(
+            {"token": f"inst-{a['id']:02d}", "category_token": cat_tok, "nbr_annotations": 1}
+        )
+        rows["sample_annotation"].append(
+            {
+                "token": tok,
+                "sample_token": MONO3D_TOKEN,
+                "instance_token": f"inst-{a['id']:02d}",
+                "translation": centre.tolist(),
+                "size": [w, l, h],
+                "rotation": _quat_z(yaw_g),
+                "num_lidar_pts": -1,
+                "num_radar_pts": 0,
+                "attribute_tokens": [],
+                "visibility_token": "",
+                "prev": "",
+                "next": "",
+            }
+        )
+        bx, by, bw, bh = a["bbox"]
+        expected[tok] = (ch, np.asarray(a["center2d"]), np.array([bx, by, bx + bw, by + bh]))
+
+    (root / version).mkdir(parents=True, exist_ok=True)
+    for name, recs in rows.items():
+        (root / version / f"{name}.json").write_text(json.dumps(recs, indent=1))
+    return NuScenesFixture(root, version, DEMO_TOKEN, MONO3D_TOKEN, expected)
+
+
+@pytest.fixture
+def nuscenes_tables(real_nuscenes_dir: Path, tmp_path: Path) -> NuScenesFixture:
+    """A writable nuScenes root in tmp_path with two samples (see `build_nuscenes_tables`)."""
+    return build_nuscenes_tables(real_nuscenes_dir, tmp_path / "nuscenes")
