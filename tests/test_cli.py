@@ -36,3 +36,33 @@ def test_params_prints_resolved_values():
     res = runner.invoke(app, ["params", "-S", "data.seed=42", "--params", str(ROOT / "params.yaml")])
     assert res.exit_code == 0, res.output
     assert "seed: 42" in res.output
+
+
+def test_data_check_clean_real_kitti_exits_0(real_kitti_dir, tmp_path):
+    report = tmp_path / "report.json"
+    res = runner.invoke(app, ["data", "check", str(real_kitti_dir), "--json", str(report)])
+    assert res.exit_code == 0, res.output
+    import json
+
+    data = json.loads(report.read_text())
+    assert data["problems"] == [] and len(data["frames_ok"]) == 6
+
+
+def test_data_check_corrupt_copy_exits_1_naming_the_file(kitti_copy):
+    (kitti_copy / "training" / "velodyne" / "000003.bin").write_bytes(b"\x00" * 10)  # not float32 x4
+    res = runner.invoke(app, ["data", "check", str(kitti_copy)])
+    assert res.exit_code == 1
+    assert "velodyne/000003.bin" in res.output
+
+
+def test_data_show_writes_a_png(real_kitti_dir, tmp_path):
+    out = tmp_path / "f.png"
+    res = runner.invoke(app, ["data", "show", str(real_kitti_dir), "000001", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_data_show_unknown_frame_exits_1(real_kitti_dir, tmp_path):
+    res = runner.invoke(app, ["data", "show", str(real_kitti_dir), "999999", "--out", str(tmp_path / "f.png")])
+    assert res.exit_code == 1
+    assert "999999" in res.output
