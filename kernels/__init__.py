@@ -1,0 +1,32 @@
+"""perception-factory kernels: the three hot ops of the pillar detector, each a `torch.library` custom op.
+
+    points_to_cells(points [N, >=3], batch_index [N], pc_range, cell_size, grid) -> cell_index [N] int64
+    pillar_scatter_max(features [N, C], cell_index [N], num_cells) -> canvas [num_cells, C]
+    render_heatmap(centers [M, 2], radii [M], labels [M], batch_index [M], B, K, H, W) -> [B, K, H, W]
+    focal_loss(logits [...], target [...], alpha=2.0, beta=4.0) -> scalar
+
+Each op has a readable PyTorch reference (`<op>_reference`, the spec) and a Triton implementation used
+on CUDA; `import kernels` never imports Triton (kernels/_dispatch.py). Conventions, algorithms,
+byte models and tolerances: docs/KERNELS.md. Tests: `pytest tests/kernels`; benchmark:
+`python benchmarks/bench_kernels.py --device cuda`.
+"""
+
+from kernels.focal_loss import focal_loss, focal_loss_reference
+from kernels.heatmap import render_heatmap, render_heatmap_reference
+from kernels.pillar_scatter import (
+    pillar_scatter_argmax_reference,
+    pillar_scatter_max,
+    pillar_scatter_max_reference,
+    points_to_cells,
+)
+
+__all__ = [
+    "focal_loss",
+    "focal_loss_reference",
+    "pillar_scatter_argmax_reference",
+    "pillar_scatter_max",
+    "pillar_scatter_max_reference",
+    "points_to_cells",
+    "render_heatmap",
+    "render_heatmap_reference",
+]

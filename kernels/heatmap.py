@@ -1,0 +1,168 @@
+"""CenterNet heatmap targets: one Gaussian per object, drawn into per-class BEV planes, combined by max.
+
+    render_heatmap(centers [M, 2] float, radii [M] int64, labels [M] int64, batch_index [M] int64,
+                   batch_size B, num_classes K, height H, width W) -> heatmap [B, K, H, W] float32
+
+For object m with centre (x, y) in cell units (x = column, y = row), peak cell (floor(x), floor(y))
+and radius r cells, sigma = (2r + 1) / 6 and, for every cell (row, col) of plane
+(batch_index[m], labels[m]) with |col - floor(x)| <= r and |row - floor(y)| <= r,
+    value = exp(-((col - floor(x))^2 + (row - floor(y))^2) / (2 sigma^2))
+(1 at the peak). Cells beyond the window, or outside the grid, get nothing from m; overlapping objects
+combine by max. Centres outside the grid still draw the part of their window that is inside it;
+non-finite centres draw nothing. Arithmetic is float32 throughout (exact integer offsets below 2^24).
+
+Targets carry no gradient: the op has no autograd formula and `render_heatmap` detaches `centers`.
+Backends: `pfk::render_heatmap` runs `_render_heatmap_fwd_kernel` (kernels/_heatmap_triton.py, tile by
+tile with tile-level culling) on CUDA and `render_heatmap_reference` elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernels._checks import (
+    FLOAT_DTYPES,
+    describe,
+    require,
+    require_range,
+    require_same_device,
+    require_tensor,
+)
+from kernels._dispatch import checks_enabled, triton_module, use_triton
+
+_OP = "render_heatmap"
+# The reference materialises [chunk, H, W] Gaussians; 2^22 floats (16 MiB) bounds that buffer.
+_REFERENCE_CHUNK_ELEMENTS = 2**22
+
+
+def render_heatmap_reference(
+    centers: Tensor,
+    radii: Tensor,
+    labels: Tensor,
+    batch_index: Tensor,
+    batch_size: int,
+    num_classes: int,
+    height: int,
+    width: int,
+) -> Tensor:
+    """heatmap [B, K, H, W] float32 (module docstring formula), evaluated densely on every cell."""
+    m = centers.shape[0]
+    assert centers.shape == (m, 2), f"centers {tuple(centers.shape)} != ({m}, 2)"
+    assert radii.shape == labels.shape == batch_index.shape == (m,), "radii, labels, batch_index must be [M]"
+    device = centers.device
+    planes = batch_size * num_classes
+    # One extra "trash" plane receives objects with an out-of-range label or batch index.
+    heat = torch.zeros(planes + 1, height * width, dtype=torch.float32, device=device)  # [B*K + 1, H*W]
+    rows = torch.arange(height, dtype=torch.float32, device=device)[None, :, None]  # [1, H, 1]
+    cols = torch.arange(width, dtype=torch.float32, device=device)[None, None, :]  # [1, 1, W]
+    chunk = max(1, _REFERENCE_CHUNK_ELEMENTS // max(1, height * width))
+    for start in range(0, m, chunk):
+        part = slice(start, start + chunk)
+        peak_col = torch.floor(centers[part, 0].float())[:, None, None]  # [m, 1, 1]
+        peak_row = torch.floor(centers[part, 1].float())[:, None, None]  # [m, 1, 1]
+        radius = radii[part].float()[:, None, None]  # [m, 1, 1]
+        sigma = (2 * radius + 1) / 6  # [m, 1, 1]
+        dx = cols - peak_col  # [m, 1, W]
+        dy = rows - peak_row  # [m, H, 1]
+        gauss = torch.exp(-(dx * dx + dy * dy) / (2 * sigma * sigma))  # [m, H, W]
+        gauss = torch.where((dx.abs() <= radius) & (dy.abs() <= radius), gauss, 0.0)  # [m, H, W]
+        label, batch = labels[part], batch_index[part]  # [m], [m]
+        drawable = (label >= 0) & (label < num_classes) & (batch >= 0) & (batch < batch_size)  # [m]
+        plane = torch.where(drawable, batch * num_classes + label, planes)  # [m]
+        n_obj = plane.shape[0]
+        heat = heat.scatter_reduce(
+            0, plane[:, None].expand(n_obj, height * width), gauss.reshape(n_obj, height * width), "amax"
+        )  # [B*K + 1, H*W]; include_self=True keeps the max with what earlier chunks drew
+    return heat[:planes].view(batch_size, num_classes, height, width)
+
+
+@torch.library.custom_op("pfk::render_heatmap", mutates_args=())
+def _render_heatmap_op(
+    centers: Tensor,
+    radii: Tensor,
+    labels: Tensor,
+    batch_index: Tensor,
+    batch_size: int,
+    num_classes: int,
+    height: int,
+    width: int,
+) -> Tensor:
+    if use_triton(centers):
+        return triton_module("_heatmap_triton").render_heatmap_fwd(
+            centers, radii, labels, batch_index, batch_size, num_classes, height, width
+        )
+    return render_heatmap_reference(
+        centers, radii, labels, batch_index, batch_size, num_classes, height, width
+    )
+
+
+@_render_heatmap_op.register_fake
+def _(
+    centers: Tensor,
+    radii: Tensor,
+    labels: Tensor,
+    batch_index: Tensor,
+    batch_size: int,
+    num_classes: int,
+    height: int,
+    width: int,
+) -> Tensor:
+    return centers.new_empty((batch_size, num_classes, height, width), dtype=torch.float32)
+
+
+def render_heatmap(
+    centers: Tensor,
+    radii: Tensor,
+    labels: Tensor,
+    batch_index: Tensor,
+    batch_size: int,
+    num_classes: int,
+    height: int,
+    width: int,
+    *,
+    check_indices: bool = True,
+) -> Tensor:
+    """heatmap [B, K, H, W] float32 of CenterNet Gaussians (module docstring). No gradient.
+
+    centers [M, 2] float (x = column, y = row, cell units); radii [M] int64 >= 0; labels [M] int64 in
+    [0, K); batch_index [M] int64 in [0, B). `check_indices` verifies those ranges (one device sync;
+    skipped under torch.compile, where out-of-range objects are simply not drawn).
+    """
+    require_tensor(centers, _OP, "centers", dtypes=FLOAT_DTYPES, ndim=2)
+    m = centers.shape[0]
+    require(
+        centers.shape[1] == 2, _OP, f"centers must be [M, 2] (x = column, y = row), got {describe(centers)}"
+    )
+    for name, t in (("radii", radii), ("labels", labels), ("batch_index", batch_index)):
+        require_tensor(t, _OP, name, dtypes=(torch.int64,), ndim=1)
+        require(t.shape[0] == m, _OP, f"{name} must be [M] with M = {m}, got {describe(t)}")
+    require_same_device(_OP, centers=centers, radii=radii, labels=labels, batch_index=batch_index)
+    for name, v in (
+        ("batch_size", batch_size),
+        ("num_classes", num_classes),
+        ("height", height),
+        ("width", width),
+    ):
+        require(isinstance(v, int) and v >= 1, _OP, f"{name} must be an int >= 1, got {v!r}")
+    require(height * width < 2**31, _OP, f"height * width must be < 2**31, got {height} x {width}")
+    # The Triton launch puts the B*K planes on grid axis 1, which CUDA caps at 65535.
+    require(
+        batch_size * num_classes <= 65535,
+        _OP,
+        f"batch_size * num_classes must be <= 65535, got {batch_size} x {num_classes}",
+    )
+    if check_indices and checks_enabled():
+        require_range(radii, _OP, "radii", 0, 2**24)  # float32 holds integers exactly up to 2^24
+        require_range(labels, _OP, "labels", 0, num_classes)
+        require_range(batch_index, _OP, "batch_index", 0, batch_size)
+    return _render_heatmap_op(
+        centers.detach().contiguous(),
+        radii.contiguous(),
+        labels.contiguous(),
+        batch_index.contiguous(),
+        batch_size,
+        num_classes,
+        height,
+        width,
+    )

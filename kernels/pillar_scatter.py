@@ -1,0 +1,285 @@
+"""Pillar scatter-max: per-point features -> dense BEV canvas, plus the point -> cell index that feeds it.
+
+    points_to_cells(points [N, >=3], batch_index [N] int64, pc_range, cell_size, grid) -> cell_index [N] int64
+    pillar_scatter_max(features [N, C] float, cell_index [N] int64, num_cells) -> canvas [num_cells, C]
+
+Conventions (docs/KERNELS.md, "Conventions"):
+- points are in the lidar frame, metres: x forward, y left, z up; columns 3.. are ignored.
+- pc_range = (x_min, y_min, z_min, x_max, y_max, z_max), half-open: x_min <= x < x_max (same for y, z).
+- cell_size = (dx, dy) metres; grid = (H, W): H rows along y, W columns along x.
+- row = floor((y - y_min) / dy), col = floor((x - x_min) / dx), cell = b * H * W + row * W + col, so
+  `canvas.view(B, H, W, C)` is the BEV image with row 0 at y_min and column 0 at x_min.
+- cell_index == -1 means "dropped" (outside the range, NaN/inf coordinates, batch_index < 0).
+
+canvas[cell, c] = max over the points n in `cell` of features[n, c]; 0 for a cell with no point.
+Backward sends grad_canvas[cell, c] to the one point holding that max (the lowest point index on a
+tie) and 0 to every other point: a sparse, deterministic gradient.
+
+Backends: `pfk::pillar_scatter_max` runs the Triton kernels (kernels/_pillar_scatter_triton.py) on
+CUDA and `pillar_scatter_max_reference` elsewhere; ONNX export always traces the reference, which
+lowers to ScatterElements(reduction="max") + Where: no custom op in the exported graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from kernels._checks import (
+    FLOAT_DTYPES,
+    describe,
+    require,
+    require_range,
+    require_same_device,
+    require_tensor,
+)
+from kernels._dispatch import checks_enabled, triton_module, use_triton
+
+_OP = "pillar_scatter_max"
+
+
+# --------------------------------------------------------------------------------------------------
+# points -> cells (plain tensor ops: compiles, exports, needs no kernel)
+# --------------------------------------------------------------------------------------------------
+def points_to_cells(
+    points: Tensor,
+    batch_index: Tensor,
+    pc_range: Sequence[float],
+    cell_size: Sequence[float],
+    grid: Sequence[int],
+) -> Tensor:
+    """Flattened BEV cell `b * H * W + row * W + col` of every point, -1 for points not in any cell.
+
+    points [N, >=3] float (x, y, z in metres, lidar frame); batch_index [N] int64 (< 0: padding,
+    dropped). Returns [N] int64. A point is kept iff x_min <= x < x_max, y_min <= y < y_max,
+    z_min <= z < z_max, its row < H and col < W, and batch_index >= 0. NaN and inf are dropped.
+    Arithmetic runs in the points' dtype (pc_range values are rounded to it).
+    """
+    op = "points_to_cells"
+    require_tensor(points, op, "points", dtypes=FLOAT_DTYPES, ndim=2)
+    require(points.shape[1] >= 3, op, f"points must be [N, >=3] (x, y, z, ...), got {describe(points)}")
+    require_tensor(batch_index, op, "batch_index", dtypes=(torch.int64,), ndim=1)
+    require(
+        batch_index.shape[0] == points.shape[0],
+        op,
+        f"batch_index must be [N] with N = {points.shape[0]}, got {describe(batch_index)}",
+    )
+    require_same_device(op, points=points, batch_index=batch_index)
+    require(
+        len(pc_range) == 6, op, f"pc_range must be (x_min, y_min, z_min, x_max, y_max, z_max), got {pc_range}"
+    )
+    require(len(cell_size) == 2, op, f"cell_size must be (dx, dy), got {cell_size}")
+    require(len(grid) == 2, op, f"grid must be (H, W), got {grid}")
+    x_min, y_min, z_min, x_max, y_max, z_max = (float(v) for v in pc_range)
+    dx, dy = (float(v) for v in cell_size)
+    height, width = (int(v) for v in grid)
+    require(
+        x_min < x_max and y_min < y_max and z_min < z_max, op, f"pc_range must have min < max, got {pc_range}"
+    )
+    require(dx > 0 and dy > 0, op, f"cell_size must be positive, got {cell_size}")
+    require(height > 0 and width > 0, op, f"grid must be positive, got {grid}")
+
+    x, y, z = points[:, 0], points[:, 1], points[:, 2]  # [N] each
+    col_f = torch.floor((x - x_min) / dx)  # [N], >= 0 wherever x >= x_min
+    row_f = torch.floor((y - y_min) / dy)  # [N]
+    # Every comparison with NaN is False, so NaN coordinates fall out here with no special case.
+    kept = (
+        (x >= x_min)
+        & (x < x_max)
+        & (y >= y_min)
+        & (y < y_max)
+        & (z >= z_min)
+        & (z < z_max)
+        & (col_f < width)
+        & (row_f < height)  # rounding can put x just below x_max into column W
+        & (batch_index >= 0)
+    )  # [N] bool
+    col = torch.where(kept, col_f, 0).long()  # [N]; zeroed first: casting NaN/inf to int is undefined
+    row = torch.where(kept, row_f, 0).long()  # [N]
+    cell = batch_index * (height * width) + row * width + col  # [N]
+    return torch.where(kept, cell, -1)  # [N] int64
+
+
+# --------------------------------------------------------------------------------------------------
+# reference (the spec)
+# --------------------------------------------------------------------------------------------------
+def _trash_row_index(cell_index: Tensor, num_cells: int) -> Tensor:
+    """cell_index with every dropped or out-of-range point sent to an extra row `num_cells`. [N]"""
+    kept = (cell_index >= 0) & (cell_index < num_cells)  # [N]
+    return torch.where(kept, cell_index, num_cells)  # [N]
+
+
+def pillar_scatter_max_reference(features: Tensor, cell_index: Tensor, num_cells: int) -> Tensor:
+    """canvas [num_cells, C]: per-cell, per-channel max of features [N, C]; 0 for empty cells.
+
+    cell_index [N] int64; -1 (or any value outside [0, num_cells)) drops the point. Written with
+    `scatter_reduce(amax, include_self=True)` on a -inf canvas, which ONNX export turns into
+    ScatterElements(reduction="max") (opset >= 18); ONNX has no include_self=False, hence the -inf
+    start and the separate occupancy scatter that puts 0 (not -inf) in empty cells.
+    """
+    n, c = features.shape
+    assert cell_index.shape == (n,), f"cell_index {tuple(cell_index.shape)} != ({n},)"
+    row = _trash_row_index(cell_index, num_cells)  # [N], dropped -> row num_cells
+    # Zeros computed from the input (a sum over no points) rather than torch.full/zeros: ONNX exporters
+    # constant-fold a fill of constant shape into the file (55 MB for 4 x 496 x 432 cells x 64 channels
+    # with the TorchScript exporter); a fill that depends on an input stays a runtime Expand.
+    zero_row = features[:0].sum(0, keepdim=True)  # [1, C] zeros
+    canvas = (zero_row - float("inf")).expand(num_cells + 1, c)  # [cells+1, C] -inf
+    canvas = canvas.scatter_reduce(0, row[:, None].expand(n, c), features, "amax", include_self=True)
+    occupied = zero_row[0, :1].expand(num_cells + 1)  # [cells+1] zeros
+    occupied = occupied.scatter_reduce(0, row, torch.ones_like(features[:, 0]), "amax", include_self=True)
+    return torch.where(occupied[:num_cells, None] > 0, canvas[:num_cells], 0.0)  # [num_cells, C]
+
+
+def pillar_scatter_argmax_reference(
+    features: Tensor, cell_index: Tensor, num_cells: int, canvas: Tensor
+) -> Tensor:
+    """argmax [num_cells, C] int64: lowest point n with features[n, c] == canvas[cell, c]; -1 if empty.
+
+    A NaN feature counts as the largest value (torch's amax propagates it), so the lowest-index NaN
+    point of a cell wins that channel. This is the tie-break rule the Triton kernel must reproduce;
+    the op itself stores the equivalent per-point `winner` mask ([N, C] bool, 8x fewer bytes than
+    this int64 canvas: docs/KERNELS.md).
+    """
+    n, c = features.shape
+    assert canvas.shape == (num_cells, c), f"canvas {tuple(canvas.shape)} != ({num_cells}, {c})"
+    row = _trash_row_index(cell_index, num_cells)  # [N]
+    # [cells+1, C]; the trash row is never compared with a kept point
+    canvas_ext = torch.cat([canvas, canvas.new_zeros(1, c)])
+    kept = (row < num_cells)[:, None]  # [N, 1]
+    held = canvas_ext[row]  # [N, C] the max of each point's cell
+    # NaN propagates through amax, so a NaN point "holds" a NaN max.
+    is_max = kept & ((features == held) | (features.isnan() & held.isnan()))  # [N, C]
+    point = torch.arange(n, device=features.device)[:, None].expand(n, c)  # [N, C]
+    candidate = torch.where(is_max, point, n)  # [N, C]; n = "no candidate"
+    first = torch.full((num_cells + 1, c), n, dtype=torch.int64, device=features.device)
+    first = first.scatter_reduce(0, row[:, None].expand(n, c), candidate, "amin", include_self=True)
+    return torch.where(first[:num_cells] < n, first[:num_cells], -1)  # [num_cells, C]
+
+
+def _winner_from_argmax(argmax: Tensor, cell_index: Tensor, num_cells: int) -> Tensor:
+    """winner [N, C] bool: point n holds the max of its cell in channel c."""
+    n = cell_index.shape[0]
+    c = argmax.shape[1]
+    row = _trash_row_index(cell_index, num_cells)  # [N]
+    argmax_ext = torch.cat([argmax, argmax.new_full((1, c), -1)])  # [cells+1, C]; trash row: nobody wins
+    point = torch.arange(n, device=argmax.device)[:, None]  # [N, 1]
+    return argmax_ext[row] == point  # [N, C]
+
+
+def _pillar_scatter_max_backward_reference(
+    grad_canvas: Tensor, cell_index: Tensor, winner: Tensor, num_cells: int
+) -> Tensor:
+    """grad_features [N, C] = grad_canvas[cell_index[n], c] where winner[n, c], else 0."""
+    n, c = winner.shape
+    assert grad_canvas.shape == (num_cells, c), f"grad_canvas {tuple(grad_canvas.shape)} != {(num_cells, c)}"
+    if n == 0 or num_cells == 0:
+        return grad_canvas.new_zeros(n, c)
+    row = cell_index.clamp(0, num_cells - 1)  # [N]; dropped points never win, so any row will do
+    return torch.where(winner, grad_canvas[row], 0.0)  # [N, C]
+
+
+# --------------------------------------------------------------------------------------------------
+# custom op: pfk::pillar_scatter_max (+ its backward), Triton on CUDA, reference elsewhere
+# --------------------------------------------------------------------------------------------------
+@torch.library.custom_op("pfk::pillar_scatter_max", mutates_args=())
+def _pillar_scatter_max_op(
+    features: Tensor, cell_index: Tensor, num_cells: int, with_winner: bool
+) -> tuple[Tensor, Tensor]:
+    """(canvas [num_cells, C], winner [N, C] bool, or [0, C] when with_winner is False)."""
+    if use_triton(features):
+        return triton_module("_pillar_scatter_triton").pillar_scatter_max_fwd(
+            features, cell_index, num_cells, with_winner
+        )
+    canvas = pillar_scatter_max_reference(features, cell_index, num_cells)  # [num_cells, C]
+    if not with_winner:
+        return canvas, torch.empty(0, features.shape[1], dtype=torch.bool, device=features.device)
+    argmax = pillar_scatter_argmax_reference(features, cell_index, num_cells, canvas)  # [num_cells, C]
+    return canvas, _winner_from_argmax(argmax, cell_index, num_cells)  # [N, C]
+
+
+@_pillar_scatter_max_op.register_fake
+def _(features: Tensor, cell_index: Tensor, num_cells: int, with_winner: bool) -> tuple[Tensor, Tensor]:
+    n, c = features.shape
+    winner = features.new_empty((n if with_winner else 0, c), dtype=torch.bool)
+    return features.new_empty((num_cells, c)), winner
+
+
+@torch.library.custom_op("pfk::pillar_scatter_max_backward", mutates_args=())
+def _pillar_scatter_max_backward_op(
+    grad_canvas: Tensor, cell_index: Tensor, winner: Tensor, num_cells: int
+) -> Tensor:
+    """grad_features [N, C] from grad_canvas [num_cells, C] and the forward's winner mask [N, C]."""
+    if use_triton(grad_canvas):
+        return triton_module("_pillar_scatter_triton").pillar_scatter_max_bwd(
+            grad_canvas, cell_index, winner, num_cells
+        )
+    return _pillar_scatter_max_backward_reference(grad_canvas, cell_index, winner, num_cells)
+
+
+@_pillar_scatter_max_backward_op.register_fake
+def _(grad_canvas: Tensor, cell_index: Tensor, winner: Tensor, num_cells: int) -> Tensor:
+    return grad_canvas.new_empty(winner.shape)
+
+
+def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
+    _features, cell_index, num_cells, with_winner = inputs
+    _canvas, winner = output
+    ctx.save_for_backward(cell_index, winner)
+    ctx.num_cells = num_cells
+    ctx.with_winner = with_winner
+
+
+def _backward(
+    ctx: torch.autograd.function.FunctionCtx, grad_canvas: Tensor, _grad_winner: Tensor | None
+) -> tuple[Tensor, None, None, None]:
+    if not ctx.with_winner:
+        raise RuntimeError(
+            "pfk::pillar_scatter_max ran with with_winner=False (grad disabled at forward time); "
+            "its backward needs the winner mask"
+        )
+    cell_index, winner = ctx.saved_tensors
+    grad_features = _pillar_scatter_max_backward_op(grad_canvas, cell_index, winner, ctx.num_cells)
+    return grad_features, None, None, None
+
+
+_pillar_scatter_max_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------------------------------
+# public entry point
+# --------------------------------------------------------------------------------------------------
+def pillar_scatter_max(
+    features: Tensor, cell_index: Tensor, num_cells: int, *, check_indices: bool = True
+) -> Tensor:
+    """canvas [num_cells, C]: max of features [N, C] over the points of each cell, 0 for empty cells.
+
+    cell_index [N] int64 in [-1, num_cells); -1 drops the point. `check_indices` verifies that range
+    (one device sync; skipped automatically under torch.compile and ONNX export, where the kernels
+    drop any out-of-range index instead of failing). Differentiable w.r.t. features.
+    """
+    require_tensor(features, _OP, "features", dtypes=FLOAT_DTYPES, ndim=2)
+    require_tensor(cell_index, _OP, "cell_index", dtypes=(torch.int64,), ndim=1)
+    require_same_device(_OP, features=features, cell_index=cell_index)
+    n, c = features.shape
+    require(c >= 1, _OP, f"features must have at least one channel, got {describe(features)}")
+    require(cell_index.shape[0] == n, _OP, f"cell_index must be [N] with N = {n}, got {describe(cell_index)}")
+    require(
+        isinstance(num_cells, int) and num_cells >= 0,
+        _OP,
+        f"num_cells must be an int >= 0, got {num_cells!r}",
+    )
+    # The Triton path stores point and cell indices as int32 (docs/KERNELS.md, "Limits").
+    require(n < 2**31 and num_cells < 2**31, _OP, f"N ({n}) and num_cells ({num_cells}) must be < 2**31")
+    if check_indices and checks_enabled():
+        require_range(cell_index, _OP, "cell_index", -1, num_cells)
+    if torch.onnx.is_in_onnx_export():
+        # Export traces the reference: ScatterElements(max) + Where, runnable without plugins.
+        return pillar_scatter_max_reference(features, cell_index, num_cells)
+    with_winner = torch.is_grad_enabled() and features.requires_grad  # the mask is only for backward
+    canvas, _winner = _pillar_scatter_max_op(
+        features.contiguous(), cell_index.contiguous(), num_cells, with_winner
+    )
+    return canvas
