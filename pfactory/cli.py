@@ -27,8 +27,6 @@ data_app = typer.Typer(
     help="Make, validate and look at raw datasets (KITTI / nuScenes layouts).", no_args_is_help=True
 )
 app.add_typer(data_app, name="data")
-bench_app = typer.Typer(help="Side-by-side benchmarks that print ratios from one run.", no_args_is_help=True)
-app.add_typer(bench_app, name="bench")
 
 SetOpt = Annotated[
     list[str] | None,
@@ -182,7 +180,6 @@ def prepare_cmd(
 
     configure_environment()
     import tasks.prepare
-
     from pfactory.data.errors import RejectFractionExceeded
     from pfactory.sensors.frame import DatasetError
 
@@ -214,6 +211,33 @@ def kpi_cmd(
     except DatasetError as e:
         _fail(str(e))
     typer.echo(format_kpi_table(result))
+
+
+@app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_cmd(
+    ctx: typer.Context,
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="Benchmark: benchmarks/bench_<name>.py (cli, kernels, kpi, prepare, synth, ...)."
+        ),
+    ],
+) -> None:
+    """Run a side-by-side benchmark (extra arguments go to it; see its --help).
+
+    Example: factory bench kernels --device cpu --quick
+    """
+    import subprocess
+
+    from pfactory.tracking import configure_environment, project_root
+
+    root = project_root()
+    script = root / "benchmarks" / f"bench_{name}.py"
+    if not script.is_file():
+        known = sorted(p.stem.removeprefix("bench_") for p in (root / "benchmarks").glob("bench_*.py"))
+        _fail(f"no benchmark {name!r} in {root / 'benchmarks'}; known: {', '.join(known)}", code=2)
+    configure_environment(root)
+    raise typer.Exit(subprocess.call([sys.executable, str(script), *ctx.args], cwd=root))
 
 
 def main() -> None:
