@@ -80,6 +80,12 @@ class PrepareParams(Section):
     """Dataset class name -> training class. Names not listed keep label -1 (kept, not trained on)."""
     pc_range: list[float] = Field(default_factory=lambda: [0.0, -40.0, -3.0, 70.4, 40.0, 1.0])
     """Lidar region of interest (x_min, y_min, z_min, x_max, y_max, z_max), metres, lidar frame."""
+    reference_frame: Literal["ego_axes", "lidar"] = "ego_axes"
+    """Frame of the prepared points/boxes: `ego_axes` = the lidar frame rotated onto the ego
+    vehicle's axes (x forward, y left, z up; origin kept at the lidar; nuScenes' LIDAR_TOP is
+    mounted x-right, KITTI's velodyne is already aligned), or `lidar` = the raw sensor frame."""
+    min_points: Annotated[int, Field(ge=1)] = 100
+    """Frames whose sweep has fewer points are refused (a stub or a broken dump, not a scan)."""
     ego_radius_m: Annotated[float, Field(ge=0)] = 2.0
     """Points closer than this to the sensor in BEV are ego-vehicle returns and removed."""
     voxel_size: list[float] | None = None

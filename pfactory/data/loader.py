@@ -1,0 +1,295 @@
+"""Train-stage loader over prepared shards: DALI pipeline (default) and a PyTorch reference.
+
+```
+loader = make_loader("artifacts/prepared", "train", batch_size=4, shuffle=True,
+                     augment=AugmentParams(), seed=0, device="auto")
+loader.set_epoch(epoch); loader.skip_batches(k)   # exact resume: same batches, same transforms
+for batch in loader:  # Batch, tensors on the GPU when CUDA is present (DALI)
+    batch.images      # [B, C, 3, H, W] float32 (normalized; C = manifest "cameras")
+    batch.proj        # [B, C, 3, 4] float32, reference frame (augmented) -> image pixels
+    batch.cam_valid   # [B, C] bool (False: the frame has no such camera; image/proj are 0)
+    batch.points      # [B, Pmax, 4] float32, zero padded;  batch.num_points [B] int64
+    batch.boxes       # [B, Mmax, 7] float32, zero padded;  batch.num_boxes [B] int64
+    batch.labels      # [B, Mmax] int64: class index, -1 = not a training class or padding
+    batch.aug         # [B, 4, 4] float32, the transform A applied to each frame
+    batch.frame_ids   # list[str]
+```
+Order: rows of the split in manifest order, or with `shuffle` a block shuffle (row groups in
+random order, rows shuffled within windows of `shuffle_window` row groups) so a batch reads a
+few row groups instead of one per frame; deterministic in (seed, epoch).
+
+DALI pipeline: a parallel batch `external_source` (`BatchSource`, in `workers` processes)
+reads rows and draws each frame's transform (`pfactory.data.augment`), then DALI applies it
+with three `fn.coord_transform`s -- points `[N, 4]` by `A` (intensity untouched), boxes
+`[M, 7]` by one 7x7 affine map, projection rows `[3C, 4]` by `A^-T` (i.e. `P' = P A^-1`) --
+casts images to float32 and pads points/boxes/labels to the batch maximum (`fn.pad`: DALI's
+iterators refuse ragged outputs). On a GPU every op after the source runs on the device.
+`TorchLoader` does the same with plain PyTorch ops from the same `BatchSource` samples: the
+reference the DALI loader is tested against (tests/data/test_loader.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pfactory.data.augment import AugmentParams
+from pfactory.data.shards import open_shard
+from pfactory.data.source import BatchSource, Sample
+
+
+@dataclass
+class Batch:
+    """One batch (see the module docstring for shapes)."""
+
+    images: torch.Tensor
+    proj: torch.Tensor
+    cam_valid: torch.Tensor
+    points: torch.Tensor
+    num_points: torch.Tensor
+    boxes: torch.Tensor
+    labels: torch.Tensor
+    num_boxes: torch.Tensor
+    aug: torch.Tensor
+    frame_ids: list[str]
+
+    def to(self, device: str | torch.device) -> Batch:
+        moved = {k: v.to(device) for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
+        return Batch(**moved, frame_ids=self.frame_ids)
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+class _LoaderBase:
+    """Epoch bookkeeping shared by both loaders: set_epoch / skip_batches / len."""
+
+    def __init__(self, source: BatchSource, device: str):
+        self.source = source
+        self.device = _resolve_device(device)
+        self.epoch = 0
+        self._skip = 0
+        self._frame_ids: list[str] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration produces (transforms and order depend on it)."""
+        self.epoch = int(epoch)
+
+    def skip_batches(self, k: int) -> None:
+        """Start the next iteration at batch `k` of the epoch (exact resume)."""
+        self._skip = int(k)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def frame_id(self, row: int) -> str:
+        if self._frame_ids is None:
+            ids: list[str] = []
+            for path, rg, _, _ in self.source.groups:
+                ids += open_shard(path).read_row_group(rg, columns=["frame_id"]).column(0).to_pylist()
+            self._frame_ids = ids
+        return self._frame_ids[row]
+
+
+class TorchLoader(_LoaderBase):
+    """The PyTorch reference: same samples and transforms, augmentation by plain tensor ops."""
+
+    def __iter__(self) -> Iterator[Batch]:
+        epoch, it = self.epoch, self._skip
+        self._skip = 0
+        while True:
+            samples = self.source.samples(epoch, it)
+            if not samples:
+                break
+            yield collate(samples, self.device)
+            it += 1
+        self.epoch = epoch + 1
+
+
+def collate(samples: list[Sample], device: str = "cpu") -> Batch:
+    """Augment (torch ops) and pad a list of samples into a Batch -- the reference semantics."""
+    pts, bxs, lbs, projs, augs = [], [], [], [], []
+    for s in samples:
+        A = torch.from_numpy(s.transform.matrix)  # [4, 4] float64
+        p = torch.from_numpy(s.points).double()  # [N, 4]
+        pts.append(torch.cat([p[:, :3] @ A[:3, :3].T, p[:, 3:]], 1).float())
+        b = torch.from_numpy(s.boxes).double().reshape(-1, 7)  # [M, 7]
+        f = -1.0 if s.transform.flip else 1.0
+        bxs.append(
+            torch.cat(
+                [b[:, :3] @ A[:3, :3].T, b[:, 3:6] * s.transform.scale, f * b[:, 6:] + s.transform.rotation],
+                1,
+            ).float()
+        )
+        lbs.append(torch.from_numpy(s.labels).long())
+        projs.append((torch.from_numpy(s.proj).double() @ torch.linalg.inv(A)).float())  # [C, 3, 4]
+        augs.append(A.float())
+    n_pts = torch.tensor([len(p) for p in pts], dtype=torch.int64)
+    n_box = torch.tensor([len(b) for b in bxs], dtype=torch.int64)
+    pad = torch.nn.utils.rnn.pad_sequence
+    batch = Batch(
+        images=torch.from_numpy(np.stack([s.images for s in samples])).float(),
+        proj=torch.stack(projs),
+        cam_valid=torch.from_numpy(np.stack([s.cam_valid for s in samples])),
+        points=pad(pts, batch_first=True) if max(n_pts) > 0 else torch.zeros(len(samples), 0, 4),
+        num_points=n_pts,
+        boxes=pad(bxs, batch_first=True) if max(n_box) > 0 else torch.zeros(len(samples), 0, 7),
+        labels=pad(lbs, batch_first=True, padding_value=-1)
+        if max(n_box) > 0
+        else torch.zeros(len(samples), 0, dtype=torch.int64),
+        num_boxes=n_box,
+        aug=torch.stack(augs),
+        frame_ids=[s.frame_id for s in samples],
+    )
+    return batch.to(device) if device != "cpu" else batch
+
+
+class DaliLoader(_LoaderBase):
+    """DALI pipeline over the shards (see the module docstring); GPU-resident on CUDA."""
+
+    def __init__(self, source: BatchSource, device: str, num_threads: int = 2, workers: int = 2):
+        super().__init__(source, device)
+        self.num_threads = num_threads
+        self.workers = workers
+        self._pipe = None
+        self._pipe_next: tuple[int, int] | None = None  # (epoch, iteration) the pipe yields next
+
+    def _build(self, epoch: int, skip: int):
+        from nvidia.dali import fn, types
+        from nvidia.dali.pipeline import Pipeline
+
+        gpu = self.device.startswith("cuda")
+        src = BatchSource.__new__(BatchSource)
+        src.__dict__.update(self.source.__getstate__())
+        src.epoch_base, src.skip = epoch, skip
+        pipe = Pipeline(
+            batch_size=self.source.batch_size,
+            num_threads=self.num_threads,
+            device_id=(torch.device(self.device).index or torch.cuda.current_device()) if gpu else None,
+            py_num_workers=self.workers,
+            # fork starts a worker in ~0.6 s against ~3 s for spawn (which re-imports everything),
+            # but a process that has initialised CUDA must not fork: spawn then.
+            py_start_method="spawn" if gpu or torch.cuda.is_initialized() else "fork",
+            prefetch_queue_depth=2,
+        )
+        F, I32, I64, U8 = types.FLOAT, types.INT32, types.INT64, types.UINT8
+        with pipe:
+            images, proj, valid, points, boxes, labels, M_pts, M_ctr, M_rest, T_rest, M_proj, row = (
+                fn.external_source(
+                    src,
+                    num_outputs=12,
+                    batch=True,
+                    batch_info=True,
+                    parallel=True,
+                    prefetch_queue_depth=2,
+                    dtype=[types.FLOAT16, F, U8, F, F, I32, F, F, F, F, F, I64],
+                    ndim=[4, 2, 1, 2, 2, 1, 2, 2, 2, 1, 2, 1],
+                )
+            )
+            n_pts, n_box = points.shape(), boxes.shape()
+            if gpu:
+                images, proj, points, boxes, labels = (x.gpu() for x in (images, proj, points, boxes, labels))
+            images = fn.cast(images, dtype=F)
+            points = fn.coord_transform(points, M=M_pts)  # [N, 4]: xyz by A, intensity kept
+            boxes = fn.cat(  # [M, 7]
+                fn.coord_transform(boxes[:, 0:3], M=M_ctr),  # centre by A
+                fn.coord_transform(boxes[:, 3:7], M=M_rest, T=T_rest),  # size * s, f yaw + theta
+                axis=1,
+            )
+            proj = fn.coord_transform(proj, M=M_proj)  # [3C, 4] rows: P' = P A^-1
+            points = fn.pad(points, axes=[0], fill_value=0.0)
+            boxes = fn.pad(boxes, axes=[0], fill_value=0.0)
+            labels = fn.pad(labels, axes=[0], fill_value=-1)
+            pipe.set_outputs(images, proj, valid, points, n_pts, boxes, labels, n_box, M_pts, row)
+        pipe.build()
+        return pipe
+
+    def __iter__(self) -> Iterator[Batch]:
+        epoch, skip = self.epoch, self._skip
+        self._skip = 0
+        if self._pipe is None or self._pipe_next != (epoch, skip):
+            self._pipe = None  # drop the old pipeline (and its workers) first
+            self._pipe = self._build(epoch, skip)
+        self._pipe_next = None  # mid-epoch: an abandoned iteration forces a rebuild
+        C = len(self.source.cameras)
+        while True:
+            try:
+                outs = self._pipe.run()
+            except StopIteration:
+                break
+            images, proj, valid, points, n_pts, boxes, labels, n_box, M_pts, row = (
+                _to_torch(o, self.device) for o in outs
+            )
+            B = images.shape[0]
+            # fn.pad of a batch of empty samples yields [B, 0, 0]: restore the row width.
+            points = points.reshape(B, int(n_pts[:, 0].max()), 4)
+            boxes = boxes.reshape(B, int(n_box[:, 0].max()), 7)
+            labels = labels.reshape(B, boxes.shape[1])
+            aug = M_pts.clone()
+            aug[:, 3, 3] = 1.0
+            yield Batch(
+                images=images,
+                proj=proj.reshape(B, C, 3, 4),
+                cam_valid=valid.bool().reshape(B, C),
+                points=points,
+                num_points=n_pts[:, 0].long(),
+                boxes=boxes,
+                labels=labels.long(),
+                num_boxes=n_box[:, 0].long(),
+                aug=aug,
+                frame_ids=[self.frame_id(int(r)) for r in row[:, 0].tolist()],
+            )
+        self._pipe.reset()
+        self.epoch = epoch + 1
+        self._pipe_next = (self.epoch, 0)
+
+
+def _to_torch(tl: Any, device: str) -> torch.Tensor:
+    """A dense DALI TensorList (CPU or GPU) -> a torch tensor on `device` (one copy)."""
+    from nvidia.dali.backend import TensorListGPU
+
+    if isinstance(tl, TensorListGPU):
+        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+        t = tl.as_tensor()
+        out = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=device)
+        feed_ndarray(t, out, cuda_stream=torch.cuda.current_stream(out.device))
+        return out
+    t = torch.from_numpy(np.array(tl.as_tensor()))
+    return t.to(device) if device != "cpu" else t
+
+
+def make_loader(
+    prepared_dir: str | Path,
+    split: str,
+    batch_size: int,
+    shuffle: bool = False,
+    augment: AugmentParams | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    num_threads: int = 2,
+    workers: int = 2,
+    drop_last: bool = False,
+    shuffle_window: int = 4,
+    backend: str = "dali",
+) -> DaliLoader | TorchLoader:
+    """A loader over `split` of a prepared directory (see the module docstring).
+
+    `backend="torch"` gives the PyTorch reference (`TorchLoader`), same batches and transforms.
+    """
+    source = BatchSource(
+        prepared_dir, split, batch_size, shuffle, augment, seed, 0, 0, drop_last, shuffle_window
+    )
+    if backend == "torch":
+        return TorchLoader(source, device)
+    if backend != "dali":
+        raise ValueError(f"backend must be 'dali' or 'torch', got {backend!r}")
+    return DaliLoader(source, device, num_threads, workers)
