@@ -1,4 +1,4 @@
-"""The pipeline flow: synth -> prepare -> (train -> optimize -> evaluate -> promote as they land).
+"""The pipeline flow: synth -> prepare -> train -> optimize (evaluate and promote land next).
 
 Prefect sequences the stages and adds retries, a run name and a UI; the stages themselves
 are the plain `tasks.<stage>.run` functions (files in -> files out -> metrics back), so the
@@ -39,6 +39,34 @@ def prepare_task(params: Any, root: str) -> dict:
     return tasks.prepare.run(params, Path(root) / params.paths.raw, Path(root) / params.paths.prepared)
 
 
+@task(name="train")
+def train_task(params: Any, root: str) -> dict:
+    import tasks.train
+
+    summary = tasks.train.run(params, Path(root) / params.paths.prepared, Path(root) / params.paths.model)
+    return {k: v for k, v in summary.items() if k != "val"} | {
+        "val_mAP": (summary.get("val") or {}).get("mAP")
+    }
+
+
+@task(name="optimize")
+def optimize_task(params: Any, root: str) -> dict:
+    import tasks.optimize
+
+    r = Path(root)
+    return tasks.optimize.run(
+        params, r / params.paths.model, r / params.paths.prepared, r / params.paths.optimized
+    )
+
+
+STAGES = (
+    ("synth", synth_task),
+    ("prepare", prepare_task),
+    ("train", train_task),
+    ("optimize", optimize_task),
+)
+
+
 @flow(name="perception-factory", log_prints=True)
 def pipeline(overrides: list[str] | None = None, name: str | None = None, root: str | None = None) -> dict:
     """Run every landed stage in order on params.yaml + `overrides`; returns metrics per stage."""
@@ -63,7 +91,7 @@ def pipeline(overrides: list[str] | None = None, name: str | None = None, root: 
         mlflow.log_dict(params.model_dump(mode="json"), "params.json")
         os.environ[PARENT_ENV] = run.info.run_id
         try:
-            for stage, fn in (("synth", synth_task), ("prepare", prepare_task)):
+            for stage, fn in STAGES:
                 t0 = time.perf_counter()
                 results[stage] = fn(params, str(root_path))
                 results["timings_s"][stage] = round(time.perf_counter() - t0, 3)

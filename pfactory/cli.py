@@ -190,6 +190,98 @@ def prepare_cmd(
     typer.echo(json.dumps(metrics, indent=2, sort_keys=True, default=str))
 
 
+@app.command("train")
+def train_cmd(
+    data: Annotated[Path | None, typer.Option(help="Prepared shards. Default: paths.prepared.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Model output directory (resumes from its checkpoint). Default: paths.model."),
+    ] = None,
+    set_param: SetOpt = None,
+    params_file: ParamsOpt = Path("params.yaml"),
+) -> None:
+    """Train the detector; resumes when OUT holds a checkpoint. Multi-process: torchrun -m tasks.train.
+
+    Example: factory train --data artifacts/prepared --out artifacts/model -S train.epochs=2
+    """
+    params = _params(params_file, set_param)
+    from pfactory.tracking import configure_environment
+
+    configure_environment()
+    import tasks.train
+
+    summary = tasks.train.run(params, data or Path(params.paths.prepared), out or Path(params.paths.model))
+    typer.echo(
+        json.dumps({k: v for k, v in summary.items() if k != "val"}, indent=2, sort_keys=True, default=str)
+    )
+
+
+@app.command("profile")
+def profile_cmd(
+    what: Annotated[str, typer.Argument(help="What to profile: train.")],
+    steps: Annotated[int, typer.Option(min=1, help="Training steps to trace.")] = 5,
+    data: Annotated[Path | None, typer.Option(help="Prepared shards. Default: paths.prepared.")] = None,
+    out: Annotated[Path, typer.Option(help="Trace output directory.")] = Path("artifacts/profile"),
+    set_param: SetOpt = None,
+    params_file: ParamsOpt = Path("params.yaml"),
+) -> None:
+    """Write a torch.profiler trace (Chrome/Perfetto JSON) and print the top ops.
+
+    Example: factory profile train --steps 5
+    """
+    if what != "train":
+        _fail(f"can only profile 'train', got {what!r}", code=2)
+    params = _params(params_file, set_param)
+    from pfactory.tracking import configure_environment
+
+    configure_environment()
+    import tasks.train
+
+    typer.echo(str(tasks.train.profile_train(params, data or Path(params.paths.prepared), steps, out)))
+
+
+@app.command("optimize")
+def optimize_cmd(
+    model: Annotated[Path | None, typer.Option(help="Trained model directory. Default: paths.model.")] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Prepared shards (calibration + parity frames). Default: paths.prepared."),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Output directory. Default: paths.optimized.")] = None,
+    backend: Annotated[str, typer.Option(help="auto | onnxruntime | tensorrt")] = "auto",
+    precision: Annotated[
+        str | None, typer.Option(help="fp32 | fp16 | int8 (default: optimize.precision)")
+    ] = None,
+    set_param: SetOpt = None,
+    params_file: ParamsOpt = Path("params.yaml"),
+) -> None:
+    """Export one ONNX graph (points + images -> boxes), build the backend, gate on parity, time it.
+
+    Exit 1 when parity is outside optimize.parity. Example: factory optimize --backend onnxruntime --precision int8
+    """
+    params = _params(params_file, set_param)
+    from pfactory.tracking import configure_environment
+
+    configure_environment()
+    import tasks.optimize
+    from pfactory.inference import BackendUnavailable, ParityError
+
+    try:
+        metrics = tasks.optimize.run(
+            params,
+            model or Path(params.paths.model),
+            data or Path(params.paths.prepared),
+            out or Path(params.paths.optimized),
+            backend=backend,
+            precision=precision,
+        )
+    except ParityError as e:
+        _fail(f"optimize: {e}")
+    except BackendUnavailable as e:
+        _fail(f"optimize: {e}", code=2)
+    typer.echo(json.dumps(metrics, indent=2, sort_keys=True, default=str))
+
+
 @app.command("kpi")
 def kpi_cmd(
     gt: Annotated[Path, typer.Option(help="KITTI label_2 directory (ground truth).")],

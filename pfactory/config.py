@@ -134,12 +134,20 @@ class PrepareParams(Section):
         return self
 
 
+# Each stage owns its section's model beside its code; the whole file is assembled here.
+from pfactory.inference.params import OptimizeParams  # noqa: E402
+from pfactory.model.params import ModelParams, TrainParams  # noqa: E402
+
+
 class Params(Section):
     """The whole `params.yaml`."""
 
     paths: PathsParams = Field(default_factory=PathsParams)
     data: DataParams = Field(default_factory=DataParams)
     prepare: PrepareParams = Field(default_factory=PrepareParams)
+    model: ModelParams = Field(default_factory=ModelParams)
+    train: TrainParams = Field(default_factory=TrainParams)
+    optimize: OptimizeParams = Field(default_factory=OptimizeParams)
 
 
 def _format_validation_error(e: ValidationError, source: str) -> str:

@@ -1,0 +1,385 @@
+"""Optimized inference vs PyTorch eager, in one run: latency (p50/p95/p99, throughput), parity, and mAP.
+
+In:  the default detector (`ModelParams()`, 416x128 images, 1 camera) with random-init weights, or a
+     trained model directory (`--model artifacts/model`); frames from a prepared directory (`--data
+     artifacts/prepared`: calibration from train, timing/parity/KPIs from val) or, without `--data`,
+     synthetic frames of `--points` points (speed only: no ground truth, no mAP).
+Out: a printed table and `--json FILE`: per batch size and runner the latency percentiles and
+     throughput, the speedup over eager at the same thread count and over the *fastest* eager thread
+     count (on a shared 2-core machine, 2 OpenMP threads can lose to 1: the honest baseline is the best
+     eager setting), parity of every artifact vs eager, and -- with `--data` and a trained `--model` --
+     mAP of eager vs INT8 (the evaluate stage's KPI code, `pfactory.model.inference`).
+Measured end to end: padded points + images in, decoded top-K boxes out (pillar scatter and decode
+included for every runner). Runners alternate call by call (`pfactory.inference.latency`).
+
+Targets (the optimize issue): ORT FP32 >= 1.5x eager at batch 1; ORT INT8 >= 2x eager with mAP drop
+<= 1 point. TensorRT (`--tensorrt`, GPU machines with `pip install '.[tensorrt]'`): FP16 and INT8 engines
+timed the same way; skipped with the reason elsewhere.
+
+Run: `python benchmarks/bench_optimize.py [--model DIR] [--data DIR] [--batches 1 4] [--iterations 30]
+      [--threads 2] [--tensorrt] [--json out.json]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TARGET_FP32 = 1.5  # ORT FP32 vs eager, batch 1
+TARGET_INT8 = 2.0  # ORT INT8 vs eager, batch 1
+TARGET_MAP_DROP = 1.0  # mAP points
+
+
+class EagerAt:
+    """PyTorch eager at a fixed intra-op thread count (set before each call: the setting is process-wide)."""
+
+    def __init__(self, runner: Any, threads: int) -> None:
+        self.runner, self.threads = runner, threads
+
+    def __call__(self, **feed: np.ndarray) -> Any:
+        import torch
+
+        torch.set_num_threads(self.threads)
+        return self.runner.run(feed)
+
+
+def _synthetic_feeds(model: Any, batch: int, points: int, n: int, seed: int) -> list[dict[str, np.ndarray]]:
+    from pfactory.inference.export import INPUT_NAMES, example_inputs
+
+    return [
+        dict(zip(INPUT_NAMES, (t.numpy() for t in example_inputs(model, batch, points, 1, seed + i))))
+        for i in range(n)
+    ]
+
+
+def _kpis(model: Any, runners: dict[str, Any], data: Path, frames: int, threshold: float) -> dict[str, Any]:
+    """mAP / NDS of each runner on the first `frames` val frames (the evaluate stage's KPI code)."""
+    import torch
+
+    from pfactory.data.loader import make_loader
+    from pfactory.inference.calibration import batch_to_feed
+    from pfactory.model.inference import evaluate_kpis, frames_from_batch
+
+    classes = list(model.params.classes)
+    gts: list = []
+    preds: dict[str, list] = {k: [] for k in runners}
+    seen = 0
+    for batch in make_loader(data, "val", 1, shuffle=False, augment=None, device="cpu", backend="torch"):
+        if seen >= frames:
+            break
+        seen += 1
+        feed = batch_to_feed(batch)
+        b = {
+            "boxes": batch.boxes,
+            "labels": batch.labels,
+            "num_boxes": batch.num_boxes,
+            "frame_ids": batch.frame_ids,
+        }
+        for name, r in runners.items():
+            out = r.run(feed)
+            g, p = frames_from_batch(
+                b, *(torch.from_numpy(out[k]) for k in ("boxes", "scores", "labels")), classes, threshold
+            )
+            preds[name] += p
+            if name == next(iter(runners)):
+                gts += g
+    res = {}
+    for name in runners:
+        m = evaluate_kpis(gts, preds[name], classes).metrics
+        res[name] = {"mAP": m["mAP"], "NDS": m["NDS"], "frames": seen}
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--model", type=Path, default=None, help="trained model dir (default: random-init default model)"
+    )
+    ap.add_argument(
+        "--data", type=Path, default=None, help="prepared dir (default: synthetic frames, no mAP)"
+    )
+    ap.add_argument(
+        "--points", type=int, default=50000, help="points per synthetic frame (a prepared synth frame: ~50k)"
+    )
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--iterations", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--calibration-frames", type=int, default=32)
+    ap.add_argument("--parity-frames", type=int, default=16)
+    ap.add_argument("--kpi-frames", type=int, default=50, help="val frames for the mAP comparison")
+    ap.add_argument("--no-int8", action="store_true")
+    ap.add_argument("--tensorrt", action="store_true", help="also build and time TensorRT FP16/INT8 engines")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from pfactory.inference.calibration import load_feeds
+    from pfactory.inference.export import export_onnx
+    from pfactory.inference.latency import EAGER, measure_latency
+    from pfactory.inference.ort_backend import quantize_int8, save_optimized_fp32, write_rewritten
+    from pfactory.inference.params import Int8Params, ParityParams
+    from pfactory.inference.parity import compare_outputs, gate
+    from pfactory.inference.runtime import OrtRunner, TorchRunner
+
+    t_start = time.perf_counter()
+    torch.set_num_threads(args.threads)
+    if args.model is not None:
+        from pfactory.model.io import load_model
+
+        model, _ = load_model(args.model)
+        model_desc = str(args.model)
+    else:
+        from pfactory.model.detector import build_model
+        from pfactory.model.params import ModelParams
+
+        torch.manual_seed(0)
+        model = build_model(ModelParams()).eval()
+        model_desc = "default ModelParams(), random init"
+    eager = TorchRunner(model)
+
+    # Frames: calibration (train), timing + parity (val), per batch size.
+    if args.data is not None:
+        calib = load_feeds(args.data, "train", 1, args.calibration_frames).feeds
+        parity_feeds = load_feeds(args.data, "val", 1, args.parity_frames).feeds
+        feeds_by_batch = {b: load_feeds(args.data, "val", b, b * 4).feeds for b in args.batches}
+        cameras = int(parity_feeds[0]["images"].shape[1])
+    else:
+        calib = _synthetic_feeds(model, 1, args.points, args.calibration_frames, 1000)
+        parity_feeds = _synthetic_feeds(model, 1, args.points, min(args.parity_frames, 8), 2000)
+        feeds_by_batch = {b: _synthetic_feeds(model, b, args.points, 4, 3000 + b) for b in args.batches}
+        cameras = 1
+
+    work = Path(tempfile.mkdtemp(prefix="bench_optimize."))
+    t0 = time.perf_counter()
+    exported = export_onnx(model, work / "model.onnx", cameras=cameras, opset=18, dynamic_batch=True)
+    export_s = time.perf_counter() - t0
+    rewrites = write_rewritten(exported.path, work / "model.rewritten.onnx")
+    print(f"export {export_s:.1f} s; exact graph rewrites for ORT: {rewrites}", flush=True)
+    fp32_path = save_optimized_fp32(work / "model.rewritten.onnx", work / "model.fp32.onnx")
+    artifacts = {"onnxruntime/fp32": fp32_path}
+    quant = None
+    if not args.no_int8:
+        t0 = time.perf_counter()
+        quant = quantize_int8(
+            work / "model.rewritten.onnx",
+            work / "model.int8.onnx",
+            calib,
+            Int8Params(calibration_frames=len(calib)),
+        )
+        artifacts["onnxruntime/int8"] = work / "model.int8.onnx"
+        print(f"int8: {quant.quantized_nodes} nodes quantized, excluded {sorted(quant.excluded_nodes)}, "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)  # fmt: skip
+
+    ort = {
+        name: OrtRunner(p, name.split("/")[1], "cpu", args.threads, spin=False)
+        for name, p in artifacts.items()
+    }
+
+    # Parity vs eager on the held-out frames.
+    params = ParityParams()
+    reference = [eager.run(f) for f in parity_feeds]
+    parity = {}
+    for name, r in ort.items():
+        tol = getattr(params, name.split("/")[1])
+        first = [r.run(f) for f in parity_feeds]
+        m = compare_outputs(reference, first, params, tol, repeat=[r.run(f) for f in parity_feeds])
+        parity[name] = {"metrics": m, "failures": gate(m, tol)}
+
+    trt_section: dict[str, Any] = {"status": "not requested (--tensorrt)"}
+    if args.tensorrt:
+        trt_section = _tensorrt(exported, calib, work, ort, args)
+
+    # Latency: eager at the given thread count and at 1 thread, every artifact; all interleaved.
+    runners: dict[str, Any] = {EAGER: EagerAt(eager, args.threads)}
+    if args.threads != 1:
+        runners["pytorch/eager@1thread"] = EagerAt(eager, 1)
+    for name, r in ort.items():
+        runners[name] = r
+        if args.threads != 1:  # the same artifact at 1 thread: best-vs-best under contention
+            runners[f"{name}@1thread"] = OrtRunner(artifacts[name], name.split("/")[1], "cpu", 1, spin=False)
+    for name, r in trt_section.get("runners", {}).items():
+        runners[name] = r
+    latency = measure_latency(
+        runners, feeds_by_batch, args.warmup, args.iterations, config={"threads": args.threads}
+    )
+    torch.set_num_threads(args.threads)
+
+    best_eager = {}
+    for b in args.batches:
+        key = f"batch_{b}"
+        eager_names = [n for n in latency[key] if n.startswith("pytorch/eager")]
+        best = min(eager_names, key=lambda n: latency[key][n]["p50_ms"])
+        best_eager[key] = {
+            "reference": best,
+            **{
+                n: round(latency[key][best]["p50_ms"] / latency[key][n]["p50_ms"], 3)
+                for n in latency[key]
+                if not n.startswith("pytorch")
+            },
+        }  # fmt: skip
+
+    kpis = None
+    if args.data is not None and args.model is not None:
+        kp_runners = {"pytorch/eager": eager, **ort}
+        kpis = _kpis(model, kp_runners, args.data, args.kpi_frames, 0.05)
+
+    result = {
+        "model": model_desc,
+        "frames": str(args.data) if args.data else f"synthetic, {args.points} points/frame",
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "threads": args.threads,
+        },
+        "export": {
+            "seconds": round(export_s, 2),
+            "dynamic_batch": exported.dynamic_batch,
+            "fallback": exported.fallback_reason,
+        },
+        "int8": quant.to_json() if quant else None,
+        "parity": parity,
+        "latency": latency,
+        "speedup_vs_best_eager": best_eager,
+        "kpis": kpis,
+        "tensorrt": {k: v for k, v in trt_section.items() if k != "runners"},
+        "seconds": round(time.perf_counter() - t_start, 1),
+    }
+    _print(result, args)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return result
+
+
+def _tensorrt(exported: Any, calib: list, work: Path, ort: dict, args: argparse.Namespace) -> dict[str, Any]:
+    """TensorRT FP16 and INT8 engines (GPU machines): build, and runners for the latency table."""
+    from pfactory.inference.errors import BackendUnavailable
+    from pfactory.inference.params import OptimizeParams
+    from pfactory.inference.runtime import tensorrt_usable
+
+    if not tensorrt_usable():
+        return {
+            "status": "skipped: `import tensorrt` failed or no CUDA GPU (pip install '.[tensorrt]' on a GPU machine)"
+        }
+    import tensorrt as trt
+
+    from pfactory.inference.ort_backend import quantize_int8
+    from pfactory.inference.tensorrt_backend import TensorRTRunner, build_engine, cast_onnx_fp16, engine_spec
+
+    opt = OptimizeParams()
+    out: dict[str, Any] = {"status": "built", "engines": {}, "runners": {}}
+    for precision in ("fp16", "int8"):
+        try:
+            spec = engine_spec(opt, precision, trt.__version__, exported.inputs, max(args.batches))
+            source = exported.path
+            if spec.onnx_source == "fp16_cast":
+                source = cast_onnx_fp16(
+                    exported.path, work / "trt.fp16.onnx", opt.tensorrt.fp16_keep_fp32_op_types
+                )
+            elif spec.onnx_source == "int8_qdq":
+                source = work / "trt.int8.qdq.onnx"
+                quantize_int8(
+                    exported.path,
+                    source,
+                    calib,
+                    opt.int8.model_copy(update={"ort_method": opt.int8.calibrator}),
+                    for_tensorrt=True,
+                )
+            entry = build_engine(
+                source,
+                spec,
+                work / "tensorrt",
+                calib if spec.calibrator else None,
+                work / "tensorrt" / "timing.cache",
+            )
+            out["engines"][precision] = entry
+            out["runners"][f"tensorrt/{precision}"] = TensorRTRunner(
+                work / "tensorrt" / entry["file"], precision
+            )
+        except (BackendUnavailable, RuntimeError) as e:
+            out["engines"][precision] = {"error": str(e)}
+    return out
+
+
+def _print(r: dict[str, Any], args: argparse.Namespace) -> None:
+    print(f"\nmodel: {r['model']}   frames: {r['frames']}   threads: {args.threads}   "
+          f"load avg: {r['latency']['config'].get('loadavg_1min_before')} -> {r['latency']['config'].get('loadavg_1min_after')}")  # fmt: skip
+    print(f"export: {r['export']['seconds']} s, dynamic batch: {r['export']['dynamic_batch']}"
+          + (f" (fallback: {r['export']['fallback']})" if r["export"]["fallback"] else ""))  # fmt: skip
+    for b in args.batches:
+        key = f"batch_{b}"
+        print(
+            f"\n{key:10s} {'runner':26s} {'p50 ms':>9s} {'p95 ms':>9s} {'p99 ms':>9s} {'fps':>8s} {'x eager':>8s} {'x best':>8s}"
+        )
+        ratios = r["latency"].get("speedup_vs_eager", {}).get(key, {})
+        best = r["speedup_vs_best_eager"][key]
+        for name, s in r["latency"][key].items():
+            x = ratios.get(name, "")
+            xb = best.get(name, "")
+            print(f"{'':10s} {name:26s} {s['p50_ms']:9.2f} {s['p95_ms']:9.2f} {s['p99_ms']:9.2f} {s['throughput_fps']:8.2f} "
+                  f"{x!s:>8s} {xb!s:>8s}")  # fmt: skip
+        print(f"{'':10s} (x best = vs {best['reference']})")
+    print("\nparity vs eager:")
+    for name, p in r["parity"].items():
+        m = p["metrics"]
+
+        def g(x: Any) -> str:
+            return "-" if x is None else f"{x:.3g}"
+
+        print(
+            f"  {name:18s} match {m['match_rate']:.4f} | boxes max|d| {g(m['boxes']['max_abs_diff'])} m, "
+            f"rel {g(m['boxes']['max_rel_diff'])} | yaw max|d| {g(m['yaw']['max_abs_diff'])} rad | scores max|d| "
+            f"{g(m['scores']['max_abs_diff'])}, rel {g(m['scores']['max_rel_diff'])}, cos {m['scores']['cosine']:.6f} | "
+            f"tol ratios b/y/s {g(m['boxes']['tolerance_ratio'])}/{g(m['yaw']['tolerance_ratio'])}/"
+            f"{g(m['scores']['tolerance_ratio'])} | repeat {g(max(m['repeatability'].values()))} | "
+            f"gate: {'PASS' if not p['failures'] else p['failures']}"
+        )
+    if r["kpis"]:
+        base = r["kpis"]["pytorch/eager"]["mAP"]
+        print("\nKPIs (val, evaluate-stage code):")
+        for name, k in r["kpis"].items():
+            print(
+                f"  {name:20s} mAP {100 * k['mAP']:.2f}  NDS {100 * k['NDS']:.2f}  drop {100 * (base - k['mAP']):+.2f} pts"
+            )
+    b1 = r["speedup_vs_best_eager"].get("batch_1", {})
+
+    def best_of(prefix: str) -> float:
+        return max((v for k, v in b1.items() if k.startswith(prefix)), default=0.0)
+
+    checks = [
+        (
+            "ORT FP32 >= 1.5x best eager (batch 1, best thread count each)",
+            best_of("onnxruntime/fp32") >= TARGET_FP32,
+        )
+    ]
+    if any(k.startswith("onnxruntime/int8") for k in b1):
+        checks.append(
+            (
+                "ORT INT8 >= 2x best eager (batch 1, best thread count each)",
+                best_of("onnxruntime/int8") >= TARGET_INT8,
+            )
+        )
+    if r["kpis"] and "onnxruntime/int8" in r["kpis"]:
+        drop = 100 * (r["kpis"]["pytorch/eager"]["mAP"] - r["kpis"]["onnxruntime/int8"]["mAP"])
+        checks.append((f"INT8 mAP drop <= {TARGET_MAP_DROP} pt", drop <= TARGET_MAP_DROP))
+    print("\ntensorrt:", r["tensorrt"].get("status"))
+    for text, ok in checks:
+        print(f"  [{'PASS' if ok else 'FAIL'}] {text}")
+    print(f"total {r['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,304 @@
+"""Training benchmarks: throughput (samples/s, data-wait) and accuracy vs training-set size.
+
+    python benchmarks/bench_train.py throughput --data PREPARED [--steps 20] [--batch 4]
+        Model step alone (in-memory batches) camera vs lidar-only, then the whole loop with the DALI
+        and the PyTorch loaders: samples/s, CPU ms/step, data-wait fraction, and ratios. On CUDA also
+        fp32 eager vs bf16 eager vs bf16 + torch.compile.
+    python benchmarks/bench_train.py frames [--frames 200 800 2000] [--seed 7] [--steps N] [--work DIR]
+        One synthetic dataset of the largest size (frames are generated per index, so every smaller
+        set is a prefix of it); each size is prepared from the first frames and trained for the same
+        number of optimizer steps (the default CPU budget); every model is scored on the val split of
+        the largest set, which no train split contains (the split is a hash of the frame id).
+        Prints Car AP@2m, mAP, per class and per range, for camera on and off (`--ablation`).
+    python benchmarks/bench_train.py ablation --data PREPARED [--steps N]
+        Camera on vs lidar-only on one prepared dataset: mAP, per class, per range.
+
+Numbers are recorded in docs/MODEL.md. `-S section.key=value` overrides apply to every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+def make_params(overrides: list[str]) -> Any:
+    """The embedded default params (= the shipped params.yaml, a test keeps them equal) + overrides."""
+    from pfactory.config import load_params
+
+    return load_params(None, overrides)
+
+
+def loader_factory(backend: str):
+    def factory(data, split, batch_size, shuffle, augment, seed, device, num_threads):
+        from pfactory.data.loader import make_loader
+
+        return make_loader(
+            data, split, batch_size=batch_size, shuffle=shuffle, augment=augment, seed=seed,
+            device=device.type, num_threads=num_threads, backend=backend,
+        )  # fmt: skip
+
+    return factory
+
+
+def kpi_row(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The headline numbers of a KPI summary."""
+    row = {"mAP": metrics["mAP"], "NDS": metrics["NDS"]}
+    for name, c in metrics["classes"].items():
+        row[f"{name} AP@2m"] = c["ap"]["2.0"]
+        row[f"{name} mAP"] = c["mean_ap"]
+    for bucket, block in metrics["by_range"].items():
+        row[f"{bucket} m mAP"] = block["mAP"]
+        for name, c in block["classes"].items():
+            row[f"{bucket} m {name} AP@2m"] = c["ap"]["2.0"]
+    return row
+
+
+def print_table(rows: list[dict[str, Any]], keys: list[str] | None = None) -> None:
+    keys = keys or list(dict.fromkeys(k for r in rows for k in r))
+    widths = {k: max(len(k), *(len(_fmt(r.get(k))) for r in rows)) for k in keys}
+    print("  ".join(k.rjust(widths[k]) for k in keys))
+    for r in rows:
+        print("  ".join(_fmt(r.get(k)).rjust(widths[k]) for k in keys))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+    return "-" if v is None else str(v)
+
+
+# --------------------------------------------------------------------------------------------------
+# throughput
+# --------------------------------------------------------------------------------------------------
+def model_step_rate(params: Any, batches: list[dict], steps: int, device: torch.device, bf16: bool = False,
+                    compile: bool = False) -> dict[str, float]:  # fmt: skip
+    """samples/s of forward + loss + backward + AdamW on in-memory batches (no data loading)."""
+    from pfactory.model.detector import build_model
+    from pfactory.model.loss import detection_loss
+    from pfactory.model.targets import build_targets
+
+    torch.manual_seed(0)
+    image_wh = (batches[0]["images"].shape[-1], batches[0]["images"].shape[-2])
+    model = build_model(params.model, image_wh).to(device)
+    fwd = torch.compile(model) if compile else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in batches]
+    times, cpu = [], []
+    for i in range(steps + 3):
+        b = batches[i % len(batches)]
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0, c0 = time.perf_counter(), time.process_time()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            out = fwd(b["points"], b["num_points"], b["images"], b["proj"], b["cam_valid"])
+            loss = detection_loss(out, build_targets(b["boxes"], b["labels"], params.model, b["num_boxes"]))[
+                "loss"
+            ]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= 3:  # warm-up: allocator, oneDNN primitive caches, compilation
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+    bsz = batches[0]["points"].shape[0]
+    med = statistics.median(times)
+    return {
+        "samples/s": bsz / med,
+        "best samples/s": bsz / min(times),
+        "CPU ms/step": 1000 * statistics.median(cpu),
+    }
+
+
+def cmd_throughput(args: argparse.Namespace) -> None:
+    import tasks.train
+    from pfactory.data.loader import make_loader
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    base = make_params([*args.set, f"train.batch_size={args.batch}"])
+    loader = make_loader(args.data, "train", args.batch, shuffle=True, augment=base.train.augment, seed=0,
+                         device="cpu", backend="torch")  # fmt: skip
+    it = iter(loader)
+    batches = [dict(vars(next(it))) for _ in range(min(4, len(loader)))]
+    rows = []
+    for camera in (True, False):
+        p = make_params([*args.set, f"model.camera={camera}"])
+        r = model_step_rate(p, batches, args.steps, device)
+        rows.append({"run": f"model step, camera={camera}", **r})
+        if device.type == "cuda":
+            for bf16, comp in ((True, False), (True, True)):
+                r = model_step_rate(p, batches, args.steps, device, bf16=bf16, compile=comp)
+                rows.append({"run": f"model step, camera={camera}, bf16{' + compile' if comp else ''}", **r})
+    for backend in ("torch", "dali"):
+        with tempfile.TemporaryDirectory() as tmp:
+            s = tasks.train.run(
+                make_params([*args.set, f"train.batch_size={args.batch}", "train.checkpoint_every_steps=100000"]),
+                Path(args.data), Path(tmp), track=False, max_steps=args.steps, loader_factory=loader_factory(backend),
+                progress=False,
+            )  # fmt: skip
+        curve = s["timings_s"]
+        rows.append({"run": f"train loop, {backend} loader", "samples/s": s["samples_per_s"],
+                     "data-wait": s["data_wait_fraction"], "data s": curve.get("data")})  # fmt: skip
+    print_table(rows)
+    if len(rows) >= 2:
+        print(f"\nlidar-only / camera model-step speed: {rows[1]['samples/s'] / rows[0]['samples/s']:.2f}x")
+
+
+# --------------------------------------------------------------------------------------------------
+# accuracy: frames and ablation
+# --------------------------------------------------------------------------------------------------
+def _subset_kitti(raw: Path, dst: Path, frames: int) -> Path:
+    """The first `frames` frames of a KITTI-layout dataset (hard links: no copy)."""
+    src = raw / "training"
+    for part in ("velodyne", "image_2", "calib", "label_2"):
+        (dst / "training" / part).mkdir(parents=True, exist_ok=True)
+        for f in sorted((src / part).iterdir())[:frames]:
+            target = dst / "training" / part / f.name
+            if not target.exists():
+                target.hardlink_to(f)
+    return dst
+
+
+def _prepare(params: Any, raw: Path, out: Path) -> Path:
+    import tasks.prepare
+
+    if not (out / "manifest.json").is_file():
+        tasks.prepare.run(params, raw, out, track=False)
+    return out
+
+
+def _train_and_score(params: Any, data: Path, out: Path, val_data: Path, backend: str) -> dict[str, Any]:
+    import tasks.train
+    from pfactory.data.loader import make_loader
+    from pfactory.model.inference import evaluate_kpis, predict
+    from pfactory.model.io import load_model
+
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    s = tasks.train.run(
+        params, data, out, track=False, loader_factory=loader_factory(backend), progress=False
+    )
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    model, config = load_model(out)
+    val = make_loader(val_data, "val", 8, device="cpu", backend=backend)
+    gts, preds = predict(model, val, config["classes"], params.train.score_threshold)
+    kpis = evaluate_kpis(gts, preds, config["classes"]).metrics
+    return {"train s": s["train_seconds"], "run wall s": wall, "run CPU s": cpu, "steps": s["steps"],
+            "epochs": s["epochs"], "val frames": len(gts), **kpi_row(kpis), "kpis": kpis}  # fmt: skip
+
+
+def cmd_frames(args: argparse.Namespace) -> None:
+    from pfactory.sensors.synth import generate_dataset
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    base = make_params(args.set)
+    val_fraction = base.prepare.val_fraction
+    sizes = sorted(args.frames)
+    total = math.ceil(sizes[-1] / (1 - val_fraction))
+    raw = work / f"raw_seed{args.seed}_{total}"
+    if not raw.is_dir():
+        t0 = time.perf_counter()
+        generate_dataset(raw, frames=total, seed=args.seed, workers=args.workers)
+        print(f"synth {total} frames: {time.perf_counter() - t0:.0f} s", flush=True)
+    # Prepared data depends on params.prepare (e.g. voxel_size): its hash names the directories.
+    tag = hashlib.sha256(
+        json.dumps(base.prepare.model_dump(mode="json"), sort_keys=True).encode()
+    ).hexdigest()[:8]
+    full = _prepare(base, raw, work / f"prep_seed{args.seed}_{total}_{tag}")
+    rows = []
+    for n in sizes:
+        k = math.ceil(n / (1 - val_fraction))
+        if k >= total:
+            data = full
+        else:
+            subset = _subset_kitti(raw, work / f"raw_seed{args.seed}_{k}", k)
+            data = _prepare(base, subset, work / f"prep_seed{args.seed}_{k}_{tag}")
+        for camera in (True, False) if args.ablation else (True,):
+            over = [*args.set, f"model.camera={camera}", "train.checkpoint_every_steps=100000"]
+            if args.steps:
+                over += [f"train.max_steps={args.steps}", "train.epochs=1000"]
+            params = make_params(over)
+            out = work / f"model_{k}_cam{int(camera)}"
+            shutil.rmtree(out, ignore_errors=True)
+            r = _train_and_score(params, data, out, full, args.backend)
+            manifest = json.loads((data / "manifest.json").read_text())
+            row = {"train frames": manifest["splits"]["train"]["frames"], "camera": camera, **r}
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "kpis"}), flush=True)
+    (work / "frames_results.json").write_text(json.dumps(rows, indent=1))
+    keys = ["train frames", "camera", "steps", "epochs", "train s", "mAP", "Car AP@2m", "Pedestrian AP@2m",
+            "Cyclist AP@2m", "0-20 m mAP", "20-40 m mAP", "40+ m mAP"]  # fmt: skip
+    print_table(rows, keys)
+
+
+def cmd_ablation(args: argparse.Namespace) -> None:
+    rows = []
+    for camera in (True, False):
+        over = [*args.set, f"model.camera={camera}", "train.checkpoint_every_steps=100000"]
+        if args.steps:
+            over += [f"train.max_steps={args.steps}", "train.epochs=1000"]
+        with tempfile.TemporaryDirectory() as tmp:
+            r = _train_and_score(make_params(over), Path(args.data), Path(tmp), Path(args.data), args.backend)
+        rows.append({"camera": camera, **r})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "kpis"}), flush=True)
+    keys = [k for k in rows[0] if k not in ("kpis",)]
+    print_table(rows, keys)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name in ("throughput", "frames", "ablation"):
+        p = sub.add_parser(name)
+        p.add_argument("-S", "--set", action="append", default=[], help="section.key=value override")
+        p.add_argument(
+            "--backend", default="torch", choices=["torch", "dali"], help="loader for accuracy runs"
+        )
+        if name in ("throughput", "ablation"):
+            p.add_argument("--data", required=True, help="a prepared directory")
+        if name == "throughput":
+            p.add_argument("--steps", type=int, default=20)
+            p.add_argument("--batch", type=int, default=4)
+        if name in ("frames", "ablation"):
+            p.add_argument(
+                "--steps", type=int, default=None, help="fixed optimizer-step budget (default: epochs)"
+            )
+        if name == "frames":
+            p.add_argument(
+                "--frames", type=int, nargs="+", default=[200, 800, 2000], help="train-split sizes"
+            )
+            p.add_argument("--seed", type=int, default=7)
+            p.add_argument("--workers", type=int, default=2)
+            p.add_argument(
+                "--work", default="artifacts/bench_train", help="scratch directory (kept for reuse)"
+            )
+            p.add_argument("--ablation", action="store_true", help="also train lidar-only at each size")
+    args = parser.parse_args(argv)
+    {"throughput": cmd_throughput, "frames": cmd_frames, "ablation": cmd_ablation}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

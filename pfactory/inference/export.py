@@ -1,0 +1,350 @@
+"""The whole detector -> one ONNX graph, from padded points to decoded boxes, and the checks it must pass.
+
+In:  a `PaintedPillarDetector` (any module with `forward_export(points, num_points, images, proj)`).
+Out: `model.onnx` with
+    inputs   points     [batch, points, 4] float32   padded lidar points (x, y, z, intensity), lidar frame, m
+             num_points [batch]            int64     valid rows of `points` per frame (the rest is padding)
+             images     [batch, N, 3, H, W] float32  normalized camera images (N, H, W fixed by the model)
+             proj       [batch, N, 3, 4]   float32   lidar -> model-input image pixels
+    outputs  boxes      [batch, K, 7]      float32   (x, y, z, l, w, h, yaw), lidar frame
+             scores     [batch, K]         float32   in [0, 1), sorted descending
+             labels     [batch, K]         int64     class index
+`points` (the padded point count) is always dynamic; `batch` is dynamic unless the model cannot be traced
+with a symbolic batch (then 1, and runners split larger batches: `ExportResult.dynamic_batch`).
+
+Fixed K and invalid detections: top-K always returns K = `model.max_detections` entries. The decoder
+zeroes every non-peak cell before top-K, so an entry with score 0 is padding (fewer than K peaks) and
+its box/label are meaningless; otherwise scores are sigmoid outputs > 0. Nothing is thresholded in the
+graph (the graph stays static and identical to PyTorch); consumers keep `scores >= threshold` (> 0).
+
+Pillar scatter and decoding are inside the graph: under export the `kernels` ops trace their PyTorch
+reference (ScatterElements(reduction="max"), opset >= 18), so there is no custom op and the same file
+runs in ONNX Runtime and TensorRT. `check_onnx` verifies that (checker with full shape inference,
+default domain only) and `node_module_paths` maps node names to the detector modules that produced
+them (exporter metadata), which is how INT8 exclusions are written (`head.heatmap`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+INPUT_NAMES = ("points", "num_points", "images", "proj")
+OUTPUT_NAMES = ("boxes", "scores", "labels")
+# Domains a node may use: the ONNX default domain only (no custom ops, no contrib ops).
+ALLOWED_DOMAINS = ("", "ai.onnx")
+# Metadata key under which the exporter records the nn.Module scope of each node (torch >= 2.6).
+_SCOPE_KEY = "pkg.torch.onnx.name_scopes"
+_WRAPPER_ATTR = "model"
+
+
+class ExportCheckError(ValueError):
+    """The exported graph fails a requirement (checker, shape inference, custom domain, I/O names)."""
+
+
+class ExportWrapper(nn.Module):
+    """Exposes `model.forward_export` as `forward`, so the exporter traces padded points -> boxes."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, points: Tensor, num_points: Tensor, images: Tensor, proj: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        return self.model.forward_export(points, num_points, images, proj)
+
+
+@dataclass
+class TensorSpec:
+    """Name, ONNX element type name and shape (ints, or strings for dynamic dims) of a graph I/O."""
+
+    name: str
+    dtype: str
+    shape: list[int | str]
+
+
+@dataclass
+class ExportResult:
+    """What `export_onnx` wrote and how."""
+
+    path: Path
+    opset: int
+    dynamic_batch: bool
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    export_s: float
+    torch_version: str
+    fallback_reason: str | None = None
+    checks: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["path"] = self.path.name
+        return d
+
+
+def example_inputs(
+    model: nn.Module, batch: int, num_points: int, cameras: int, seed: int = 0
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Plausible inputs for tracing/tests: points inside the model's range, a forward-looking camera.
+
+    Returns points [B, P, 4], num_points [B] (the last frame half full, so padding is exercised),
+    images [B, N, 3, H, W], proj [B, N, 3, 4].
+    """
+    p = model.params
+    wi, hi = model.image_size
+    g = torch.Generator().manual_seed(seed)
+    lo = torch.tensor([*p.pc_range[:3], 0.0])
+    span = torch.tensor(
+        [p.pc_range[3] - p.pc_range[0], p.pc_range[4] - p.pc_range[1], p.pc_range[5] - p.pc_range[2], 1.0]
+    )
+    points = torch.rand(batch, num_points, 4, generator=g) * span + lo  # [B, P, 4]
+    counts = torch.full((batch,), num_points, dtype=torch.int64)  # [B]
+    counts[-1] = max(1, num_points // 2)
+    images = torch.randn(batch, cameras, 3, hi, wi, generator=g)  # [B, N, 3, H, W]
+    # Pinhole camera looking along +x (lidar x forward -> camera z), principal point at the image centre.
+    k = torch.tensor([[0.7 * wi, 0.0, wi / 2], [0.0, 0.7 * wi, hi / 2], [0.0, 0.0, 1.0]])
+    r = torch.tensor([[0.0, -1.0, 0.0], [0.0, 0.0, -1.0], [1.0, 0.0, 0.0]])  # lidar -> camera axes
+    proj = (
+        (k @ torch.cat([r, torch.zeros(3, 1)], dim=1)).expand(batch, cameras, 3, 4).contiguous()
+    )  # [B, N, 3, 4]
+    return points, counts, images, proj
+
+
+def _dtype_name(elem_type: int) -> str:
+    import onnx
+
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type).name
+
+
+def io_specs(model: Any) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """(inputs, outputs) of an `onnx.ModelProto` as `TensorSpec`s."""
+
+    def spec(v: Any) -> TensorSpec:
+        t = v.type.tensor_type
+        dims: list[int | str] = [d.dim_param if d.dim_param else int(d.dim_value) for d in t.shape.dim]
+        return TensorSpec(v.name, _dtype_name(t.elem_type), dims)
+
+    inits = {i.name for i in model.graph.initializer}
+    return [spec(v) for v in model.graph.input if v.name not in inits], [spec(v) for v in model.graph.output]
+
+
+def _input_dims(model: Any) -> dict[str, list[int | str]]:
+    """{input name: dims} with symbolic dims as their names."""
+    return {
+        v.name: [d.dim_param if d.dim_param else int(d.dim_value) for d in v.type.tensor_type.shape.dim]
+        for v in model.graph.input
+    }
+
+
+def _rename_dims(model: Any, mapping: dict[str, str]) -> None:
+    """Rename symbolic dims (the exporter's `s0`, `s1`...) everywhere in the graph, consistently."""
+    values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
+    for v in values:
+        for d in v.type.tensor_type.shape.dim:
+            if d.dim_param in mapping:
+                d.dim_param = mapping[d.dim_param]
+
+
+def _name_dynamic_dims(model: Any) -> None:
+    """Give the dynamic I/O dims readable names: `batch` and `points` (what backend.json shows)."""
+    mapping: dict[str, str] = {}
+    inputs = {v.name: v for v in model.graph.input}
+    for name, axis, new in (("points", 0, "batch"), ("points", 1, "points")):
+        dim = inputs[name].type.tensor_type.shape.dim[axis]
+        if dim.dim_param and dim.dim_param not in mapping:
+            mapping[dim.dim_param] = new
+    _rename_dims(model, mapping)
+
+
+def _set_metadata(model: Any, meta: dict[str, Any]) -> None:
+    import onnx
+
+    props = {p.key: p.value for p in model.metadata_props}
+    props.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()})
+    onnx.helper.set_model_props(model, props)
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """Silence the exporter's progress prints and deprecation chatter (errors still raise)."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _error_gist(e: BaseException) -> str:
+    """The line after the exporter's "Exception summary" header (the actual error), else the first line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for i, ln in enumerate(lines[:-1]):
+        if "Exception summary" in ln:
+            return lines[i + 1][:400]
+    return f"{type(e).__name__}: {lines[0][:400] if lines else ''}"
+
+
+def _export_once(
+    wrapper: nn.Module, args: tuple[Tensor, ...], path: Path, opset: int, dynamic_batch: bool
+) -> None:
+    from torch.export import Dim
+
+    # Example P > 1 and batch >= 2 when dynamic: torch.export specializes dims of size 0 and 1.
+    batch = Dim("batch", min=1, max=1024) if dynamic_batch else None
+    points = Dim("points", min=1, max=1 << 24)
+    dyn: dict[str, Any] = {
+        "points": {0: batch, 1: points} if batch is not None else {1: points},
+        "num_points": {0: batch} if batch is not None else None,
+        "images": {0: batch} if batch is not None else None,
+        "proj": {0: batch} if batch is not None else None,
+    }
+    with _quiet():
+        torch.onnx.export(
+            wrapper,
+            args,
+            str(path),
+            input_names=list(INPUT_NAMES),
+            output_names=list(OUTPUT_NAMES),
+            opset_version=opset,
+            dynamo=True,
+            external_data=False,  # one self-contained file (the default model is a few MB)
+            dynamic_shapes=dyn,
+            optimize=True,
+            verbose=False,
+        )
+
+
+def export_onnx(
+    model: nn.Module,
+    path: str | Path,
+    *,
+    cameras: int,
+    opset: int = 18,
+    dynamic_batch: bool = True,
+    export_points: int = 4096,
+    metadata: dict[str, Any] | None = None,
+) -> ExportResult:
+    """Export `model.forward_export` to `path` (see the module docstring) and run `check_onnx` on it.
+
+    With `dynamic_batch`, a model whose code cannot trace a symbolic batch (e.g. a kernel wrapper that
+    insists on a Python int cell count) falls back to a fixed batch of 1; the reason is recorded.
+    """
+    import onnx
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    wrapper = ExportWrapper(model).eval()
+    fallback: str | None = None
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        if dynamic_batch:
+            try:
+                _export_once(wrapper, example_inputs(model, 2, export_points, cameras), path, opset, True)
+                # The exporter can specialize a dynamic dim to the example's value without raising
+                # (seen with torch 2.13 on the default detector: every input came out with batch 2).
+                batch_dim = _input_dims(onnx.load(str(path)))["points"][0]
+                if not isinstance(batch_dim, str):
+                    raise ExportCheckError(f"the exporter fixed the batch dim to {batch_dim}")
+            except Exception as e:  # the exporter raises many types; keep the gist as evidence
+                fallback = _error_gist(e)
+                dynamic_batch = False
+        if not dynamic_batch:
+            _export_once(wrapper, example_inputs(model, 1, export_points, cameras), path, opset, False)
+    export_s = time.perf_counter() - t0
+
+    proto = onnx.load(str(path))
+    points_dim = _input_dims(proto)["points"][1]
+    if not isinstance(points_dim, str):
+        raise ExportCheckError(
+            f"{path}: the padded point count came out fixed ({points_dim}); it must be dynamic"
+        )
+    _name_dynamic_dims(proto)
+    _set_metadata(proto, metadata or {})
+    onnx.save(proto, str(path))
+    checks = check_onnx(path)
+    inputs, outputs = io_specs(proto)
+    return ExportResult(
+        path=path,
+        opset=opset,
+        dynamic_batch=dynamic_batch,
+        inputs=inputs,
+        outputs=outputs,
+        export_s=round(export_s, 3),
+        torch_version=torch.__version__,
+        fallback_reason=fallback,
+        checks=checks,
+    )
+
+
+def check_onnx(path: str | Path) -> dict[str, Any]:
+    """Checker (full, with strict shape inference), I/O names, no custom domain. Raises `ExportCheckError`.
+
+    Returns a summary: op types and counts, opset imports, node count.
+    """
+    import onnx
+
+    path = Path(path)
+    model = onnx.load(str(path))
+    try:
+        onnx.checker.check_model(model, full_check=True)
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise ExportCheckError(f"{path}: ONNX checker / shape inference failed: {e}") from e
+    names_in = [v.name for v in model.graph.input]
+    names_out = [v.name for v in model.graph.output]
+    if tuple(names_in) != INPUT_NAMES or tuple(names_out) != OUTPUT_NAMES:
+        raise ExportCheckError(
+            f"{path}: I/O {names_in} -> {names_out}, expected {list(INPUT_NAMES)} -> {list(OUTPUT_NAMES)}"
+        )
+    custom = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node if n.domain not in ALLOWED_DOMAINS})
+    imports = {o.domain: o.version for o in model.opset_import}
+    extra_domains = sorted(d for d in imports if d not in ALLOWED_DOMAINS)
+    if custom or model.functions or extra_domains:
+        raise ExportCheckError(
+            f"{path}: custom ops/domains in the graph (TensorRT/ORT would need plugins): nodes {custom}, "
+            f"functions {[f.name for f in model.functions]}, opset imports {extra_domains}"
+        )
+    counts: dict[str, int] = {}
+    for n in model.graph.node:
+        counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return {
+        "checker": "passed",
+        "shape_inference": "passed",
+        "custom_domains": [],
+        "opset_imports": imports,
+        "nodes": len(model.graph.node),
+        "op_types": dict(sorted(counts.items())),
+    }
+
+
+def node_module_paths(model: Any) -> dict[str, str]:
+    """ONNX node name -> dotted path of the detector module that produced it ('' outside any submodule).
+
+    Read from the exporter's `pkg.torch.onnx.name_scopes` metadata (e.g. `['', 'model', 'model.head',
+    'model.head.reg', 'conv2d_15']` -> `head.reg`); the export wrapper's `model.` prefix is stripped.
+    """
+    out: dict[str, str] = {}
+    prefix = _WRAPPER_ATTR + "."
+    for node in model.graph.node:
+        meta = {p.key: p.value for p in node.metadata_props}
+        scopes_raw = meta.get(_SCOPE_KEY)
+        path = ""
+        if scopes_raw:
+            try:
+                scopes = json.loads(scopes_raw.replace("'", '"'))
+            except json.JSONDecodeError:
+                scopes = []
+            # The last entry is the op itself; the one before it is the innermost module.
+            modules = [s for s in scopes[:-1] if s.startswith(prefix)]
+            if modules:
+                path = modules[-1][len(prefix) :]
+        out[node.name] = path
+    return out

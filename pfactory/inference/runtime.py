@@ -1,0 +1,224 @@
+"""One call signature for every way of running the detector: PyTorch checkpoint, ONNX Runtime, TensorRT.
+
+    runner = load_runner(Path("artifacts/optimized"))            # backend.json's primary artifact
+    runner = TorchRunner(Path("artifacts/model"))                 # the PyTorch reference
+    out = runner(points, num_points, images, proj)
+
+In (numpy; other dtypes are converted):
+    points     [B, P, 4] float32  padded lidar points (x, y, z, intensity), lidar frame, metres
+    num_points [B]       int64    valid rows per frame (rows >= num_points[b] are ignored)
+    images     [B, N, 3, H, W] float32 normalized images (N, H, W as the model was built)
+    proj       [B, N, 3, 4] float32 lidar -> model-input image pixels
+Out: {"boxes": [B, K, 7] float32 (x, y, z, l, w, h, yaw), "scores": [B, K] float32, "labels": [B, K] int64}.
+K is fixed (`max_detections`), sorted by descending score; score 0 = padding entry (fewer than K
+peaks), its box/label meaningless. Keep `scores >= threshold` (threshold > 0): `valid_detections`.
+
+`load_runner` picks the artifact from `backend.json` (backend "auto": TensorRT when the directory has
+an engine, `tensorrt` imports and CUDA is present; ONNX Runtime otherwise) and checks its sha256.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pfactory.inference.errors import ArtifactError, BackendUnavailable
+from pfactory.inference.export import INPUT_NAMES, OUTPUT_NAMES
+from pfactory.inference.manifest import find_artifact, read_manifest, verify_file
+
+Outputs = dict[str, np.ndarray]
+_DTYPES = {"points": np.float32, "num_points": np.int64, "images": np.float32, "proj": np.float32}
+
+
+def as_feed(points: Any, num_points: Any, images: Any, proj: Any) -> dict[str, np.ndarray]:
+    """The four inputs as contiguous numpy arrays of the graph's dtypes (torch tensors accepted)."""
+    feed = {}
+    for name, value in zip(INPUT_NAMES, (points, num_points, images, proj)):
+        if hasattr(value, "detach"):  # a torch tensor
+            value = value.detach().cpu().numpy()
+        feed[name] = np.ascontiguousarray(value, dtype=_DTYPES[name])
+    b = feed["points"].shape[0]
+    for name in INPUT_NAMES[1:]:
+        if feed[name].shape[0] != b:
+            raise ValueError(f"{name} has batch {feed[name].shape[0]}, points has {b}")
+    return feed
+
+
+def valid_detections(out: Outputs, threshold: float) -> list[Outputs]:
+    """Per frame, the detections with score >= `threshold` (> 0, so padding entries never pass)."""
+    if threshold <= 0:
+        raise ValueError("threshold must be > 0: score-0 entries are padding, not detections")
+    frames = []
+    for b in range(out["scores"].shape[0]):
+        keep = out["scores"][b] >= threshold
+        frames.append({k: out[k][b][keep] for k in OUTPUT_NAMES})
+    return frames
+
+
+class Runner:
+    """Base: `runner(points, num_points, images, proj) -> {"boxes", "scores", "labels"}` (module docstring)."""
+
+    backend: str = ""
+    precision: str = ""
+    device: str = "cpu"
+
+    def __call__(self, points: Any, num_points: Any, images: Any, proj: Any) -> Outputs:
+        return self.run(as_feed(points, num_points, images, proj))
+
+    def run(self, feed: dict[str, np.ndarray]) -> Outputs:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend}/{self.precision}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name}, device={self.device})"
+
+
+def _split_run(run_fixed: Any, feed: dict[str, np.ndarray], fixed_batch: int) -> Outputs:
+    """Run a graph exported with a fixed batch on any batch: chunks of `fixed_batch`, the last one padded
+    by repeating its final frame (outputs of the repeats dropped)."""
+    b = feed["points"].shape[0]
+    outs: list[Outputs] = []
+    for start in range(0, b, fixed_batch):
+        chunk = {k: v[start : start + fixed_batch] for k, v in feed.items()}
+        n = chunk["points"].shape[0]
+        if n < fixed_batch:
+            chunk = {
+                k: np.concatenate([v, np.repeat(v[-1:], fixed_batch - n, axis=0)]) for k, v in chunk.items()
+            }
+        out = run_fixed(chunk)
+        outs.append({k: v[:n] for k, v in out.items()})
+    return {k: np.concatenate([o[k] for o in outs]) for k in OUTPUT_NAMES}
+
+
+class OrtRunner(Runner):
+    """An ONNX model in an ONNX Runtime session (CPU, or CUDA EP when installed and `device` asks for it)."""
+
+    backend = "onnxruntime"
+
+    def __init__(
+        self,
+        path: str | Path,
+        precision: str = "fp32",
+        device: str = "cpu",
+        intra_op_threads: int | None = None,
+        spin: bool = True,
+    ) -> None:
+        from pfactory.inference.ort_backend import make_session
+
+        self.path = Path(path)
+        self.precision = precision
+        self.session = make_session(self.path, device, intra_op_threads, spin)
+        self.device = "cuda" if self.session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
+        batch_dim = self.session.get_inputs()[0].shape[0]
+        # A graph exported with a fixed batch (export fallback) declares an int here.
+        self.fixed_batch = batch_dim if isinstance(batch_dim, int) else None
+
+    def _run_graph(self, feed: dict[str, np.ndarray]) -> Outputs:
+        out = self.session.run(list(OUTPUT_NAMES), feed)
+        return dict(zip(OUTPUT_NAMES, out))
+
+    def run(self, feed: dict[str, np.ndarray]) -> Outputs:
+        if self.fixed_batch is not None and feed["points"].shape[0] != self.fixed_batch:
+            return _split_run(self._run_graph, feed, self.fixed_batch)
+        return self._run_graph(feed)
+
+
+class TorchRunner(Runner):
+    """The PyTorch model (eager), from a trained-model directory (`model.pt` + `model_config.json`) or a module."""
+
+    backend = "pytorch"
+    precision = "eager"
+
+    def __init__(self, model: Any, device: str = "cpu", intra_op_threads: int | None = None) -> None:
+        import torch
+
+        if isinstance(model, (str, Path)):
+            from pfactory.model.io import load_model
+
+            model, _config = load_model(model, map_location="cpu")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if intra_op_threads:
+            # Process-wide in PyTorch: the latency comparison sets ORT to the same count.
+            torch.set_num_threads(int(intra_op_threads))
+        self.device = device
+        self.model = model.to(device).eval()
+
+    def run(self, feed: dict[str, np.ndarray]) -> Outputs:
+        import torch
+
+        with torch.inference_mode():
+            t = [torch.from_numpy(feed[k]).to(self.device) for k in INPUT_NAMES]
+            boxes, scores, labels = self.model.forward_export(*t)
+        return {
+            "boxes": boxes.float().cpu().numpy(),
+            "scores": scores.float().cpu().numpy(),
+            "labels": labels.long().cpu().numpy(),
+        }
+
+
+def tensorrt_usable() -> bool:
+    """True when `tensorrt` imports and a CUDA device is visible (what backend "auto" needs)."""
+    try:
+        import tensorrt  # noqa: F401
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def resolve_backend(backend: str, device: str = "auto") -> str:
+    """ "auto" -> "tensorrt" when usable and `device` is not "cpu", else "onnxruntime"; checks explicit asks."""
+    if backend == "auto":
+        return "tensorrt" if device != "cpu" and tensorrt_usable() else "onnxruntime"
+    if backend == "tensorrt" and not tensorrt_usable():
+        raise BackendUnavailable(
+            "backend 'tensorrt' needs `import tensorrt` and a CUDA GPU (pip install '.[tensorrt]' on a GPU "
+            "machine); use backend 'onnxruntime' or 'auto' here"
+        )
+    if backend not in ("onnxruntime", "tensorrt"):
+        raise ValueError(f"unknown backend {backend!r} (auto | onnxruntime | tensorrt)")
+    return backend
+
+
+def load_runner(
+    optimized_dir: Path,
+    backend: str = "auto",
+    precision: str | None = None,
+    device: str = "cpu",
+    intra_op_threads: int | None = None,
+    verify: bool = True,
+) -> Runner:
+    """A runner for an artifact of `optimized_dir` (see the module docstring).
+
+    backend "auto" = TensorRT when the directory holds an engine and TensorRT + CUDA are usable (and
+    `device` is not "cpu"), else ONNX Runtime. precision None = the manifest's primary precision for that
+    backend. `verify` checks the artifact's sha256 against backend.json before loading it.
+    """
+    optimized_dir = Path(optimized_dir)
+    manifest = read_manifest(optimized_dir)
+    built = {a["backend"] for a in manifest["artifacts"]}
+    if backend == "auto":
+        backend = (
+            "tensorrt" if "tensorrt" in built and device != "cpu" and tensorrt_usable() else "onnxruntime"
+        )
+    artifact = find_artifact(manifest, backend, precision)
+    path = optimized_dir / artifact["file"]
+    if verify:
+        path = verify_file(optimized_dir, artifact["file"], artifact["sha256"])
+    elif not path.is_file():
+        raise ArtifactError(f"{path}: listed in backend.json but missing")
+    if backend == "onnxruntime":
+        return OrtRunner(path, artifact["precision"], device, intra_op_threads)
+    if backend == "tensorrt":
+        from pfactory.inference.tensorrt_backend import TensorRTRunner
+
+        return TensorRTRunner(
+            path, artifact["precision"], device="cuda" if device in ("auto", "cpu") else device
+        )
+    raise ValueError(f"unknown backend {backend!r}")

@@ -1,0 +1,145 @@
+"""The detector: output shapes, painting geometry, padding/batch independence, differentiable fusion,
+and that the export path compiles as one graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pfactory.model.detector import build_model, paint_points
+from pfactory.model.params import ModelParams
+
+from .helpers import IMAGE_SIZE, camera_proj, random_batch, tiny_params
+
+
+@pytest.mark.parametrize("camera", [True, False])
+@pytest.mark.parametrize("cams", [1, 3])
+def test_output_shapes(camera: bool, cams: int) -> None:
+    p = tiny_params(camera=camera)
+    torch.manual_seed(0)
+    model = build_model(p, IMAGE_SIZE)
+    b = random_batch(p, batch=2, cams=cams)
+    out = model(b["points"], b["num_points"], b["images"], b["proj"], b["cam_valid"])
+    h, w = p.head_grid
+    assert out["heatmap"].shape == (2, 3, h, w)
+    assert out["reg"].shape == (2, 8, h, w)
+    boxes, scores, labels = model.forward_export(b["points"], b["num_points"], b["images"], b["proj"])
+    assert boxes.shape == (2, p.max_detections, 7) and scores.shape == labels.shape == (2, p.max_detections)
+    assert torch.isfinite(boxes).all() and (scores[:, :-1] >= scores[:, 1:]).all()
+
+
+def test_default_params_grid() -> None:
+    p = ModelParams()
+    assert p.grid == (200, 176)  # 80 m / 0.4 m rows (y), 70.4 m / 0.4 m columns (x)
+    assert p.head_grid == (100, 88) and p.head_cell_m == pytest.approx(0.8)
+
+
+def test_painting_picks_the_projected_pixel_feature() -> None:
+    wi, hi = IMAGE_SIZE
+    proj = camera_proj(1, 2)  # [1, 2, 3, 4] two identical cameras
+    feats = torch.zeros(1, 2, 2, hi, wi)  # [B, N, C, h, w] feature map at stride 1
+    feats[0, 0, 0, 10, 20] = 5.0  # camera 0, channel 0, pixel (u=20, v=10)
+    feats[0, 1, 0, 10, 20] = 1.0  # camera 1 sees 1 there: the mean over both cameras is 3
+    feats[0, :, 1] = 7.0  # channel 1 constant
+    f = 30.0
+    depth = 8.0
+    # Invert the pinhole: u = f * (-y / x) + cx, v = f * (-z / x) + cy with cx = wi/2 - 0.5.
+    u, v = 20.0, 10.0
+    y = -(u - (wi / 2 - 0.5)) * depth / f
+    z = -(v - (hi / 2 - 0.5)) * depth / f
+    pts = torch.tensor([[[depth, y, z, 0.5], [-depth, y, z, 0.5], [depth, 100.0, 0.0, 0.5]]])  # [1, 3, 4]
+    valid = torch.tensor([[True, True]])
+    out = paint_points(pts, feats, proj, valid, IMAGE_SIZE)  # [1, 3, 3]
+    torch.testing.assert_close(out[0, 0], torch.tensor([3.0, 7.0, 1.0]))  # mean of 5 and 1; flag 1
+    torch.testing.assert_close(out[0, 1], torch.zeros(3))  # behind the cameras
+    torch.testing.assert_close(out[0, 2], torch.zeros(3))  # outside the images
+    # An invalid camera contributes nothing: camera 0 alone gives 5.
+    out = paint_points(pts, feats, proj, torch.tensor([[True, False]]), IMAGE_SIZE)
+    torch.testing.assert_close(out[0, 0], torch.tensor([5.0, 7.0, 1.0]))
+
+
+def test_painting_is_differentiable_into_the_image_branch() -> None:
+    p = tiny_params()
+    model = build_model(p, IMAGE_SIZE)
+    b = random_batch(p, batch=1, points=2000)
+    # Points in front of the camera, inside its field of view.
+    b["points"][..., 1] = b["points"][..., 1] * 0.2
+    b["points"][..., 2] = 0.0
+    out = model(b["points"], b["num_points"], b["images"], b["proj"], b["cam_valid"])
+    out["heatmap"].sum().backward()
+    grad = model.image_branch.net[0][0].weight.grad
+    assert grad is not None and grad.abs().sum() > 0
+
+
+def test_padding_rows_and_batch_neighbours_do_not_change_a_sample() -> None:
+    # GroupNorm and masked padding: a frame's output is the same alone, padded, or next to another.
+    p = tiny_params()
+    torch.manual_seed(1)
+    model = build_model(p, IMAGE_SIZE).eval()
+    b = random_batch(p, batch=2, points=400)
+    n0 = int(b["num_points"][0])
+    with torch.no_grad():
+        both = model(b["points"], b["num_points"], b["images"], b["proj"], b["cam_valid"])
+        padded = b["points"][:1].clone()
+        padded[:, n0 - 50 :] = 1e3 * torch.randn_like(padded[:, n0 - 50 :])  # garbage beyond num_points
+        alone = model(
+            torch.cat([b["points"][:1, : n0 - 50], padded[:, n0 - 50 :]], 1),
+            torch.tensor([n0 - 50]),
+            b["images"][:1],
+            b["proj"][:1],
+            b["cam_valid"][:1],
+        )
+        trimmed = model(
+            b["points"][:1, : n0 - 50],
+            torch.tensor([n0 - 50]),
+            b["images"][:1],
+            b["proj"][:1],
+            b["cam_valid"][:1],
+        )
+    torch.testing.assert_close(alone["heatmap"], trimmed["heatmap"])
+    assert not torch.allclose(both["heatmap"][:1], trimmed["heatmap"])  # it did drop 50 real points
+    full = model(b["points"][:1], b["num_points"][:1], b["images"][:1], b["proj"][:1], b["cam_valid"][:1])
+    torch.testing.assert_close(both["heatmap"][:1], full["heatmap"].detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_forward_export_compiles_fullgraph() -> None:
+    # DESIGN.md §6: the model compiles without graph breaks (kernels are custom ops with fake impls).
+    p = tiny_params()
+    torch.manual_seed(0)
+    model = build_model(p, IMAGE_SIZE).eval()
+    b = random_batch(p, batch=2)
+    args = (b["points"], b["num_points"], b["images"], b["proj"])
+    with torch.no_grad():
+        eager = model.forward_export(*args)
+        compiled = torch.compile(model.forward_export, fullgraph=True)(*args)
+    for e, c in zip(eager, compiled):
+        torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-4)
+
+
+def test_forward_export_runs_in_onnx_runtime(tmp_path) -> None:
+    # The optimize stage exports `forward_export`; the whole pipeline (pillars via ScatterElements,
+    # painting via GridSample, decode via TopK/GatherElements) must run in ONNX Runtime as is.
+    ort = pytest.importorskip("onnxruntime")
+    p = tiny_params()
+    torch.manual_seed(0)
+    model = build_model(p, IMAGE_SIZE).eval()
+    b = random_batch(p, batch=1, points=800)
+    args = (b["points"], b["num_points"], b["images"], b["proj"])
+    names = ["points", "num_points", "images", "proj"]
+
+    class Export(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs):
+            return self.model.forward_export(*inputs)
+
+    path = tmp_path / "detector.onnx"
+    torch.onnx.export(Export(), args, str(path), dynamo=False, opset_version=18, input_names=names)
+    got = ort.InferenceSession(str(path)).run(None, {n: a.numpy() for n, a in zip(names, args)})
+    with torch.no_grad():
+        ref = model.forward_export(*args)
+    torch.testing.assert_close(torch.from_numpy(got[1]), ref[1], rtol=1e-5, atol=1e-5)  # scores
+    torch.testing.assert_close(torch.from_numpy(got[0]), ref[0], rtol=1e-4, atol=1e-4)  # boxes
+    assert torch.equal(torch.from_numpy(got[2]), ref[2])  # labels
