@@ -72,6 +72,10 @@ def configure_environment(root: str | Path | None = None) -> Path:
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+    # Prefect does not create missing parents of PREFECT_HOME (its server DB then fails to open).
+    for key in ("PREFECT_HOME", "DASK_TEMPORARY_DIRECTORY", "MPLCONFIGDIR"):
+        if os.environ[key] == defaults[key]:
+            Path(defaults[key]).mkdir(parents=True, exist_ok=True)
     return root
 
 
