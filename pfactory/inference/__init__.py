@@ -3,6 +3,7 @@
 Modules (each imports its heavy dependencies itself, so `import pfactory.inference` stays cheap):
 - `params`     `OptimizeParams` (the `optimize:` section of params.yaml)
 - `export`     detector -> `model.onnx` (scatter + decode inside the graph), checks
+- `graph_rewrite` exact rewrites for ORT's CPU kernels (1-D row scatter, size-1 sums, dead nodes)
 - `ort_backend` ONNX Runtime: graph-optimized FP32 model, INT8 QDQ static quantization, sessions
 - `tensorrt_backend` TensorRT FP16/INT8 engines (GPU machines only), calibrator, engine metadata
 - `calibration` prepared frames -> numpy feeds (calibration and held-out frames)

@@ -2,21 +2,25 @@
 
 In:  the exported `onnx.ModelProto` (pfactory.inference.export), out: a rewritten copy + a report of what
 changed. Every rewrite computes bit-identical outputs (tests/inference/test_graph_rewrite.py compares
-ORT outputs before/after with `==`):
+ORT outputs before/after with `==`, and checks repeatability with 2 threads):
 
-1. ReduceSum over axes of static size 1 (painting's sum over cameras when there is one camera) ->
-   Squeeze (keepdims=0) or Identity (keepdims=1): a sum of one element is that element. Measured on
-   the default detector, a 50k-point frame, 1 thread: ~10% of the ORT FP32 time (docs/OPTIMIZE.md).
-2. Dead nodes (outputs used by nothing) are removed.
+1. Row scatters go 1-D: `ScatterElements(data [M, C], idx [N, C'], upd [N, C'], axis=0, reduction=r)` ->
+   `ScatterElements(data.flat, (idx mod-wrapped) * C + col, upd.flat, axis=0, reduction=r)` reshaped back.
+   Same elements, same row-major order (ORT's ScatterElements is a sequential loop), so even `add` sums
+   in the same order. ORT's loop recomputes a multi-dim offset per element; the 1-D form does not, and
+   when idx is `row[:, None].expand(N, C)` (the kernels' reference) the offsets are computed on [N, 1]
+   and broadcast once. Measured on the default detector, 50k-point frames: the whole ORT model
+   ~1.4x faster (docs/OPTIMIZE.md, "ONNX Runtime").
+2. ReduceSum over axes of static size 1 (painting's sum over cameras when there is one camera) ->
+   Squeeze (keepdims=0) or Identity (keepdims=1): a sum of one element is that element.
+3. Dead nodes (outputs used by nothing, e.g. the index Expand left behind by 1) are removed.
 
-Deliberately NOT done: rewriting the pillar scatter `ScatterElements(Expand(idx [N,1]), reduction=max/add)`
-into the row-wise `ScatterND(idx [N,1], reduction=...)`. It is 1.6x faster for the whole model on ORT CPU
-(ScatterElements walks element by element, single-threaded), and exact on one thread -- but ORT's
-ScatterND reduction splits the index rows over the intra-op threads with a plain read-modify-write
-(onnxruntime/core/providers/cpu/tensor/scatter_nd.cc, `ScatterNDDispatchTarget`), so pillars with several
-points race: with 2 threads 18 of 40 repeated runs of the same frame differed, by up to 6e-3 on a score
-(the parity gate caught it; ORT issues #18048, #23396; the ONNX spec asks ScatterND indices to be
-unique). `parity.json` now also checks that every artifact is repeatable.
+Deliberately NOT done: the row scatter as `ScatterND(idx [N, 1], reduction=r)`. It was faster still, and
+exact on one thread -- but ORT's ScatterND reduction splits the index rows over the intra-op threads with
+a plain read-modify-write (onnxruntime/core/providers/cpu/tensor/scatter_nd.cc, `ScatterNDDispatchTarget`),
+so pillars with several points race: with 2 threads 18 of 40 repeated runs of one frame differed, by up to
+6e-3 on a score. The parity gate caught it (ORT issues #18048, #23396; the ONNX spec wants ScatterND
+indices unique); `parity.json` now also checks that every artifact is repeatable.
 
 `model.onnx` keeps the plain export (the TensorRT input and the artifact that documents the reference
 decomposition); the ONNX Runtime models are built from the rewritten graph.

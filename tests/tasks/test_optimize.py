@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 from pfactory.fsutil import sha256_file
-from pfactory.inference.errors import ParityError
 from pfactory.inference.params import OptimizeParams, ParityParams
 from pfactory.inference.parity import compare_outputs, gate
 
@@ -135,19 +135,32 @@ def test_stage_writes_artifacts_evidence_and_mlflow(dataset, tmp_path, monkeypat
     assert gate(compare_outputs([b], [a], ParityParams(), tol), tol) == []
 
 
-def test_failed_parity_raises_writes_nothing_and_keeps_the_report(dataset, tmp_path) -> None:
+def test_failed_parity_exits_1_writes_nothing_and_keeps_the_report(
+    dataset, tmp_path, monkeypatch, capsys
+) -> None:
+    """Through the DVC entry (`python -m tasks.optimize --params FILE`): exit 1, message names the gate."""
+    import yaml
+
     import tasks.optimize
 
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "optimized"
     # INT8 cannot be bit-identical to FP32 PyTorch: a zero score tolerance must fail.
-    params = _params(parity={"int8": {"scores_atol": 0.0}}, latency={"eager": False})
-    with pytest.raises(
-        ParityError, match=r"onnxruntime/int8: scores: max \|diff\| / \(atol 0 \+ rtol 0"
-    ) as err:
-        tasks.optimize.run(params, dataset["model"], dataset["prepared"], out, precision="int8", track=False)
+    opt = _params(precision="int8", parity={"int8": {"scores_atol": 0.0}}, latency={"eager": False})
+    params_file = tmp_path / "params.yaml"
+    paths = {"model": str(dataset["model"]), "prepared": str(dataset["prepared"]), "optimized": str(out)}
+    params_file.write_text(yaml.safe_dump({"paths": paths, "optimize": opt.model_dump(mode="json")}))
+    with pytest.raises(SystemExit) as exit_info:
+        tasks.optimize.main(["--params", str(params_file)])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert re.search(r"onnxruntime/int8: scores: max \|diff\| / \(atol 0 \+ rtol 0 \* \|ref\|\) = ", err), (
+        err[-2000:]
+    )
     assert not out.exists() and not list(tmp_path.glob(".optimized.*"))
-    kept = Path(err.value.report_path)
-    assert kept == tmp_path / "optimized.parity-failed.json"
+    kept = tmp_path / "optimized.parity-failed.json"
+    assert str(kept) in err
     report = json.loads(kept.read_text())
     assert not report["passed"] and report["artifacts"]["onnxruntime/fp32"]["passed"]
 
