@@ -5,25 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pfactory.model.params import ModelParams
-
-IMAGE_SIZE = (64, 32)  # (W, H) of the model-input images
-
-
-def tiny_params(**over) -> ModelParams:
-    """The default detector's architecture, narrow and on a 40 x 40 pillar grid."""
-    base = dict(
-        pc_range=[0.0, -8.0, -3.0, 16.0, 8.0, 1.0],
-        pillar_size_m=0.4,
-        image_channels=8,
-        point_channels=16,
-        bev_channels=[16, 16, 32],
-        up_channels=16,
-        head_channels=16,
-        max_detections=20,
-    )
-    base.update(over)
-    return ModelParams(**base)
+from tests.model.helpers import IMAGE_SIZE, tiny_params  # one tiny detector for both suites
 
 
 def make_model(seed: int = 0):
