@@ -239,14 +239,15 @@ def cmd_frames(args: argparse.Namespace) -> None:
             if args.steps:
                 over += [f"train.max_steps={args.steps}", "train.epochs=1000"]
             params = make_params(over)
-            out = work / f"model_{k}_cam{int(camera)}"
+            out = work / f"model_{k}_cam{int(camera)}_{args.steps or 'epochs'}"
             shutil.rmtree(out, ignore_errors=True)
             r = _train_and_score(params, data, out, full, args.backend)
             manifest = json.loads((data / "manifest.json").read_text())
             row = {"train frames": manifest["splits"]["train"]["frames"], "camera": camera, **r}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "kpis"}), flush=True)
-    (work / "frames_results.json").write_text(json.dumps(rows, indent=1))
+    budget = f"steps{args.steps}" if args.steps else "epochs"
+    (work / f"frames_results_{budget}.json").write_text(json.dumps(rows, indent=1))
     keys = ["train frames", "camera", "steps", "epochs", "train s", "mAP", "Car AP@2m", "Pedestrian AP@2m",
             "Cyclist AP@2m", "0-20 m mAP", "20-40 m mAP", "40+ m mAP"]  # fmt: skip
     print_table(rows, keys)

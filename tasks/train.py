@@ -432,7 +432,7 @@ def run(
     curves: list[dict[str, float]] = []
     val_curves: list[dict[str, Any]] = []
     run_id = None
-    resumed = False
+    resumed = finished = False
     if state is not None:
         reason = _resume_mismatch(state, config, info)
         if reason is None:
@@ -444,7 +444,7 @@ def run(
             curves, val_curves = list(state["curves"]), list(state["val_curves"])
             elapsed_before = float(state["elapsed_s"])
             run_id = state.get("mlflow_run_id")
-            resumed = True
+            resumed, finished = True, bool(state["done"])
         elif rt.is_main:
             print(f"train: {ckpt_path} not resumed ({reason}); starting fresh", file=sys.stderr)
     net: nn.Module = model
@@ -532,9 +532,9 @@ def run(
             if in_epoch >= steps_per_epoch:  # stopped exactly at an epoch end
                 epoch, in_epoch = epoch + 1, 0
         train_s = elapsed_before + train_time()
-        final = validate(model, data, info, factory, tp, rt, timer, tracker, step, epoch)
-        val_curves.append(final)
-        checkpoint(done=True)
+        if not finished:  # a finished checkpoint already holds the final validation: just re-emit the outputs
+            val_curves.append(validate(model, data, info, factory, tp, rt, timer, tracker, step, epoch))
+            checkpoint(done=True)
         if rt.is_main:
             summary = finish(out, model, info, tp, rt, curves, val_curves, timer, train_s, tracker, resumed)
     except BaseException as e:
@@ -748,7 +748,7 @@ def profile_train(params: Any, data: Path, steps: int, out: Path, *, loader_fact
                 step()
     trace = out / "train_trace.json"
     prof.export_chrome_trace(str(trace))
-    sort = "cuda_time_total" if rt.device.type == "cuda" else "self_cpu_time_total"
+    sort = "self_device_time_total" if rt.device.type == "cuda" else "self_cpu_time_total"
     print(prof.key_averages().table(sort_by=sort, row_limit=row_limit))
     print(
         json.dumps(

@@ -181,8 +181,9 @@ class TrainParams(_Section):
     """Write `checkpoint.pt` every this many optimizer steps (and at the end)."""
     log_every_steps: PositiveInt = 5
     """Log step metrics to MLflow every this many steps."""
-    val_every_epochs: Annotated[int, Field(ge=0)] = 5
-    """Validate (KPIs on the val split) every this many epochs, and always after the last; 0 = only then."""
+    val_every_epochs: Annotated[int, Field(ge=0)] = 1
+    """Validate (KPIs on the val split) every this many epochs, and always after the last; 0 = only then.
+    ~0.7 s per validation of 48 frames on 2 cores: per-epoch KPIs cost ~10 s of the ~3 min default run."""
     score_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.05
     """Detections scoring below this are dropped before the KPIs."""
     max_steps: PositiveInt | None = None

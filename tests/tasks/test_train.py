@@ -214,7 +214,8 @@ def test_outputs_load_and_describe_the_model(tmp_path: Path) -> None:
     assert {"data", "forward", "backward", "optimizer", "validate"} <= set(summary["timings_s"])
     # A second run on the same directory resumes the finished checkpoint: no step is re-trained.
     again = train_fake(data, out, val_every_epochs=1)
-    assert again["resumed"] and again["steps"] == 8
+    assert again["resumed"] and again["steps"] == 8 and again["val"] == summary["val"]
+    assert [r["epoch"] for r in json.loads((out / "val_curves.json").read_text())] == [1, 2]
     # Other trajectory params: the checkpoint is not resumed.
     other = train_fake(data, out, lr=1e-3)
     assert not other["resumed"]
@@ -228,7 +229,7 @@ def test_kill_at_a_random_step_and_resume_matches_uninterrupted(tmp_path: Path) 
 
     out = tmp_path / "killed"
     rng = random.Random(int(time.time()))  # a different kill point on every run...
-    kill_after_step = rng.randint(2, 15)
+    kill_after_step = rng.randint(2, 14)
     print(f"killing after checkpointed step >= {kill_after_step}")  # ...reported for reproduction
     proc = subprocess.Popen(_script("train", str(data), str(out), json.dumps(over)), env=_env())
     try:
@@ -236,7 +237,7 @@ def test_kill_at_a_random_step_and_resume_matches_uninterrupted(tmp_path: Path) 
         while time.time() < deadline and proc.poll() is None:
             ckpt = out / "checkpoint.pt"
             if ckpt.is_file() and torch.load(ckpt, weights_only=True)["step"] >= kill_after_step:
-                time.sleep(rng.uniform(0.0, 0.3))  # land anywhere between checkpoints
+                time.sleep(rng.uniform(0.0, 0.15))  # land anywhere between checkpoints (~0.1 s apart)
                 break
             time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
@@ -244,7 +245,8 @@ def test_kill_at_a_random_step_and_resume_matches_uninterrupted(tmp_path: Path) 
         proc.wait(30)
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     killed_at = torch.load(out / "checkpoint.pt", weights_only=True)["step"]
-    assert 2 <= killed_at < 18 and not (out / "model.pt").exists()
+    # Killed mid-run, or (rarely) after the final checkpoint while validating and writing: both resume.
+    assert 2 <= killed_at <= 18
 
     summary = train_fake(data, out, **over)
     assert summary["resumed"]
