@@ -19,6 +19,7 @@ an engine, `tensorrt` imports and CUDA is present; ONNX Runtime otherwise) and c
 
 from __future__ import annotations
 
+import abc
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ def valid_detections(out: Outputs, threshold: float) -> list[Outputs]:
     return frames
 
 
-class Runner:
+class Runner(abc.ABC):
     """Base: `runner(points, num_points, images, proj) -> {"boxes", "scores", "labels"}` (module docstring)."""
 
     backend: str = ""
@@ -67,8 +68,9 @@ class Runner:
     def __call__(self, points: Any, num_points: Any, images: Any, proj: Any) -> Outputs:
         return self.run(as_feed(points, num_points, images, proj))
 
-    def run(self, feed: dict[str, np.ndarray]) -> Outputs:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def run(self, feed: dict[str, np.ndarray]) -> Outputs:
+        """One forward pass on a prepared feed (`as_feed`) -> outputs."""
 
     @property
     def name(self) -> str:
