@@ -147,16 +147,43 @@ def data_show(
 def run_cmd(
     set_param: SetOpt = None,
     name: Annotated[str | None, typer.Option(help="Run name (MLflow run and Prefect flow run).")] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(help="Stop after this stage (synth, prepare, train, optimize, evaluate, promote)."),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the full result as JSON.")] = False,
 ) -> None:
-    """Run the whole pipeline (Prefect flow) on params.yaml + overrides, embedded defaults.
+    """Run the whole pipeline: a Prefect flow running the dvc.yaml stages in a fresh run workspace
+    (artifacts/runs/<run id>), one MLflow run with lineage, gated promotion. Embedded defaults: synthetic
+    data, local Prefect, sqlite MLflow, local DVC cache, local Dask.
 
-    Example: factory run -S data.frames=100 --name smoke
+    Exit 1 when a stage fails (a refused promotion is a result, not a failure).
+    Example: factory run -S train.epochs=5 --name five-epochs
     """
-    _params(Path("params.yaml"), set_param)  # refuse bad overrides before anything starts
-    from flows.pipeline import pipeline
+    import time
 
-    result = pipeline(overrides=set_param or [], name=name)
-    typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+    t0 = time.perf_counter()
+    _params(Path("params.yaml"), set_param)  # refuse bad overrides before anything starts
+    from flows.pipeline import STAGES, pipeline
+    from flows.summary import render_summary
+    from flows.workspace import StageFailed
+
+    stages = None
+    if until is not None:
+        if until not in STAGES:
+            _fail(f"--until must be one of {', '.join(STAGES)}, got {until!r}", code=2)
+        stages = list(STAGES[: STAGES.index(until) + 1])
+    flow = pipeline.with_options(flow_run_name=name) if name else pipeline
+    try:
+        result = flow(overrides=set_param or [], name=name, stages=stages)
+    except StageFailed as e:
+        _fail(str(e))
+    if json_out:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+    else:
+        from rich.console import Console
+
+        Console().print(render_summary(result, wall_s=time.perf_counter() - t0))
 
 
 @app.command("prepare")
@@ -303,6 +330,109 @@ def kpi_cmd(
     except DatasetError as e:
         _fail(str(e))
     typer.echo(format_kpi_table(result))
+
+
+@app.command("compare")
+def compare_cmd(
+    runs: Annotated[
+        list[str] | None,
+        typer.Argument(help="Run ids or run names (default: the latest --last finished pipeline runs)."),
+    ] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help="Run id or name to compare against (default: the oldest shown).")
+    ] = None,
+    last: Annotated[int, typer.Option(min=1, help="How many recent runs when no RUN is given.")] = 5,
+    experiment: Annotated[str, typer.Option(help="MLflow experiment.")] = "perception-factory",
+    kpi_tolerance: Annotated[
+        float, typer.Option(min=0.0, help="Flag a KPI (mAP, NDS, class AP) drop beyond this (absolute).")
+    ] = 0.01,
+    time_tolerance: Annotated[
+        float, typer.Option(min=1.0, help="Flag a stage time / latency beyond this x the baseline.")
+    ] = 1.25,
+    png: Annotated[Path | None, typer.Option(help="Also write a PNG chart of KPIs and stage times.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of the table.")] = False,
+    fail_on_regression: Annotated[
+        bool, typer.Option(help="Exit 1 when a regression is flagged (for CI / schedules).")
+    ] = False,
+) -> None:
+    """Compare pipeline runs: KPIs, changed params, stage timings, deltas vs a baseline, regressions.
+
+    Examples: factory compare  |  factory compare smoke tuned --baseline smoke --png cmp.png
+    """
+    from pfactory.compare import CompareError, NoRunsError, compare_runs, render_table, write_chart
+
+    try:
+        result = compare_runs(
+            runs or None,
+            baseline,
+            last=last,
+            experiment=experiment,
+            kpi_tolerance=kpi_tolerance,
+            time_tolerance=time_tolerance,
+        )
+    except NoRunsError as e:
+        _fail(str(e), code=1)
+    except CompareError as e:
+        _fail(str(e), code=2)
+    if png is not None:
+        write_chart(result, png)
+    if as_json:
+        typer.echo(result.to_json())
+    else:
+        from rich.console import Console
+
+        console = Console()
+        console.print(render_table(result))
+        for r in result.regressions:
+            console.print(f"[bold red]regression[/] {r.message}", highlight=False)
+        if not result.regressions:
+            console.print("no regressions beyond the tolerances")
+        if png is not None:
+            console.print(f"chart: {png}")
+    if fail_on_regression and result.regressions:
+        raise typer.Exit(1)
+
+
+@app.command("deploy")
+def deploy_cmd(
+    cron: Annotated[
+        str, typer.Option(help='Cron schedule: "minute hour day month weekday", e.g. "0 3 * * *".')
+    ],
+    name: Annotated[
+        str, typer.Option(help="Deployment name (address: perception-factory/NAME).")
+    ] = "nightly",
+    timezone: Annotated[str, typer.Option(help="IANA time zone the cron is read in.")] = "UTC",
+    set_param: SetOpt = None,
+    serve: Annotated[
+        bool,
+        typer.Option("--serve/--print-only", help="Serve (long-running) or only print the deployment."),
+    ] = True,
+) -> None:
+    """Schedule the pipeline: a Prefect deployment on a cron schedule, served from this machine.
+
+    Needs a Prefect server (PREFECT_API_URL); for work pools use prefect.yaml (`prefect deploy --all`).
+    Example: factory deploy --cron "0 3 * * *" -S train.epochs=20
+    """
+    _params(Path("params.yaml"), set_param)  # refuse bad overrides before deploying them
+    from flows.deploy import PIPELINE_ENTRYPOINT, DeployError, make_spec, pipeline_parameters
+    from flows.deploy import serve as serve_flow
+    from flows.pipeline import pipeline
+
+    try:
+        spec = make_spec(
+            pipeline,
+            name=name,
+            cron=cron,
+            timezone=timezone,
+            parameters=pipeline_parameters(set_param),
+            entrypoint=PIPELINE_ENTRYPOINT,
+        )
+        if not serve:
+            typer.echo(json.dumps(spec.to_dict(), indent=2))
+            return
+        serve_flow(pipeline, spec)
+    except DeployError as e:
+        _fail(str(e), code=2)
 
 
 @app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

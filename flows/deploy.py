@@ -1,0 +1,249 @@
+"""Scheduled pipeline runs: a Prefect deployment of a flow on a cron schedule.
+
+In: a Prefect flow (default: the pipeline, `flows/pipeline.py:pipeline`), a deployment name,
+a cron string (+ time zone) and the flow's default parameters (for the pipeline:
+`{"overrides": ["train.lr=1e-3", ...]}`).
+Out: a deployment on the Prefect server at `PREFECT_API_URL` with that cron schedule, and
+a long-running process (`flow.serve`) that executes its runs — scheduled or triggered
+(`prefect deployment run 'perception-factory/nightly'`) — on this machine, one at a time.
+For work pools (Kubernetes, Docker, a process pool elsewhere) use `prefect.yaml` at the
+repo root with `prefect deploy --all` instead; docs/OPERATIONS.md has both.
+
+Everything here is generic over the flow, so tests serve a small flow through the same code.
+
+Run: `factory deploy --cron "0 3 * * *" [--name nightly] [-S key=value ...] [--print-only]`,
+or `python -m flows.deploy --flow path/to/file.py:flow_fn --cron "..." --name N`.
+
+Why a server: cron schedules are turned into flow runs by the Prefect server's scheduler
+service; the ephemeral local API of `factory run` has no scheduler, so nothing would ever
+fire (../shared/FEASIBILITY.md, Prefect row). `serve` therefore refuses to start without
+a reachable `PREFECT_API_URL`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pfactory.tracking import configure_environment
+
+configure_environment()  # before Prefect is imported: PREFECT_HOME, analytics off
+
+DEFAULT_NAME = "nightly"
+DEFAULT_TIMEZONE = "UTC"
+PIPELINE_ENTRYPOINT = "flows/pipeline.py:pipeline"
+CRON_ALIASES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+
+SERVER_HINT = """\
+Scheduled runs need a Prefect server (its scheduler turns the cron schedule into runs):
+  1. in another terminal:  prefect server start --host 127.0.0.1 --port 4200
+  2. here:                 export PREFECT_API_URL=http://127.0.0.1:4200/api
+  3. again:                factory deploy --cron "0 3 * * *"
+(or point PREFECT_API_URL at an existing Prefect server / Prefect Cloud workspace)"""
+
+
+class DeployError(ValueError):
+    """A deployment setting that is wrong or a server that is missing (the message says which)."""
+
+
+def validate_cron(cron: str, field: str = "cron") -> str:
+    """`cron` stripped if it is a 5-field cron string or an @alias; else DeployError naming `field`.
+
+    The fields are minute, hour, day-of-month, month, day-of-week, as Prefect's scheduler
+    (croniter) reads them. Random/hashed (`R`, `H`) and 6-field (seconds) forms are refused.
+    """
+    from prefect._vendor.croniter import croniter
+
+    text = (cron or "").strip()
+    expect = (
+        "expected 5 fields 'minute hour day-of-month month day-of-week' "
+        f"(e.g. '0 3 * * *' = 03:00 every day) or one of {', '.join(CRON_ALIASES)}"
+    )
+    if text.startswith("@"):
+        if text.lower() not in CRON_ALIASES:
+            raise DeployError(f"{field}: {cron!r} is not a known cron alias; {expect}")
+        return text
+    parts = text.split()
+    if len(parts) != 5:
+        raise DeployError(f"{field}: {cron!r} has {len(parts)} fields; {expect}")
+    if any(p.casefold() in ("r", "h") for p in parts):
+        raise DeployError(f"{field}: {cron!r} uses a random/hashed field (R/H), which Prefect refuses")
+    try:
+        croniter(text)
+    except (ValueError, KeyError) as e:  # CroniterBadCronError is a ValueError
+        raise DeployError(f"{field}: {cron!r} is not a valid cron schedule ({e}); {expect}") from None
+    return text
+
+
+def validate_timezone(tz: str, field: str = "timezone") -> str:
+    """An IANA time zone name (e.g. 'UTC', 'Europe/Berlin'); else DeployError naming `field`."""
+    import zoneinfo
+
+    try:
+        zoneinfo.ZoneInfo(tz)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise DeployError(
+            f"{field}: {tz!r} is not an IANA time zone name (e.g. 'UTC', 'Europe/Berlin')"
+        ) from None
+    return tz
+
+
+def validate_name(name: str, field: str = "name") -> str:
+    """A deployment name: non-empty, no '/' (Prefect addresses deployments as 'flow/deployment')."""
+    if not name or not name.strip() or "/" in name:
+        raise DeployError(f"{field}: {name!r} must be a non-empty name without '/' (e.g. 'nightly')")
+    return name.strip()
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """What a deployment is made of; `full_name` is how Prefect addresses it ('flow/deployment')."""
+
+    flow_name: str
+    name: str
+    cron: str
+    timezone: str = DEFAULT_TIMEZONE
+    parameters: dict[str, Any] = field(default_factory=dict)
+    entrypoint: str | None = None
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.flow_name}/{self.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"full_name": self.full_name}
+
+
+def make_spec(
+    flow: Any,
+    *,
+    name: str = DEFAULT_NAME,
+    cron: str,
+    timezone: str = DEFAULT_TIMEZONE,
+    parameters: dict[str, Any] | None = None,
+    entrypoint: str | None = None,
+) -> DeploymentSpec:
+    """Validate the settings for deploying `flow` (a Prefect `Flow`); returns the spec.
+
+    Parameter names must be parameters of the flow (DeployError naming the unknown one).
+    """
+    params = dict(parameters or {})
+    known = set(flow.parameters.properties)
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise DeployError(
+            f"parameters: {', '.join(unknown)} not a parameter of flow {flow.name!r} "
+            f"(it takes: {', '.join(sorted(known)) or 'none'})"
+        )
+    return DeploymentSpec(
+        flow_name=flow.name,
+        name=validate_name(name),
+        cron=validate_cron(cron),
+        timezone=validate_timezone(timezone),
+        parameters=params,
+        entrypoint=entrypoint,
+    )
+
+
+def pipeline_parameters(overrides: list[str] | None = None) -> dict[str, Any]:
+    """Default parameters of the pipeline deployment: the `-S` overrides each run applies."""
+    return {"overrides": list(overrides or [])}
+
+
+def api_url() -> str | None:
+    """The configured `PREFECT_API_URL` (env or Prefect profile), or None (ephemeral mode)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or None
+
+
+def check_server(url: str | None, timeout_s: float = 5.0) -> str:
+    """`url` if a Prefect API answers `GET <url>/health`; else DeployError with SERVER_HINT."""
+    if not url:
+        raise DeployError(f"PREFECT_API_URL is not set.\n{SERVER_HINT}")
+    health = url.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(health, timeout=timeout_s) as r:
+            if r.status == 200:
+                return url
+            problem = f"HTTP {r.status}"
+    except (urllib.error.URLError, OSError) as e:
+        problem = str(getattr(e, "reason", e))
+    raise DeployError(f"PREFECT_API_URL={url}: {health} does not answer ({problem}).\n{SERVER_HINT}")
+
+
+def serve(flow: Any, spec: DeploymentSpec, limit: int | None = 1) -> None:
+    """Create/update the deployment on the server and execute its runs until interrupted.
+
+    Blocks (a long-running process; Ctrl-C or SIGTERM stops it and pauses the schedule, so
+    no runs pile up while nothing serves them). `limit`: runs executed at the same time by
+    this process (1: pipeline runs on one machine never overlap). Needs a reachable
+    `PREFECT_API_URL` (DeployError with how to start a server otherwise).
+    """
+    from prefect.schedules import Cron
+
+    check_server(api_url())
+    flow.serve(
+        name=spec.name,
+        schedules=[Cron(spec.cron, timezone=spec.timezone)],
+        parameters=spec.parameters,
+        limit=limit,
+        pause_on_shutdown=True,
+    )
+
+
+def load_flow(entrypoint: str) -> Any:
+    """The flow at `path/to/file.py:flow_fn` (or `module.path:flow_fn`); DeployError if absent."""
+    from prefect.flows import load_flow_from_entrypoint
+
+    if ":" not in entrypoint:
+        raise DeployError(f"flow: {entrypoint!r} must look like 'path/to/file.py:flow_function'")
+    try:
+        return load_flow_from_entrypoint(entrypoint)
+    except (FileNotFoundError, ImportError, AttributeError, SyntaxError) as e:
+        raise DeployError(f"flow: cannot load {entrypoint!r}: {e}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m flows.deploy`: serve any flow on a cron schedule (what `factory deploy` does)."""
+    ap = argparse.ArgumentParser(prog="python -m flows.deploy", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--flow", default=PIPELINE_ENTRYPOINT, help="Flow entrypoint, path/to/file.py:fn.")
+    ap.add_argument("--name", default=DEFAULT_NAME, help="Deployment name.")
+    ap.add_argument("--cron", required=True, help='Cron schedule, e.g. "0 3 * * *".')
+    ap.add_argument("--timezone", default=DEFAULT_TIMEZONE, help="IANA time zone of the schedule.")
+    ap.add_argument("--parameters", default="{}", help="Default flow parameters as a JSON object.")
+    ap.add_argument("--print-only", action="store_true", help="Print the deployment; do not serve.")
+    args = ap.parse_args(argv)
+    try:
+        try:
+            parameters = json.loads(args.parameters)
+        except json.JSONDecodeError as e:
+            raise DeployError(f"parameters: not valid JSON ({e})") from None
+        if not isinstance(parameters, dict):
+            raise DeployError("parameters: expected a JSON object of flow parameters")
+        flow = load_flow(args.flow)
+        spec = make_spec(
+            flow,
+            name=args.name,
+            cron=args.cron,
+            timezone=args.timezone,
+            parameters=parameters,
+            entrypoint=args.flow,
+        )
+        if args.print_only:
+            print(json.dumps(spec.to_dict(), indent=2))
+            return 0
+        serve(flow, spec)
+    except DeployError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
