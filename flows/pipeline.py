@@ -1,15 +1,29 @@
-"""The pipeline flow: synth -> prepare -> train -> optimize (evaluate and promote land next).
+"""The pipeline flow: synth -> prepare -> train -> optimize -> evaluate -> promote, through DVC.
 
-Prefect sequences the stages and adds retries, a run name and a UI; the stages themselves
-are the plain `tasks.<stage>.run` functions (files in -> files out -> metrics back), so the
-flow holds no ML logic. One MLflow parent run per pipeline run; every stage run nests under
-it through `PFACTORY_PARENT_RUN_ID`.
+Prefect sequences the stages and adds retries, parameters, a run name and a UI; DVC runs each stage
+(`dvc repro <stage>` in the run's workspace, `flows.workspace`), so `dvc.lock` and the DVC cache stay
+true and a stage whose code, deps and params were already computed (by this or any earlier run) is
+restored from DVC's run-cache instead of recomputed. The flow holds no ML logic: it reads what the
+stages wrote (kpis.json, latency.json, promotion.json) to fill the MLflow parent run.
 
-Run: `factory run [-S section.key=value ...] [--name NAME]`.
+One MLflow parent run per pipeline run (tag `pipeline=true`), every stage run nested under it through
+`PFACTORY_PARENT_RUN_ID`. The parent run carries (what `factory compare` reads):
+    params   the resolved params, flattened (`train.lr`, `data.frames`, ...)
+    metrics  eval/mAP, eval/NDS, eval/<Class>/{mean_ap, ap_<th>, ate, ase, aoe}, eval/<bucket>/mAP,
+             eval/delta/mAP, eval/reference/mAP, latency/p50_ms, latency/p99_ms (batch 1, primary
+             artifact), time/<stage>_s (wall per stage, DVC included), time/total_s,
+             time/orchestration_s + time/orchestration_fraction (wall outside the stage processes:
+             Prefect, DVC, MLflow), time/stage_startup_s (interpreter + imports of the stage processes)
+    tags     pipeline, run_id, workspace, git.commit, git.dirty, data.<out>.md5 (dvc.lock hashes of
+             the raw and prepared data, model, ...), promotion.decision, package versions, device
+    artifacts params.json, dvc.lock, summary.json
+
+Run: `factory run [-S section.key=value ...] [--name NAME]`, or `pipeline(overrides=[...])` (a deployment).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -19,64 +33,121 @@ from pfactory.tracking import configure_environment
 
 configure_environment()  # before Prefect is imported: PREFECT_HOME, analytics off
 
-from prefect import flow, task  # noqa: E402
+from prefect import flow, get_run_logger, task  # noqa: E402
+
+from flows.workspace import Workspace, create_workspace, new_run_id  # noqa: E402
+
+STAGES = ("synth", "prepare", "train", "optimize", "evaluate", "promote")
+# Stages whose failures can be transient (worker processes, a Dask cluster, a registry server): retried.
+# train and optimize are deterministic compute: a failure there is a bug or bad params, not transient.
+RETRIES = {"synth": 1, "prepare": 1, "train": 0, "optimize": 0, "evaluate": 2, "promote": 2}
 
 
-@task(name="synth", retries=1, retry_delay_seconds=2)
-def synth_task(params: Any, root: str) -> dict:
-    import tasks.synth
+def _stage_task(stage: str) -> Any:
+    @task(name=stage, retries=RETRIES[stage], retry_delay_seconds=2)
+    def run_stage(ws: Workspace) -> dict[str, Any]:
+        result = ws.repro(stage)
+        how = (
+            "ran"
+            if result["ran"]
+            else "restored from the run-cache"
+            if result["restored_from_run_cache"]
+            else "up to date"
+        )
+        get_run_logger().info("%s: %s in %.1f s", stage, how, result["seconds"])
+        return result
 
-    out = Path(root) / params.paths.raw
-    if (out / "training").is_dir() or (out / "samples").is_dir():
-        return {"skipped": f"{out} exists"}
-    return tasks.synth.run(params, out)
-
-
-@task(name="prepare", retries=1, retry_delay_seconds=2)
-def prepare_task(params: Any, root: str) -> dict:
-    import tasks.prepare
-
-    return tasks.prepare.run(params, Path(root) / params.paths.raw, Path(root) / params.paths.prepared)
-
-
-@task(name="train")
-def train_task(params: Any, root: str) -> dict:
-    import tasks.train
-
-    summary = tasks.train.run(params, Path(root) / params.paths.prepared, Path(root) / params.paths.model)
-    return {k: v for k, v in summary.items() if k != "val"} | {
-        "val_mAP": (summary.get("val") or {}).get("mAP")
-    }
+    return run_stage
 
 
-@task(name="optimize")
-def optimize_task(params: Any, root: str) -> dict:
-    import tasks.optimize
-
-    r = Path(root)
-    return tasks.optimize.run(
-        params, r / params.paths.model, r / params.paths.prepared, r / params.paths.optimized
-    )
+STAGE_TASKS = {stage: _stage_task(stage) for stage in STAGES}
 
 
-STAGES = (
-    ("synth", synth_task),
-    ("prepare", prepare_task),
-    ("train", train_task),
-    ("optimize", optimize_task),
-)
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def primary_latency(optimized: Path) -> dict[str, float]:
+    """p50/p99 (ms) at batch 1 of the primary artifact (backend.json's `primary`) from latency.json."""
+    manifest = _read_json(optimized / "backend.json")
+    latency = _read_json(optimized / "latency.json")
+    if not manifest or not latency or "batch_1" not in latency:
+        return {}
+    primary = manifest["primary"]
+    name = f"{primary['backend']}/{primary['precision']}"
+    stats = latency["batch_1"].get(name)
+    if stats is None:
+        return {}
+    return {"latency/p50_ms": float(stats["p50_ms"]), "latency/p99_ms": float(stats["p99_ms"])}
+
+
+def collect_metrics(ws: Workspace) -> tuple[dict[str, float], dict[str, Any]]:
+    """Parent-run metrics from the stages' files (module docstring), and the summary blocks."""
+    from pfactory.model.inference import kpi_scalars
+
+    p = ws.params.paths
+    metrics: dict[str, float] = {}
+    summary: dict[str, Any] = {}
+    kpis = _read_json(ws.abs(p.eval) / "kpis.json")
+    if kpis is not None:
+        metrics.update(kpi_scalars(kpis, prefix="eval/"))
+        for key in ("reference", "delta"):
+            if isinstance(kpis.get(key), dict) and kpis[key].get("mAP") is not None:
+                metrics[f"eval/{key}/mAP"] = float(kpis[key]["mAP"])
+        summary["kpis"] = {
+            "mAP": kpis.get("mAP"),
+            "NDS": kpis.get("NDS"),
+            "classes": {c: v.get("mean_ap") for c, v in kpis.get("classes", {}).items()},
+            "delta_mAP_vs_pytorch": (kpis.get("delta") or {}).get("mAP"),
+        }
+    metrics.update(primary_latency(ws.abs(p.optimized)))
+    parity = _read_json(ws.abs(p.optimized) / "parity.json")
+    if parity is not None:
+        summary["parity_passed"] = parity.get("passed")
+    promotion = _read_json(ws.abs(p.artifacts) / "promotion.json")
+    if promotion is not None:
+        summary["promotion"] = promotion
+    return metrics, summary
+
+
+def stage_timings(ws: Workspace) -> dict[str, dict[str, float]]:
+    """Per stage that ran in this run: `{"body_s", "process_s"}` (`PFACTORY_TIMINGS_DIR` files)."""
+    out: dict[str, dict[str, float]] = {}
+    for f in sorted((ws.path / "logs" / "timings").glob("*.json")):
+        t = json.loads(f.read_text())
+        out[t["stage"]] = {"body_s": float(t["body_s"]), "process_s": float(t["process_s"])}
+    return out
 
 
 @flow(name="perception-factory", log_prints=True)
-def pipeline(overrides: list[str] | None = None, name: str | None = None, root: str | None = None) -> dict:
-    """Run every landed stage in order on params.yaml + `overrides`; returns metrics per stage."""
+def pipeline(
+    overrides: list[str] | None = None,
+    name: str | None = None,
+    root: str | None = None,
+    stages: list[str] | None = None,
+) -> dict[str, Any]:
+    """Run the stage DAG on params.yaml + `overrides` in a fresh workspace; returns the run summary.
+
+    `stages`: a prefix of STAGES to stop early (default: all). The summary has `run_id`, `workspace`,
+    `mlflow_run_id`, per-stage results, `timings_s`, `kpis`, `promotion` and `orchestration`.
+    """
     import mlflow
 
     from pfactory.config import load_params
-    from pfactory.tracking import PARENT_ENV, artifact_location, lineage_tags
+    from pfactory.tracking import PARENT_ENV, artifact_location, flatten, lineage_tags
 
+    t_start = time.perf_counter()
     root_path = configure_environment(root)
     params = load_params(root_path / "params.yaml", overrides or [])
+    selected = list(stages or STAGES)
+    unknown = [s for s in selected if s not in STAGES]
+    if unknown:
+        raise ValueError(f"unknown stages {unknown}; known: {list(STAGES)}")
+    run_id = new_run_id(name)
+    ws = create_workspace(root_path, params, run_id)
+    logger = get_run_logger()
+    logger.info("run %s: workspace %s", run_id, ws.path)
+
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     exp = mlflow.get_experiment_by_name("perception-factory")
     exp_id = (
@@ -84,19 +155,63 @@ def pipeline(overrides: list[str] | None = None, name: str | None = None, root: 
         if exp
         else mlflow.create_experiment("perception-factory", artifact_location=artifact_location(root_path))
     )
-    results: dict[str, Any] = {"timings_s": {}}
+    results: dict[str, Any] = {"run_id": run_id, "workspace": str(ws.path), "stages": {}, "timings_s": {}}
+    timings_dir = ws.path / "logs" / "timings"
+    timings_dir.mkdir(parents=True, exist_ok=True)
+    env_before = {k: os.environ.get(k) for k in (PARENT_ENV, "PFACTORY_TIMINGS_DIR")}
     with mlflow.start_run(
-        experiment_id=exp_id, run_name=name, tags={"pipeline": "true", **lineage_tags(root_path)}
+        experiment_id=exp_id,
+        run_name=name or run_id,
+        tags={"pipeline": "true", "run_id": run_id, "workspace": str(ws.path), **lineage_tags(root_path)},
     ) as run:
+        results["mlflow_run_id"] = run.info.run_id
+        flat = flatten(params.model_dump(mode="json"))
+        items = [(k, json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in flat.items()]
+        for i in range(0, len(items), 100):  # MLflow caps a log_params batch at 100
+            mlflow.log_params(dict(items[i : i + 100]))
         mlflow.log_dict(params.model_dump(mode="json"), "params.json")
         os.environ[PARENT_ENV] = run.info.run_id
+        os.environ["PFACTORY_TIMINGS_DIR"] = str(timings_dir)
         try:
-            for stage, fn in STAGES:
-                t0 = time.perf_counter()
-                results[stage] = fn(params, str(root_path))
-                results["timings_s"][stage] = round(time.perf_counter() - t0, 3)
-                mlflow.log_metric(f"time_{stage}_s", results["timings_s"][stage])
+            for stage in selected:
+                results["stages"][stage] = STAGE_TASKS[stage](ws)
+                results["timings_s"][stage] = round(ws.stage_seconds[stage], 3)
+                mlflow.log_metric(f"time/{stage}_s", results["timings_s"][stage])
         finally:
-            os.environ.pop(PARENT_ENV, None)
-        results["mlflow_run_id"] = run.info.run_id
+            for k, v in env_before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            if (ws.path / "dvc.lock").is_file():
+                mlflow.log_artifact(str(ws.path / "dvc.lock"))
+                mlflow.set_tags({f"data.{k}.md5": v for k, v in ws.out_hashes().items()})
+        metrics, summary = collect_metrics(ws)
+        results.update(summary)
+        stage_t = stage_timings(ws)
+        total = time.perf_counter() - t_start
+        work = sum(t["body_s"] for t in stage_t.values())
+        startup = sum(t["process_s"] - t["body_s"] for t in stage_t.values())
+        # Orchestration = Prefect + DVC + MLflow + workspace set-up: wall time outside the stage processes.
+        orchestration = max(total - work - startup, 0.0)
+        results["orchestration"] = {
+            "total_s": round(total, 3),
+            "stage_work_s": {k: round(t["body_s"], 3) for k, t in stage_t.items()},
+            "stage_startup_s": round(startup, 3),
+            "orchestration_s": round(orchestration, 3),
+            "orchestration_fraction": round(orchestration / total, 4) if total > 0 else None,
+        }
+        metrics.update(
+            {
+                "time/total_s": total,
+                "time/stage_startup_s": startup,
+                "time/orchestration_s": orchestration,
+                "time/orchestration_fraction": orchestration / total if total > 0 else 0.0,
+            }
+        )
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+        decision = (results.get("promotion") or {}).get("decision")
+        if decision:
+            mlflow.set_tag("promotion.decision", decision)
+        mlflow.log_dict(results, "summary.json")
     return results

@@ -1,26 +1,59 @@
 """Shared entry point of `python -m tasks.<stage>` (what `dvc.yaml` runs).
 
-Parses `[-S section.key=value ...] [--params FILE]`, loads and validates params (exit 2 with
-a message naming the key on a bad value), configures the offline environment, runs the
-stage and prints its metrics as JSON.
+Parses `[-S section.key=value ...] [--params FILE]` (plus any stage-specific arguments), loads and
+validates params (exit 2 with a message naming the key on a bad value), configures the offline
+environment, runs the stage and prints its metrics as JSON.
+
+When `PFACTORY_TIMINGS_DIR` is set (the pipeline flow sets it), the stage also writes
+`<dir>/<stage>.json`: `{"stage", "body_s", "process_s"}` = seconds inside the stage body and since the
+process started, so the flow can split a run's wall time into stage work and orchestration overhead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+
+TIMINGS_ENV = "PFACTORY_TIMINGS_DIR"
 
 
-def stage_main(stage: str, argv: list[str] | None, body: Callable[[Any], dict]) -> None:
+def record_stage_time(stage: str, body_s: float) -> None:
+    """Write `<$PFACTORY_TIMINGS_DIR>/<stage>.json` (no-op when the variable is unset)."""
+    folder = os.environ.get(TIMINGS_ENV)
+    if not folder:
+        return
+    import psutil
+
+    from pfactory.fsutil import atomic_write_json
+
+    process_s = time.time() - psutil.Process().create_time()
+    atomic_write_json(
+        Path(folder) / f"{stage}.json",
+        {"stage": stage, "body_s": round(body_s, 3), "process_s": round(process_s, 3)},
+    )
+
+
+def stage_main(
+    stage: str,
+    argv: list[str] | None,
+    body: Callable[..., dict | None],
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> None:
+    """Parse arguments, load params, run `body(params)` (or `body(params, args)` when `add_arguments`
+    adds stage-specific options) and print the metrics it returns (nothing when it returns None)."""
     from pfactory.config import ParamsError, load_params
     from pfactory.tracking import configure_environment
 
     parser = argparse.ArgumentParser(prog=f"python -m tasks.{stage}")
     parser.add_argument("-S", "--set-param", action="append", default=[], help="section.key=value override")
     parser.add_argument("--params", default="params.yaml")
+    if add_arguments is not None:
+        add_arguments(parser)
     args = parser.parse_args(argv)
     configure_environment()
     try:
@@ -28,5 +61,8 @@ def stage_main(stage: str, argv: list[str] | None, body: Callable[[Any], dict]) 
     except ParamsError as e:
         print(e, file=sys.stderr)
         sys.exit(2)
-    metrics = body(params)
-    print(json.dumps(metrics, indent=2, sort_keys=True, default=str))
+    t0 = time.perf_counter()
+    metrics = body(params, args) if add_arguments is not None else body(params)
+    record_stage_time(stage, time.perf_counter() - t0)
+    if metrics is not None:
+        print(json.dumps(metrics, indent=2, sort_keys=True, default=str))

@@ -35,8 +35,11 @@ class PathsParams(Section):
     """Where each stage reads and writes, relative to the project root (DESIGN.md §3)."""
 
     artifacts: str = "artifacts"
+    synth: str = "artifacts/data/raw/synth"
+    """Where the synth stage writes the synthetic dataset (inside the project: a DVC out)."""
     raw: str = "artifacts/data/raw/synth"
-    """Raw dataset directory (KITTI or nuScenes layout); the synth stage writes here."""
+    """Raw dataset the prepare stage reads (KITTI or nuScenes layout): the synthetic one by default, or
+    any dataset directory, e.g. an absolute path to a KITTI copy (a DVC dependency outside the project)."""
     prepared: str = "artifacts/prepared"
     model: str = "artifacts/model"
     optimized: str = "artifacts/optimized"
@@ -88,8 +91,10 @@ class PrepareParams(Section):
     """Frames whose sweep has fewer points are refused (a stub or a broken dump, not a scan)."""
     ego_radius_m: Annotated[float, Field(ge=0)] = 2.0
     """Points closer than this to the sensor in BEV are ego-vehicle returns and removed."""
-    voxel_size: list[float] | None = None
-    """Optional voxel down-sampling (dx, dy, dz) metres: one point per occupied voxel."""
+    voxel_size: list[float] | None = Field(default_factory=lambda: [0.1, 0.1, 0.1])
+    """Voxel down-sampling (dx, dy, dz) metres: one point per occupied voxel; null keeps every point.
+    The default 0.1 m removes ~60% of a synthetic sweep (mostly near-range ground) and keeps every far
+    point: training fits the 4-minute CPU budget (docs/MODEL.md, "Sizing for 2 CPU cores")."""
     image_size: list[int] = Field(default_factory=lambda: [416, 128])
     """Model input (width, height): images are resized with aspect kept, then padded."""
     image_mean: list[float] = Field(default_factory=lambda: [0.485, 0.456, 0.406])

@@ -64,6 +64,7 @@ def configure_environment(root: str | Path | None = None) -> Path:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "DVC_NO_ANALYTICS": "1",
+        "DVC_SITE_CACHE_DIR": str(state / "dvc-site"),  # DVC's default is under the system temp dir
         "DO_NOT_TRACK": "1",
         "DASK_TEMPORARY_DIRECTORY": str(state / "dask"),
         "TRITON_CACHE_DIR": str(state / "triton"),
@@ -73,7 +74,7 @@ def configure_environment(root: str | Path | None = None) -> Path:
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
     # Prefect does not create missing parents of PREFECT_HOME (its server DB then fails to open).
-    for key in ("PREFECT_HOME", "DASK_TEMPORARY_DIRECTORY", "MPLCONFIGDIR"):
+    for key in ("PREFECT_HOME", "DASK_TEMPORARY_DIRECTORY", "MPLCONFIGDIR", "DVC_SITE_CACHE_DIR"):
         if os.environ[key] == defaults[key]:
             Path(defaults[key]).mkdir(parents=True, exist_ok=True)
     return root

@@ -1,6 +1,6 @@
-"""The optional `synth` source stage: params.data -> a synthetic raw dataset at paths.raw.
+"""The optional `synth` source stage: params.data -> a synthetic raw dataset at paths.synth.
 
-Files in: none. Files out: `paths.raw` (KITTI layout, or nuScenes with `data.cameras > 1`),
+Files in: none. Files out: `paths.synth` (KITTI layout, or nuScenes with `data.cameras > 1`),
 built in a temporary sibling and renamed into place, so an interrupted run leaves nothing.
 Run by DVC as `python -m tasks.synth [-S data.frames=...]`.
 """
@@ -30,7 +30,7 @@ def run(params: Params, out: Path) -> dict:
 def main(argv: list[str] | None = None) -> None:
     from pfactory.cli_stage import stage_main
 
-    stage_main("synth", argv, lambda params: run(params, Path(params.paths.raw)))
+    stage_main("synth", argv, lambda params: run(params, Path(params.paths.synth)))
 
 
 if __name__ == "__main__":

@@ -766,33 +766,24 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m tasks.train [--data DIR] [--out DIR] [-S k=v ...] [--params FILE]` (defaults: paths.*)."""
     import argparse
 
-    from pfactory.config import ParamsError, load_params
-    from pfactory.tracking import configure_environment
+    from pfactory.cli_stage import stage_main
 
-    parser = argparse.ArgumentParser(prog="python -m tasks.train")
-    parser.add_argument(
-        "--data", type=Path, default=None, help="prepared directory (default: paths.prepared)"
-    )
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default: paths.model)")
-    parser.add_argument("-S", "--set-param", action="append", default=[], help="section.key=value override")
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--no-track", action="store_true", help="do not log to MLflow")
-    args = parser.parse_args(argv)
-    configure_environment()
-    try:
-        params = load_params(args.params, args.set_param)
-    except ParamsError as e:
-        print(e, file=sys.stderr)
-        sys.exit(2)
-    data = args.data or Path(params.paths.prepared)
-    out = args.out or Path(params.paths.model)
-    summary = run(params, data, out, track=not args.no_track)
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(
-            json.dumps(
-                {k: v for k, v in summary.items() if k != "val"}, indent=2, sort_keys=True, default=str
-            )
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--data", type=Path, default=None, help="prepared directory (default: paths.prepared)"
         )
+        parser.add_argument("--out", type=Path, default=None, help="output directory (default: paths.model)")
+        parser.add_argument("--no-track", action="store_true", help="do not log to MLflow")
+
+    def body(params: Any, args: argparse.Namespace) -> dict | None:
+        data = args.data or Path(params.paths.prepared)
+        out = args.out or Path(params.paths.model)
+        summary = run(params, data, out, track=not args.no_track)
+        if int(os.environ.get("RANK", "0")) != 0:
+            return None
+        return {k: v for k, v in summary.items() if k != "val"}
+
+    stage_main("train", argv, body, add_arguments)
 
 
 if __name__ == "__main__":

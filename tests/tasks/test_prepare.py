@@ -88,7 +88,8 @@ def _check_camera(frame, cam_index: int, raw_cam, R: np.ndarray, params: Prepare
 
 
 def test_real_kitti_frames_prepare_correctly(real_kitti_dir: Path, tmp_path: Path) -> None:
-    params = PrepareParams(val_fraction=0.5)  # the default model input: 416x128
+    # The default model input (416x128); no voxel down-sampling, so every cropped point is checked.
+    params = PrepareParams(val_fraction=0.5, voxel_size=None)
     res = prepare_dataset(real_kitti_dir, tmp_path / "out", params)
     assert res.rejected == [] and res.metrics["frames_total"] == 6
     frames = _frames(tmp_path / "out")
@@ -143,6 +144,7 @@ def test_real_nuscenes_files_prepare_correctly(nuscenes_tables, tmp_path: Path) 
         pc_range=[-60.0, -60.0, -5.0, 60.0, 60.0, 5.0],
         class_map={"car": "Car", "pedestrian": "Pedestrian"},
         val_fraction=0.0,
+        voxel_size=None,
     )
     res = prepare_dataset(nus.root, tmp_path / "out", params)
     assert res.rejected == []
