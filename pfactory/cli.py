@@ -309,6 +309,67 @@ def optimize_cmd(
     typer.echo(json.dumps(metrics, indent=2, sort_keys=True, default=str))
 
 
+@app.command("evaluate")
+def evaluate_cmd(
+    model: Annotated[
+        Path | None, typer.Option(help="Optimized model directory (backend.json). Default: paths.optimized.")
+    ] = None,
+    data: Annotated[Path | None, typer.Option(help="Prepared shards. Default: paths.prepared.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output directory. Default: paths.eval.")] = None,
+    reference: Annotated[
+        Path | None,
+        typer.Option(
+            help="Trained PyTorch model directory for the KPI delta. Default: paths.model, if present."
+        ),
+    ] = None,
+    no_reference: Annotated[bool, typer.Option("--no-reference", help="Skip the PyTorch reference.")] = False,
+    dask: Annotated[
+        str | None,
+        typer.Option(
+            "--dask", help="Scheduler address (tcp://host:8786) or local:N. Default: evaluate.dask_address."
+        ),
+    ] = None,
+    no_track: Annotated[bool, typer.Option("--no-track", help="Do not open an MLflow run.")] = False,
+    set_param: SetOpt = None,
+    params_file: ParamsOpt = Path("params.yaml"),
+) -> None:
+    """Run the optimized detector (and its PyTorch checkpoint) over a prepared split on Dask; write KPIs.
+
+    Exit 1 when a work unit fails or the scheduler cannot be reached, 2 on bad inputs.
+    Example: factory evaluate --model artifacts/optimized --data artifacts/prepared --out artifacts/eval --dask local:2
+    """
+    params = _params(params_file, set_param)
+    from pfactory.tracking import configure_environment
+
+    configure_environment()
+    import tasks.evaluate
+    from pfactory.evaluate import EvaluateInputError, EvaluateTaskError
+
+    ref = None if no_reference else reference or Path(params.paths.model)
+    if ref is not None and reference is None and not (ref / "model.pt").is_file():
+        ref = None  # the default reference is optional; an explicit --reference must exist
+    try:
+        metrics = tasks.evaluate.run(
+            params,
+            model or Path(params.paths.optimized),
+            ref,
+            data or Path(params.paths.prepared),
+            out or Path(params.paths.eval),
+            dask_address=dask,
+            track=not no_track,
+        )
+    except EvaluateInputError as e:
+        _fail(f"evaluate: {e}", code=2)
+    except (EvaluateTaskError, ConnectionError) as e:
+        _fail(f"evaluate: {e}")
+    from pfactory.metrics.kpi_cli import format_kpi_table
+
+    doc = json.loads(Path(metrics["kpis_path"]).read_text())
+    _console().print(format_kpi_table(doc), markup=False, highlight=False)
+    keys = ("mAP", "NDS", "reference_mAP", "delta_mAP", "frames", "throughput_fps", "data_hash", "kpis_path")
+    typer.echo(json.dumps({k: metrics[k] for k in keys if k in metrics}, indent=2, sort_keys=True))
+
+
 @app.command("kpi")
 def kpi_cmd(
     gt: Annotated[Path, typer.Option(help="KITTI label_2 directory (ground truth).")],

@@ -140,6 +140,7 @@ class PrepareParams(Section):
 
 
 # Each stage owns its section's model beside its code; the whole file is assembled here.
+from pfactory.evaluate.params import EvaluateParams  # noqa: E402
 from pfactory.inference.params import OptimizeParams  # noqa: E402
 from pfactory.model.params import ModelParams, TrainParams  # noqa: E402
 
@@ -153,6 +154,7 @@ class Params(Section):
     model: ModelParams = Field(default_factory=ModelParams)
     train: TrainParams = Field(default_factory=TrainParams)
     optimize: OptimizeParams = Field(default_factory=OptimizeParams)
+    evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
 
 
 def _format_validation_error(e: ValidationError, source: str) -> str:

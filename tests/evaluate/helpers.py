@@ -1,0 +1,57 @@
+"""A tiny end-to-end setup for the evaluate tests: synthetic KITTI frames -> prepared shards -> the tiny
+detector (tests/inference/helpers.py) saved as a trained model -> the real optimize stage (ORT FP32).
+
+~15-25 s on 2 quiet cores, built once per test module. Row groups of 2 frames, shards of 4: the val
+split is cut into several work units, so two workers really share the work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(rel: str, name: str):
+    """A helper module by path (no sys.path entry for tests/: tests/kernels would shadow kernels)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / rel)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_eval_setup(root: Path, frames: int = 16) -> dict[str, Path]:
+    """`{"prepared", "model", "optimized"}` under `root` (module docstring)."""
+    import tasks.optimize
+    from pfactory.config import PrepareParams
+    from pfactory.data.prepare import prepare_dataset
+    from pfactory.inference.params import OptimizeParams
+    from pfactory.model.io import save_model
+    from pfactory.sensors.synth import generate_dataset
+
+    helpers = _load("tests/inference/helpers.py", "_inference_helpers_eval")
+    generate_dataset(root / "raw", frames=frames, seed=5, cameras=1, image_size=(208, 64))
+    prepare_dataset(
+        root / "raw",
+        root / "prepared",
+        PrepareParams(
+            image_size=list(helpers.IMAGE_SIZE), batch_size=2, shard_max_frames=4, val_fraction=0.5,
+            max_reject_fraction=0.5, pc_range=[0.0, -8.0, -3.0, 16.0, 8.0, 1.0],
+        ),
+    )  # fmt: skip
+    save_model(root / "model", helpers.make_model(), helpers.IMAGE_SIZE, ["image_2"])
+    opt = OptimizeParams.model_validate(
+        {
+            "precision": "fp32",
+            "dynamic_batch": True,
+            "intra_op_threads": 1,
+            "export_points": 512,
+            "parity": {"frames": 2},
+            "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2, "eager": True},
+        }
+    )
+    tasks.optimize.run(
+        opt, root / "model", root / "prepared", root / "optimized", "onnxruntime", "fp32", track=False
+    )
+    return {"prepared": root / "prepared", "model": root / "model", "optimized": root / "optimized"}
