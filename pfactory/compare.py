@@ -352,7 +352,8 @@ def compare_runs(
                 if i == b or v is None or base is None or base <= 0:
                     continue
                 deltas[i] = v / base
-                if v > base * time_tolerance and v - base > floor:
+                # only durations (`..._s`, `..._ms`) regress; e.g. time/orchestration_fraction is shown
+                if key.endswith(("_s", "_ms")) and v > base * time_tolerance and v - base > floor:
                     bad[i] = True
                     regressions.append(
                         Regression(
@@ -393,7 +394,7 @@ def _cell(row: Row, i: int, baseline_index: int) -> str:
         text = f"{v:.4f}"
         d = row.deltas[i]
         return text + (f" ({d:+.4f})" if d is not None else " (base)" if i == baseline_index else "")
-    unit = " ms" if row.section == "latency" else " s"
+    unit = " ms" if row.key.endswith("_ms") else " s" if row.key.endswith("_s") else ""
     text = f"{v:.3g}{unit}" if v < 100 else f"{v:.0f}{unit}"
     d = row.deltas[i]
     return text + (f" (x{d:.2f})" if d is not None else " (base)" if i == baseline_index else "")
@@ -444,7 +445,9 @@ def write_chart(result: ComparisonResult, path: str | os.PathLike[str]) -> Path:
     labels = [r.label for r in result.runs]
     n = len(labels)
     kpis = [r for r in result.section("kpi") if r.key in HEADLINE_KPIS or _CLASS_AP.fullmatch(r.key)]
-    times = [r for r in result.section("time") if r.key != "time/total_s"]
+    # stack the stages only; the total is a marker above, the gap is orchestration overhead
+    times = [r for r in result.section("time") if r.key in {f"time/{s}_s" for s in STAGES}]
+    total = next((r for r in result.section("time") if r.key == "time/total_s"), None)
     latency = result.section("latency")
 
     fig, axes = plt.subplots(1, 3, figsize=(6 + 2.2 * n, 4.5), constrained_layout=True)
@@ -463,6 +466,8 @@ def write_chart(result: ComparisonResult, path: str | os.PathLike[str]) -> Path:
         )
         ax.set_title(title)
         ax.set_ylabel(ylabel)
+        if not rows:
+            ax.text(0.5, 0.5, "not logged in these runs", ha="center", transform=ax.transAxes)
 
     grouped(axes[0], kpis, "KPIs (higher is better)", "value")
     # legend patches without the per-bar red edges
@@ -485,9 +490,12 @@ def write_chart(result: ComparisonResult, path: str | os.PathLike[str]) -> Path:
             label=row.key.removeprefix("time/").removesuffix("_s"),
         )
         bottom = [a + y for a, y in zip(bottom, ys)]
+    if total is not None:
+        xs = [i for i in range(n) if total.values[i] is not None]
+        ax.scatter(xs, [total.values[i] for i in xs], marker="_", s=900, color="black", zorder=3)
     ax.set_xticks(range(n))
     ax.set_xticklabels(labels, rotation=30, ha="right")
-    ax.set_title("stage times (stacked)")
+    ax.set_title("stage times (stacked; bar = total)")
     ax.set_ylabel("s")
     if times:
         stage_handles = [

@@ -40,6 +40,7 @@ BASE_METRICS = {
     "time/evaluate_s": 15.0,
     "time/promote_s": 0.2,
     "time/total_s": 175.2,
+    "time/orchestration_fraction": 0.05,  # not a duration: shown, never flagged
 }
 
 
@@ -79,6 +80,7 @@ def store(tmp_path_factory) -> dict:
         "time/train_s": 140.0,
         "latency/p99_ms": 12.0,
         "time/total_s": 215.2,
+        "time/orchestration_fraction": 0.5,
     }
     worse_params = {**BASE_PARAMS, "train": {"lr": 0.01, "epochs": 5}}
     ids["worse"] = _log_run(client, exp_id, "worse", T0_MS + 2 * HOUR_MS, worse_params, worse)
@@ -119,6 +121,7 @@ def test_kpi_and_time_deltas_against_the_baseline(store):
     assert [r.key for r in res.section("time")][-1] == "time/total_s"
     assert res.row("latency/p99_ms").deltas[2] == pytest.approx(1.5)
     assert res.row("eval/Car/ate").values == [0.3, 0.3, 0.3]
+    assert res.row("time/orchestration_fraction").deltas[2] == pytest.approx(10.0)
 
 
 def test_regressions_flag_kpi_drops_and_slowdowns_beyond_tolerance(store):
