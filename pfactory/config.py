@@ -143,6 +143,7 @@ class PrepareParams(Section):
 from pfactory.evaluate.params import EvaluateParams  # noqa: E402
 from pfactory.inference.params import OptimizeParams  # noqa: E402
 from pfactory.model.params import ModelParams, TrainParams  # noqa: E402
+from pfactory.registry.params import PromoteParams  # noqa: E402
 
 
 class Params(Section):
@@ -155,6 +156,7 @@ class Params(Section):
     train: TrainParams = Field(default_factory=TrainParams)
     optimize: OptimizeParams = Field(default_factory=OptimizeParams)
     evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
+    promote: PromoteParams = Field(default_factory=PromoteParams)
 
 
 def _format_validation_error(e: ValidationError, source: str) -> str:

@@ -1,0 +1,15 @@
+"""Errors of the registry and promotion code; each message names the file/field/version and what was expected."""
+
+from __future__ import annotations
+
+
+class RegistryError(RuntimeError):
+    """The registry is not in the state an operation needs (unknown version, no champion, no previous one)."""
+
+
+class EvidenceError(ValueError):
+    """A candidate's evidence file (kpis.json, parity.json, latency.json, backend.json) is missing or malformed."""
+
+
+class LockTimeout(RegistryError):
+    """Another promotion held the registry lock longer than `promote.lock_timeout_s`."""

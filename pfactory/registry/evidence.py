@@ -1,0 +1,295 @@
+"""A candidate's evidence: what the optimize and evaluate stages wrote, checked and condensed.
+
+In:  `optimized/` (`backend.json` manifest, `parity.json`, `latency.json`) and the evaluate stage's
+     `kpis.json` (`{"mAP", "NDS", "classes": {name: {"ap": {th: ..}, "mean_ap", "ate", "ase", "aoe"}},
+     "delta": {"mAP": optimized - PyTorch}, "data": {"prepared_hash", "split", "frames"}, ...}`).
+Out: `Evidence` (KPI summary, parity verdict + worst figures, latency of the primary artifact at the gated
+     batch, data identity, artifact hashes) and `Evidence.tags()`: the model-version tags (strings) that
+     make a registered version self-describing in the MLflow UI and searchable
+     (`search_model_versions("tags.`kpi.mAP` > '0.5'")` compares strings; read them back with `kpis_from_tags`).
+A malformed or missing file raises `EvidenceError` naming the file, the field and the expectation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pfactory.registry.errors import EvidenceError
+
+KPIS = "kpis.json"
+MANIFEST = "backend.json"
+PARITY = "parity.json"
+LATENCY = "latency.json"
+SUMMARY_TAG = "kpis.summary"  # JSON of `kpi_summary`, what the gates read back for a champion
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from `path`; `what` says which stage writes it (for the error message)."""
+    if not path.is_file():
+        raise EvidenceError(f"{path}: missing; expected {what}")
+    try:
+        obj = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise EvidenceError(f"{path}: not valid JSON ({e}); expected {what}") from None
+    if not isinstance(obj, dict):
+        raise EvidenceError(f"{path}: expected a JSON object ({what}), got {type(obj).__name__}")
+    return obj
+
+
+def _number(obj: Mapping[str, Any], key: str, source: str, where: str = "") -> float:
+    value = obj.get(key) if isinstance(obj, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise EvidenceError(f"{source}: field '{where}{key}': expected a finite number, got {value!r}")
+    return float(value)
+
+
+def kpi_summary(kpis: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The part of kpis.json the gates and the model card use: mAP, NDS, per-class AP and TP errors.
+
+    `source` names the file (or version) in error messages. A class without `mean_ap` gets the mean of
+    its `ap` thresholds (the KPI library's definition).
+    """
+    classes = kpis.get("classes")
+    if not isinstance(classes, Mapping) or not classes:
+        raise EvidenceError(f"{source}: field 'classes': expected a non-empty object of per-class KPIs")
+    out_classes: dict[str, Any] = {}
+    for name, c in classes.items():
+        if not isinstance(c, Mapping):
+            raise EvidenceError(f"{source}: field 'classes.{name}': expected an object, got {c!r}")
+        ap = c.get("ap") or {}
+        if not isinstance(ap, Mapping):
+            raise EvidenceError(
+                f"{source}: field 'classes.{name}.ap': expected {{threshold: AP}}, got {ap!r}"
+            )
+        ap_f = {str(k): _number(ap, k, source, f"classes.{name}.ap.") for k in ap}
+        if "mean_ap" in c:
+            mean_ap = _number(c, "mean_ap", source, f"classes.{name}.")
+        elif ap_f:
+            mean_ap = sum(ap_f.values()) / len(ap_f)
+        else:
+            raise EvidenceError(
+                f"{source}: field 'classes.{name}.mean_ap': expected a number (or an 'ap' object)"
+            )
+        entry: dict[str, Any] = {"mean_ap": mean_ap, "ap": ap_f}
+        for m in ("ate", "ase", "aoe"):
+            if isinstance(c.get(m), int | float):
+                entry[m] = float(c[m])
+        out_classes[str(name)] = entry
+    summary: dict[str, Any] = {"mAP": _number(kpis, "mAP", source), "classes": out_classes}
+    if "NDS" in kpis:
+        summary["NDS"] = _number(kpis, "NDS", source)
+    return summary
+
+
+def data_identity(kpis: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """kpis.json's `"data"` block: which prepared data (hash) and split the KPIs were computed on."""
+    data = kpis.get("data")
+    if not isinstance(data, Mapping):
+        raise EvidenceError(
+            f"{source}: field 'data': expected {{'prepared_hash', 'split', 'frames'}} (the evaluation data "
+            "version; promotion compares candidate and champion on the same one), got missing"
+        )
+    h = data.get("prepared_hash")
+    if not isinstance(h, str) or not h:
+        raise EvidenceError(f"{source}: field 'data.prepared_hash': expected a non-empty string, got {h!r}")
+    out = {"prepared_hash": h, "split": str(data.get("split", "val"))}
+    if isinstance(data.get("frames"), int):
+        out["frames"] = data["frames"]
+    return out
+
+
+def same_data(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """True when two data identities name the same evaluation data (hash and split)."""
+    return a.get("prepared_hash") == b.get("prepared_hash") and a.get("split") == b.get("split")
+
+
+def data_key(data: Mapping[str, Any]) -> str:
+    """A short tag-key-safe name of a data identity: `<first 16 hex of the hash>.<split>`."""
+    h = "".join(ch for ch in str(data["prepared_hash"]) if ch.isalnum())[:16]
+    return f"{h}.{data.get('split', 'val')}"
+
+
+def parity_summary(parity: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """Verdict, failures and the worst figure of each metric over all artifacts of parity.json."""
+    if not isinstance(parity.get("passed"), bool) or not isinstance(parity.get("artifacts"), Mapping):
+        raise EvidenceError(
+            f"{source}: fields 'passed' (bool) and 'artifacts' (object) expected (optimize's parity report)"
+        )
+    worst: dict[str, float] = {}
+
+    def keep(name: str, value: Any, fn: Any) -> None:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            worst[name] = fn(worst.get(name, value), float(value))
+
+    failures: list[str] = []
+    for art, a in parity["artifacts"].items():
+        m = a.get("metrics", {}) if isinstance(a, Mapping) else {}
+        keep("match_rate", m.get("match_rate"), min)
+        for part in ("boxes", "yaw", "scores"):
+            sub = m.get(part) or {}
+            keep(f"{part}_tolerance_ratio", sub.get("tolerance_ratio"), max)
+            keep(f"{part}_max_abs_diff", sub.get("max_abs_diff"), max)
+        keep("scores_cosine", (m.get("scores") or {}).get("cosine"), min)
+        keep("boxes_cosine", (m.get("boxes") or {}).get("cosine"), min)
+        failures += [f"{art}: {f}" for f in (a.get("failures") or [])]
+    return {
+        "passed": parity["passed"],
+        "artifacts": sorted(parity["artifacts"]),
+        "failures": failures,
+        "worst": worst,
+    }
+
+
+def latency_summary(latency: Mapping[str, Any], runner: str, batch: int, source: str) -> dict[str, Any]:
+    """p50/p99 of `runner` at `batch_<batch>` of latency.json."""
+    key = f"batch_{batch}"
+    table = latency.get(key)
+    if not isinstance(table, Mapping):
+        have = sorted(k for k in latency if k.startswith("batch_"))
+        raise EvidenceError(f"{source}: field '{key}': expected the timings at batch {batch}; have {have}")
+    stats = table.get(runner)
+    if not isinstance(stats, Mapping):
+        raise EvidenceError(
+            f"{source}: field '{key}.{runner}': no timings of the primary artifact; have {sorted(table)}"
+        )
+    return {
+        "artifact": runner,
+        "batch": batch,
+        "p50_ms": _number(stats, "p50_ms", source, f"{key}.{runner}."),
+        "p99_ms": _number(stats, "p99_ms", source, f"{key}.{runner}."),
+    }
+
+
+@dataclass
+class Evidence:
+    """Everything the gates, the version tags and the model card need about one candidate."""
+
+    kpis: dict[str, Any]
+    """`kpi_summary` of kpis.json."""
+    data: dict[str, Any]
+    """`data_identity` of kpis.json: the evaluation data the KPIs were computed on."""
+    delta_map: float | None
+    """mAP(optimized) - mAP(PyTorch reference) from kpis.json "delta"; None when evaluate had no reference."""
+    parity: dict[str, Any]
+    latency: dict[str, Any]
+    backend: dict[str, Any]
+    """`primary` ("<backend>/<precision>"), `manifest_sha256`, `weights_sha256`, `files` {path: sha256}."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Optional context (by-range mAP) for the model card."""
+
+    def tags(self) -> dict[str, str]:
+        """Model-version tags (strings): KPIs, parity, latency, data identity, artifact hashes."""
+        t: dict[str, str] = {
+            "kpi.mAP": _fmt(self.kpis["mAP"]),
+            SUMMARY_TAG: json.dumps(self.kpis, sort_keys=True),
+            "parity.passed": str(self.parity["passed"]).lower(),
+            "parity.worst": json.dumps(self.parity["worst"], sort_keys=True),
+            "latency.artifact": self.latency["artifact"],
+            f"latency.batch_{self.latency['batch']}.p50_ms": _fmt(self.latency["p50_ms"]),
+            f"latency.batch_{self.latency['batch']}.p99_ms": _fmt(self.latency["p99_ms"]),
+            "data.prepared_hash": self.data["prepared_hash"],
+            "data.split": self.data["split"],
+            "backend.primary": self.backend["primary"],
+            "backend.manifest_sha256": self.backend["manifest_sha256"],
+        }
+        if "NDS" in self.kpis:
+            t["kpi.NDS"] = _fmt(self.kpis["NDS"])
+        for name, c in self.kpis["classes"].items():
+            t[f"kpi.{name}.ap"] = _fmt(c["mean_ap"])
+        if self.delta_map is not None:
+            t["kpi.delta_mAP_vs_pytorch"] = _fmt(self.delta_map)
+        if self.parity["failures"]:
+            t["parity.failures"] = "; ".join(self.parity["failures"])[:5000]
+        for k, v in self.parity["worst"].items():
+            t[f"parity.worst.{k}"] = _fmt(v)
+        if "frames" in self.data:
+            t["data.frames"] = str(self.data["frames"])
+        for k in ("manifest_sha256", "source_sha256"):
+            if k in self.extra.get("prepared", {}):
+                t[f"data.prepared.{k}"] = self.extra["prepared"][k]
+        if self.backend.get("weights_sha256"):
+            t["model.weights_sha256"] = self.backend["weights_sha256"]
+        return t
+
+
+def _fmt(x: float) -> str:
+    return repr(float(x))
+
+
+def read_evidence(optimized: Path, kpis_file: Path, latency_batch: int = 1) -> Evidence:
+    """Read and check the evidence of the candidate in `optimized/` evaluated into `kpis_file`."""
+    from pfactory.fsutil import sha256_file
+
+    optimized, kpis_file = Path(optimized), Path(kpis_file)
+    manifest = read_json(optimized / MANIFEST, "the optimize stage's manifest (backend.json)")
+    primary = manifest.get("primary")
+    if not isinstance(primary, Mapping) or not {"backend", "precision"} <= set(primary):
+        raise EvidenceError(
+            f"{optimized / MANIFEST}: field 'primary': expected {{'backend', 'precision'}}, got {primary!r}"
+        )
+    runner = f"{primary['backend']}/{primary['precision']}"
+    kpis = read_json(kpis_file, "the evaluate stage's KPIs (kpis.json)")
+    src = str(kpis_file)
+    delta = kpis.get("delta")
+    delta_map = None
+    if isinstance(delta, Mapping) and "mAP" in delta:
+        delta_map = _number(delta, "mAP", src, "delta.")
+    parity = parity_summary(
+        read_json(optimized / PARITY, "the optimize stage's parity report"), str(optimized / PARITY)
+    )
+    latency = latency_summary(
+        read_json(optimized / LATENCY, "the optimize stage's latency report"), runner, latency_batch,
+        str(optimized / LATENCY),
+    )  # fmt: skip
+    extra: dict[str, Any] = {}
+    if isinstance(kpis.get("by_range"), Mapping):
+        extra["by_range_mAP"] = {
+            k: float(v["mAP"]) for k, v in kpis["by_range"].items() if isinstance(v, Mapping) and "mAP" in v
+        }
+    return Evidence(
+        kpis=kpi_summary(kpis, src),
+        data=data_identity(kpis, src),
+        delta_map=delta_map,
+        parity=parity,
+        latency=latency,
+        backend={
+            "primary": runner,
+            "manifest_sha256": sha256_file(optimized / MANIFEST),
+            "weights_sha256": (manifest.get("model") or {}).get("weights_sha256"),
+            "files": dict(manifest.get("files") or {}),
+        },
+        extra=extra,
+    )
+
+
+def prepared_lineage(prepared: Path) -> dict[str, str]:
+    """sha256 of a prepared directory's manifest.json and the raw-input digest it records (empty if absent)."""
+    from pfactory.fsutil import sha256_file
+
+    path = Path(prepared) / "manifest.json"
+    if not path.is_file():
+        return {}
+    out = {"manifest_sha256": sha256_file(path)}
+    try:
+        source = json.loads(path.read_text()).get("source", {})
+    except json.JSONDecodeError:
+        return out
+    if isinstance(source, Mapping) and isinstance(source.get("sha256"), str):
+        out["source_sha256"] = source["sha256"]
+    return out
+
+
+def kpis_from_tags(tags: Mapping[str, str], source: str, key: str = SUMMARY_TAG) -> dict[str, Any]:
+    """The KPI summary stored on a model version (`kpis.summary`, or a cached re-evaluation's key)."""
+    raw = tags.get(key)
+    if raw is None:
+        raise EvidenceError(f"{source}: no '{key}' tag; it was not registered by `factory promote`")
+    try:
+        return kpi_summary(json.loads(raw), f"{source} tag '{key}'")
+    except json.JSONDecodeError as e:
+        raise EvidenceError(f"{source}: tag '{key}' is not JSON ({e})") from None

@@ -1,0 +1,60 @@
+"""Parameters of the promote stage (`params.promote`): registry names and the promotion gates.
+
+In: the `promote:` section of `params.yaml` (hooked into `pfactory.config.Params` as `promote`).
+Out: a validated pydantic model; unknown keys are refused (`extra="forbid"`), every field documented.
+
+Gate semantics (docs/PROMOTE.md, "Gates"): a margin is `threshold - value` for an upper bound and
+`value - threshold` for a lower bound, so a negative margin is "failed by this much".
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+NonNegFloat = Annotated[float, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PromoteParams(_Section):
+    """Candidate -> `champion`, only through the gates (DESIGN.md §9)."""
+
+    model_name: str = "pfactory-detector"
+    """Registered model name in the MLflow model registry."""
+    alias: str = "champion"
+    """The alias that marks the production model (`models:/<model_name>@<alias>`)."""
+    min_map: Annotated[float, Field(ge=0, le=1)] = 0.3
+    """Absolute gate: candidate mAP on the evaluation data must be at least this. The default
+    pipeline reaches ~0.7 (docs/MODEL.md); a model trained a few steps scores ~0."""
+    max_map_regression: NonNegFloat = 0.0
+    """vs champion: candidate mAP may be at most this much below the champion's (0: never worse)."""
+    max_class_ap_regression: NonNegFloat = 0.05
+    """vs champion: per class, the AP (mean over distance thresholds) may drop at most this much (absolute)."""
+    max_p99_latency_ms: PositiveFloat = 500.0
+    """Absolute gate: p99 latency at batch 1 of the primary artifact (`optimized/latency.json`). INT8 ORT
+    measured p99 ~82 ms on 2 shared cores (docs/OPTIMIZE.md); the bound catches a several-fold regression."""
+    latency_batch: Annotated[int, Field(gt=0)] = 1
+    """Batch size whose p99 the latency gate reads (`batch_<n>` of latency.json)."""
+    require_parity: bool = True
+    """Absolute gate: the optimize stage's parity verdict (`optimized/parity.json` "passed") must be true."""
+    parity_map_tolerance: NonNegFloat = 0.03
+    """Absolute gate: |mAP(optimized) - mAP(PyTorch)| (`kpis.json` "delta"."mAP") at most this."""
+    lock_timeout_s: PositiveFloat = 600.0
+    """How long a promotion waits for the registry lock held by another promotion before giving up."""
+    intended_use: str = (
+        "3D object detection (Car, Pedestrian, Cyclist) from one or more cameras + a spinning lidar, "
+        "for offline evaluation and research; not validated for safety-critical use."
+    )
+    """Written into the model card's "Intended use" section."""
+
+    @field_validator("model_name", "alias")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v.strip() or "/" in v or "@" in v:
+            raise ValueError("a non-empty name without '/' or '@'")
+        return v

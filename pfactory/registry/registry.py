@@ -1,0 +1,262 @@
+"""MLflow model-registry operations: register a candidate, read/move the alias under a lock, the audit trail.
+
+Registered form (docs/PROMOTE.md, "What a version is"): the candidate's files are logged as plain run
+artifacts under `candidate/` of its run (`candidate/optimized/...`, `candidate/eval/kpis.json`) and the
+version is created with `MlflowClient.create_model_version(name, source="runs:/<run>/candidate", run_id)`.
+MLflow 3's `mlflow.register_model("runs:/...")` only registers an MLflow Model (a folder with an `MLmodel`
+file) or a LoggedModel and raises for anything else, so it is not used; `create_model_version` stores the
+source as given, and `mlflow.artifacts.download_artifacts("models:/<name>/<version>")` resolves it back to
+the run's artifact store (local, `mlflow-artifacts:` proxy, S3...), which is what rollback and champion
+re-evaluation use. No MLmodel, no dependency inference, no pickles.
+
+Audit trail: one registered-model tag per alias move, `audit.<6-digit id>` = the JSON record
+(`{"id", "action", "model", "alias", "from", "to", "at", "by", "reason", "gates", ...}`), plus
+`audit.head` = the last id; versions carry `promotion.*` tags. Durable (in the registry DB), queryable
+(`client.get_registered_model(name).tags`, `audit_trail()`), and written under the registry lock.
+
+The registry lock (`registry_lock`): an exclusive `fcntl.lockf` on `<db>.registry.lock` beside a local
+sqlite store, else on `artifacts/.state/registry-locks/<hash of the URI>.lock` in the project. It
+serializes every process that shares that file system; MLflow's REST API has no compare-and-set on aliases,
+so against a remote tracking server two machines are only serialized if they share the lock file (or run
+promotion under one Prefect concurrency limit) -- docs/PROMOTE.md, "Racing promotions".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import fcntl
+import getpass
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from pfactory.registry.errors import LockTimeout, RegistryError
+
+CANDIDATE_PATH = "candidate"
+AUDIT_PREFIX = "audit."
+AUDIT_HEAD = "audit.head"
+STATUS_TAG = "promotion.status"
+
+
+def client() -> Any:
+    """An `MlflowClient` on the project's tracking URI (set explicitly: FEASIBILITY.md, mlflow row)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from pfactory.tracking import configure_environment
+
+    configure_environment()
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    uri = os.environ["MLFLOW_TRACKING_URI"]
+    mlflow.set_tracking_uri(uri)
+    return MlflowClient(tracking_uri=uri, registry_uri=registry_uri())
+
+
+def registry_uri() -> str:
+    """The registry URI `client()` uses (MLFLOW_REGISTRY_URI, else the tracking URI)."""
+    from pfactory.tracking import configure_environment
+
+    configure_environment()
+    return os.environ.get("MLFLOW_REGISTRY_URI") or os.environ["MLFLOW_TRACKING_URI"]
+
+
+def lock_path(uri: str, root: Path | None = None) -> Path:
+    """Where the lock of registry `uri` lives (module docstring)."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+        return db.with_name(db.name + ".registry.lock")
+    from pfactory.tracking import project_root
+
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    return project_root(root) / "artifacts" / ".state" / "registry-locks" / f"{digest}.lock"
+
+
+@contextlib.contextmanager
+def registry_lock(uri: str, timeout_s: float, poll_s: float = 0.05) -> Iterator[Path]:
+    """Hold the exclusive registry lock (module docstring); `LockTimeout` after `timeout_s` seconds."""
+    path = lock_path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() > deadline:
+                    holder = path.read_text().strip() if path.stat().st_size else "unknown"
+                    raise LockTimeout(
+                        f"{path}: the registry lock is held by another promotion ({holder}) for more than "
+                        f"{timeout_s:g} s (promote.lock_timeout_s)"
+                    ) from None
+                time.sleep(poll_s)
+        # Who holds it, for the timeout message of a waiting process (informational only).
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} {actor()} since {now_iso()}\n".encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # closing the descriptor releases a lockf lock
+
+
+def actor() -> str:
+    """`user@host` of this process (the audit record's "by")."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry / no login name in a container
+        user = f"uid{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+def now_iso() -> str:
+    """The current UTC time, ISO 8601 with seconds."""
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _is(e: Exception, *codes: str) -> bool:
+    return getattr(e, "error_code", None) in codes
+
+
+def ensure_registered_model(c: Any, name: str, description: str | None = None) -> None:
+    """Create registered model `name` unless it exists (a concurrent creator is fine)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        c.create_registered_model(name, description=description)
+    except MlflowException as e:
+        if not _is(e, "RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+            raise
+
+
+def log_candidate(c: Any, run_id: str, optimized: Path, kpis_file: Path) -> str:
+    """Log the candidate's files to run `run_id` under `candidate/`; returns the version source URI."""
+    c.log_artifacts(run_id, str(optimized), f"{CANDIDATE_PATH}/optimized")
+    c.log_artifact(run_id, str(kpis_file), f"{CANDIDATE_PATH}/eval")
+    return f"runs:/{run_id}/{CANDIDATE_PATH}"
+
+
+def find_version(c: Any, name: str, run_id: str, manifest_sha256: str) -> int | None:
+    """The version of `name` already registered from `run_id` with these artifacts (a retried stage)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        versions = c.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+    except MlflowException as e:
+        if _is(e, "RESOURCE_DOES_NOT_EXIST"):
+            return None
+        raise
+    for v in versions:
+        if v.tags.get("backend.manifest_sha256") == manifest_sha256:
+            return int(v.version)
+    return None
+
+
+def register_version(
+    c: Any, name: str, source: str, run_id: str, tags: Mapping[str, str], description: str
+) -> int:
+    """A new version of `name` from `source` (created with the model if needed); returns its number."""
+    ensure_registered_model(c, name, "3D object detector (perception-factory); promoted through gates")
+    mv = c.create_model_version(name, source, run_id=run_id, tags=dict(tags), description=description)
+    return int(mv.version)
+
+
+def get_version(c: Any, name: str, version: int) -> Any:
+    """The `ModelVersion`, or `RegistryError` naming what does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return c.get_model_version(name, str(version))
+    except MlflowException as e:
+        if _is(e, "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise RegistryError(f"registered model {name!r} has no version {version}") from None
+        raise
+
+
+def champion(c: Any, name: str, alias: str) -> int | None:
+    """The version `alias` points to, None when the model or the alias does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        rm = c.get_registered_model(name)
+    except MlflowException as e:
+        if _is(e, "RESOURCE_DOES_NOT_EXIST"):
+            return None
+        raise
+    v = (rm.aliases or {}).get(alias)
+    return int(v) if v is not None else None
+
+
+def set_version_tags(c: Any, name: str, version: int, tags: Mapping[str, Any]) -> None:
+    for k, v in tags.items():
+        c.set_model_version_tag(name, str(version), k, str(v))
+
+
+def audit_trail(c: Any, name: str) -> list[dict[str, Any]]:
+    """Every audit record of `name`, oldest first ([] when the model does not exist)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tags = c.get_registered_model(name).tags or {}
+    except MlflowException as e:
+        if _is(e, "RESOURCE_DOES_NOT_EXIST"):
+            return []
+        raise
+    records = [json.loads(v) for k, v in tags.items() if k.startswith(AUDIT_PREFIX) and k != AUDIT_HEAD]
+    return sorted(records, key=lambda r: r["id"])
+
+
+def next_audit_id(c: Any, name: str) -> int:
+    """The id the next audit record gets (call under the registry lock)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        head = c.get_registered_model(name).tags.get(AUDIT_HEAD)
+    except MlflowException as e:
+        if not _is(e, "RESOURCE_DOES_NOT_EXIST"):
+            raise
+        head = None  # a model not created yet starts at 1
+    return int(head) + 1 if head else 1
+
+
+def write_audit(c: Any, name: str, record: Mapping[str, Any]) -> None:
+    """Store `record` as `audit.<id>` and advance `audit.head` (call under the registry lock)."""
+    c.set_registered_model_tag(
+        name, f"{AUDIT_PREFIX}{int(record['id']):06d}", json.dumps(record, sort_keys=True)
+    )
+    c.set_registered_model_tag(name, AUDIT_HEAD, str(record["id"]))
+
+
+def delete_audit(c: Any, name: str, record: Mapping[str, Any]) -> None:
+    """Withdraw `record` (the alias move it describes failed); `audit.head` goes back by one."""
+    c.delete_registered_model_tag(name, f"{AUDIT_PREFIX}{int(record['id']):06d}")
+    prev = int(record["id"]) - 1
+    if prev > 0:
+        c.set_registered_model_tag(name, AUDIT_HEAD, str(prev))
+    else:
+        c.delete_registered_model_tag(name, AUDIT_HEAD)
+
+
+def move_alias(c: Any, name: str, alias: str, version: int | None) -> None:
+    """Point `alias` at `version` (None: remove the alias)."""
+    if version is None:
+        c.delete_registered_model_alias(name, alias)
+    else:
+        c.set_registered_model_alias(name, alias, str(version))
+
+
+def download_version(c: Any, name: str, version: int, dst: Path) -> Path:
+    """Download version `version`'s files (`optimized/`, `eval/kpis.json`) into `dst`; returns `dst`."""
+    import mlflow
+
+    get_version(c, name, version)
+    dst.mkdir(parents=True, exist_ok=True)
+    return Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}", dst_path=str(dst)))
