@@ -87,21 +87,65 @@ def paint_points(
     xyz1 = torch.cat([points[..., :3], torch.ones_like(points[..., :1])], dim=-1)  # [B, P, 4]
     uvw = torch.einsum("bnij,bpj->bnpi", proj, xyz1)  # [B, N, P, 3] homogeneous pixels
     depth = uvw[..., 2]  # [B, N, P]
-    uv = uvw[..., :2] / depth.clamp(min=min_depth_m).unsqueeze(-1)  # [B, N, P, 2] pixels
-    gx = (uv[..., 0] + 0.5) * (2.0 / wi) - 1.0  # [B, N, P] in [-1, 1] inside the image
-    gy = (uv[..., 1] + 0.5) * (2.0 / hi) - 1.0  # [B, N, P]
-    seen = (depth > min_depth_m) & (gx.abs() <= 1.0) & (gy.abs() <= 1.0) & cam_valid[:, :, None]  # [B, N, P]
-    # Park unseen points at the image centre: finite coordinates keep grid_sample's gradient finite;
-    # their samples are zeroed by `seen` below.
-    grid = torch.stack([gx, gy], dim=-1).where(seen.unsqueeze(-1), 0.0)  # [B, N, P, 2]
-    sampled = F.grid_sample(
-        features.reshape(b * n, c, h, w), grid.reshape(b * n, 1, p, 2), mode="bilinear", align_corners=False
-    )  # [B*N, C, 1, P]
-    sampled = sampled.reshape(b, n, c, p) * seen.unsqueeze(2).to(sampled.dtype)  # [B, N, C, P]
+    if torch.onnx.is_in_onnx_export():
+        # Export only, the same values: per-coordinate [B, N, P] ops instead of [B, N, P, 2] ones with a
+        # broadcast last dim of 2 (ONNX Runtime's CPU broadcasting pays per row of 2: 0.15-0.45 ms each
+        # at 20k points, docs/OPTIMIZE.md), and unseen points parked far outside the image, where
+        # grid_sample's zero padding returns exactly 0, so the `* seen` mask over [B, N, C, P] is not needed.
+        d = depth.clamp(min=min_depth_m)  # [B, N, P]
+        gx = (uvw[..., 0] / d + 0.5) * (2.0 / wi) - 1.0  # [B, N, P]
+        gy = (uvw[..., 1] / d + 0.5) * (2.0 / hi) - 1.0  # [B, N, P]
+        seen = (depth > min_depth_m) & (gx.abs() <= 1.0) & (gy.abs() <= 1.0) & cam_valid[:, :, None]
+        far = 4.0  # > 1 + 2 texels in normalized units for any image >= 2 px: all 4 bilinear taps outside
+        grid = torch.stack([gx.where(seen, -far), gy.where(seen, -far)], dim=-1)  # [B, N, P, 2]
+        sampled = F.grid_sample(
+            features.reshape(b * n, c, h, w),
+            grid.reshape(b * n, 1, p, 2),
+            mode="bilinear",
+            align_corners=False,
+            padding_mode="zeros",
+        ).reshape(b, n, c, p)  # [B, N, C, P], 0 where unseen
+    else:
+        uv = uvw[..., :2] / depth.clamp(min=min_depth_m).unsqueeze(-1)  # [B, N, P, 2] pixels
+        gx = (uv[..., 0] + 0.5) * (2.0 / wi) - 1.0  # [B, N, P] in [-1, 1] inside the image
+        gy = (uv[..., 1] + 0.5) * (2.0 / hi) - 1.0  # [B, N, P]
+        seen = (
+            (depth > min_depth_m) & (gx.abs() <= 1.0) & (gy.abs() <= 1.0) & cam_valid[:, :, None]
+        )  # [B, N, P]
+        # Park unseen points at the image centre: finite coordinates keep grid_sample's gradient finite;
+        # their samples are zeroed by `seen` below.
+        grid = torch.stack([gx, gy], dim=-1).where(seen.unsqueeze(-1), 0.0)  # [B, N, P, 2]
+        sampled = F.grid_sample(
+            features.reshape(b * n, c, h, w),
+            grid.reshape(b * n, 1, p, 2),
+            mode="bilinear",
+            align_corners=False,
+        )  # [B*N, C, 1, P]
+        sampled = sampled.reshape(b, n, c, p) * seen.unsqueeze(2).to(sampled.dtype)  # [B, N, C, P]
     count = seen.sum(dim=1).to(sampled.dtype)  # [B, P] cameras seeing each point
     mean = sampled.sum(dim=1) / count.clamp(min=1.0).unsqueeze(1)  # [B, C, P]
     flag = (count > 0).to(sampled.dtype).unsqueeze(1)  # [B, 1, P]
     return torch.cat([mean, flag], dim=1).transpose(1, 2)  # [B, P, C + 1]
+
+
+def scatter_max_nonnegative(features: Tensor, row: Tensor, num_cells: int) -> Tensor:
+    """canvas [num_cells, C]: per-cell max of features [N, C] (all >= 0); 0 for empty cells. Export only.
+
+    row [N] int64 in [0, num_cells]; row == num_cells is a trash row (dropped points), cut off at the end.
+    The same values as `kernels.pillar_scatter_max` whenever features >= 0 (the pillar MLP ends in a
+    ReLU): max is exact in any order, and a 0 start changes no max of non-negative values, so the
+    kernels' -inf start, occupancy scatter and final Where (0 for empty cells) are not needed. One 1-D
+    ScatterElements(reduction=max) over flat offsets `row * C + c`: ORT's loop then does no per-element
+    multi-dim offset arithmetic (docs/OPTIMIZE.md, "The graph"). `num_cells` may be symbolic (dynamic batch).
+    """
+    c = features.shape[1]
+    offsets = (row[:, None] * c + torch.arange(c, device=row.device)).reshape(-1)  # [N*C]
+    # Zeros from the input (an empty sum), expanded at run time: a constant-shape fill would be folded
+    # into the file by the exporter (kernels.pillar_scatter_max_reference says why).
+    zero = features[:0, :1].sum(0)  # [1] 0.0 (rank 1: the TorchScript exporter mis-ranks a 0-d expand)
+    canvas = zero.expand((num_cells + 1) * c)  # [(cells+1)*C]
+    canvas = canvas.scatter_reduce(0, offsets, features.reshape(-1), "amax", include_self=True)
+    return canvas[: num_cells * c].reshape(num_cells, c)  # [num_cells, C]
 
 
 class PillarEncoder(nn.Module):
@@ -124,6 +168,50 @@ class PillarEncoder(nn.Module):
                 nn.ReLU(inplace=True),
             ]
         self.mlp = nn.Sequential(*layers)
+        # The export's scatter (`scatter_max_nonnegative`) needs features >= 0: true after a final ReLU.
+        self.nonnegative_features = bool(layers) and isinstance(layers[-1], nn.ReLU)
+
+    def _decorate_channels_first(
+        self, flat: Tensor, cell: Tensor, num_cells: int, extra: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """Export only: `forward`'s decorated points, channels first ([9 + E, B*P]), and the scatter rows.
+
+        flat [B*P, 4], cell [B*P], extra [B, P, E] or None. Every channel is the same float32 arithmetic
+        as in `forward`, one coordinate row at a time: ONNX Runtime's CPU broadcasting of [B*P, 2 or 3]
+        against [2 or 3] constants pays per row of 2-3 elements (~0.17 ms per op at 20k points), column
+        slices of [B*P, 4] are strided copies, and the [B*P, E] painting features arrive channels first
+        (grid_sample's layout), so the [B*P, 9 + E] row-major concat and its transpose go away.
+        """
+        x0, y0, z0, x1, y1, z1 = self.pc_range
+        x, y, z, intensity = flat.t()  # [B*P] each, contiguous rows of the [4, B*P] transpose
+        cell_x = (x - x0) / self.cell  # [B*P] continuous cell coordinates
+        cell_y = (y - y0) / self.cell
+        kept = cell >= 0  # [B*P]
+        row = torch.where(kept, cell, num_cells)  # [B*P], dropped -> trash row num_cells
+        xyz1 = torch.cat([flat[:, :3], torch.ones_like(flat[:, :1])], dim=1)  # [B*P, 4]
+        sums = xyz1.new_zeros(num_cells + 1, 4).scatter_add(
+            0, row[:, None].expand(-1, 4), xyz1
+        )  # [cells+1, 4]
+        # The point's own pillar sums, then the division: per element what `forward` computes on every
+        # cell of the grid ([cells+1, 3], ~2x the rows) before gathering.
+        sx, sy, sz, count = sums[row].t()  # [B*P] each
+        count = count.clamp(min=1.0)
+        rows = [
+            (x - x0) / (x1 - x0) * 2.0 - 1.0,  # xyz normalized to [-1, 1]
+            (y - y0) / (y1 - y0) * 2.0 - 1.0,
+            (z - z0) / (z1 - z0) * 2.0 - 1.0,
+            intensity,
+            cell_x - torch.floor(cell_x) - 0.5,  # offset to the pillar centre, cells
+            cell_y - torch.floor(cell_y) - 0.5,
+            (x - sx / count) / self.cell,  # offset to the pillar's point mean, cells
+            (y - sy / count) / self.cell,
+            (z - sz / count) / self.cell,
+        ]
+        decorated_t = torch.stack(rows)  # [9, B*P]
+        if extra is not None:
+            e = extra.shape[-1]
+            decorated_t = torch.cat([decorated_t, extra.permute(2, 0, 1).reshape(e, -1)])  # [9 + E, B*P]
+        return decorated_t, row
 
     def forward(self, points: Tensor, num_points: Tensor, extra: Tensor | None) -> Tensor:
         """points [B, P, 4], num_points [B], extra [B, P, E] or None -> canvas [B, C, H, W]."""
@@ -137,8 +225,20 @@ class PillarEncoder(nn.Module):
         # control flow, so the same graph serves every num_points (export, compile).
         batch = torch.where(arange_p[None, :] < num_points[:, None], batch, -1).reshape(b * p)  # [B*P]
         cell = kernels.points_to_cells(flat, batch, self.pc_range, (self.cell, self.cell), (h, w))  # [B*P]
-        # int(): the TorchScript ONNX tracer hands shapes over as tensors; the kernel wants an int.
-        num_cells = int(b) * h * w
+        # An int in eager; a symbolic int under ONNX export with a dynamic batch (no int(): it would pin
+        # the batch to the example's), which only the export branches below ever see.
+        num_cells = b * h * w
+        exporting = torch.onnx.is_in_onnx_export()
+
+        if exporting:
+            decorated_t, row = self._decorate_channels_first(flat, cell, num_cells, extra)  # [9 + E, B*P]
+            # A transposed Gemm input (ORT folds the Transpose into Gemm's transA): no [B*P, 9 + E] copy.
+            point_feats = self.mlp(decorated_t.t())  # [B*P, C]
+            if self.nonnegative_features:
+                canvas = scatter_max_nonnegative(point_feats, row, num_cells)  # [B*H*W, C]
+            else:  # what `kernels.pillar_scatter_max` exports; it also takes a symbolic num_cells
+                canvas = kernels.pillar_scatter_max_reference(point_feats, cell, num_cells)
+            return canvas.reshape(b, h, w, -1).permute(0, 3, 1, 2)
 
         # Offsets to the pillar centre, in cells ([-0.5, 0.5) inside the pillar).
         xy = flat[:, :2]  # [B*P, 2]

@@ -126,3 +126,27 @@ def test_torch_runner_loads_a_model_dir(tmp_path, tiny_model) -> None:
     with torch.inference_mode():
         b = tiny_model.forward_export(*(torch.from_numpy(feed[k]) for k in INPUT_NAMES))
     np.testing.assert_array_equal(a["scores"], b[1].numpy())
+
+
+def test_default_detector_exports_a_dynamic_batch(exported) -> None:
+    """The export path has no Python-int arithmetic on the batch: `batch` is a symbolic dim everywhere."""
+    assert exported.dynamic_batch and exported.fallback_reason is None
+    for spec in exported.inputs + exported.outputs:
+        assert spec.shape[0] == "batch", spec
+
+
+@pytest.mark.parametrize("n, c, num_cells", [(37, 5, 11), (1, 3, 1), (200, 16, 7)])
+def test_export_scatter_equals_the_kernel_on_nonnegative_features(n: int, c: int, num_cells: int) -> None:
+    """detector.scatter_max_nonnegative (the export's scatter) == kernels.pillar_scatter_max, bit for bit,
+    with duplicate cells, dropped points (-1) and empty cells, for features >= 0 (a ReLU output)."""
+    import kernels
+    from pfactory.model.detector import scatter_max_nonnegative
+
+    g = torch.Generator().manual_seed(n)
+    feats = torch.relu(torch.randn(n, c, generator=g))  # [N, C] >= 0, with exact zeros
+    cell = torch.randint(-1, num_cells, (n,), generator=g)  # [N], -1 = dropped
+    row = torch.where(cell >= 0, cell, num_cells)  # the detector's trash row
+    want = kernels.pillar_scatter_max(feats, cell, num_cells)
+    got = scatter_max_nonnegative(feats, row, num_cells)
+    assert got.shape == (num_cells, c)
+    assert torch.equal(got, want)
