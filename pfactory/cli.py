@@ -496,6 +496,121 @@ def deploy_cmd(
         _fail(str(e), code=2)
 
 
+@app.command("promote")
+def promote_cmd(
+    ref: Annotated[
+        str,
+        typer.Argument(
+            help="A registered version (3, MODEL/3, MODEL@alias) or an MLflow run id (its candidate files)."
+        ),
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Gate only; register and change nothing.")
+    ] = False,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Evaluation data for a champion re-evaluation. Default: paths.prepared."),
+    ] = None,
+    release: Annotated[Path | None, typer.Option(help="Release folder. Default: paths.release.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    set_param: SetOpt = None,
+    params_file: ParamsOpt = Path("params.yaml"),
+) -> None:
+    """Promote a version or a run's candidate to champion through the gates of params.promote.
+
+    Exit 0 promoted (or a dry run that would promote), 1 refused, 2 unknown version/run.
+    Examples: factory promote 3 --dry-run  |  factory promote 0a1b...(run id) -S promote.min_map=0.5
+    """
+    params = _params(params_file, set_param)
+    from pfactory.tracking import configure_environment
+
+    configure_environment()
+    import tasks.promote
+    from pfactory.registry import EvidenceError, LockTimeout, RegistryError
+
+    try:
+        result = tasks.promote.promote_ref(
+            params, ref, data or Path(params.paths.prepared), release or Path(params.paths.release), dry_run
+        )
+    except (EvidenceError, LockTimeout) as e:
+        _fail(f"promote: {e}")
+    except RegistryError as e:
+        _fail(f"promote: {e}", code=2)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+    else:
+        from rich.console import Console
+
+        from pfactory.registry.report import promotion_view
+
+        Console().print(promotion_view(result))
+    ok = result["decision"] == "promoted" or (result["decision"] == "dry-run" and result.get("would_promote"))
+    raise typer.Exit(0 if ok else 1)
+
+
+@app.command("rollback")
+def rollback_cmd(
+    to: Annotated[
+        int | None,
+        typer.Option(help="Version to restore (default: the previous champion per the audit trail)."),
+    ] = None,
+    reason: Annotated[str | None, typer.Option(help="Why (recorded in the audit record).")] = None,
+    release: Annotated[Path | None, typer.Option(help="Release folder. Default: paths.release.")] = None,
+    set_param: SetOpt = None,
+    params_file: ParamsOpt = Path("params.yaml"),
+) -> None:
+    """Move the champion alias back to the previous champion (audited; a second rollback undoes it).
+
+    Exit 1 when there is nothing to roll back to. Example: factory rollback --reason "pedestrian misses"
+    """
+    params = _params(params_file, set_param)
+    from pfactory.registry import RegistryError
+    from pfactory.registry.promotion import rollback
+
+    try:
+        result = rollback(params.promote, release or Path(params.paths.release), to=to, reason=reason)
+    except RegistryError as e:
+        _fail(f"rollback: {e}")
+    typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+
+
+@app.command("lineage")
+def lineage_cmd(
+    ref: Annotated[
+        str | None,
+        typer.Argument(
+            help="MODEL[@ALIAS], MODEL/VERSION or a version number. Default: promote.model_name@alias."
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    set_param: SetOpt = None,
+    params_file: ParamsOpt = Path("params.yaml"),
+) -> None:
+    """Where a registered model came from: version -> run -> commit, data hashes, params, KPIs, audit.
+
+    Examples: factory lineage  |  factory lineage pfactory-detector@champion --json  |  factory lineage 3
+    """
+    params = _params(params_file, set_param)
+    from pfactory.registry import RegistryError
+    from pfactory.registry.promotion import lineage
+
+    p = params.promote
+    try:
+        result = lineage(ref or f"{p.model_name}@{p.alias}", p.model_name, p.alias)
+    except RegistryError as e:
+        _fail(f"lineage: {e}", code=2)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return
+    from rich.console import Console
+
+    from pfactory.registry.report import lineage_view
+
+    console = Console()
+    for table in lineage_view(result):
+        console.print(table)
+
+
 @app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def bench_cmd(
     ctx: typer.Context,

@@ -61,7 +61,7 @@ def kpi_summary(kpis: Mapping[str, Any], source: str) -> dict[str, Any]:
     for name, c in classes.items():
         if not isinstance(c, Mapping):
             raise EvidenceError(f"{source}: field 'classes.{name}': expected an object, got {c!r}")
-        ap = c.get("ap") or {}
+        ap = c.get("ap", {})
         if not isinstance(ap, Mapping):
             raise EvidenceError(
                 f"{source}: field 'classes.{name}.ap': expected {{threshold: AP}}, got {ap!r}"

@@ -1,0 +1,135 @@
+"""`factory promote | rollback | lineage` against a real sqlite registry, the registry lock's timeout, and
+`factory promote RUN` on a pipeline-shaped run (optimized/ in one stage run, kpis.json in another)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from pfactory.cli import app
+
+from .helpers import candidate, promote_params
+
+runner = CliRunner()
+S = [
+    "-S",
+    "promote.model_name=test-detector",
+    "-S",
+    "promote.min_map=0.2",
+    "-S",
+    "promote.max_p99_latency_ms=60000",
+]
+
+
+def _stage(bench, tmp_path, name, jitter):
+    import tasks.promote
+
+    c = candidate(tmp_path, bench, name, jitter)
+    return tasks.promote.run(
+        promote_params(), c["optimized"], c["eval"], bench["prepared_a"], tmp_path / "release"
+    )
+
+
+def _cli(tmp_path, bench, *args):
+    extra = ["--release", str(tmp_path / "release")] if args[0] in ("promote", "rollback") else []
+    if args[0] == "promote":
+        extra += ["--data", str(bench["prepared_a"])]
+    return runner.invoke(app, [*args, *extra, *S])
+
+
+def test_promote_rollback_lineage_commands(bench, tmp_path, registry) -> None:
+    assert _stage(bench, tmp_path, "c1", 0.3)["decision"] == "promoted"
+    assert _stage(bench, tmp_path, "c2", 1.5)["decision"] == "refused"
+
+    res = _cli(tmp_path, bench, "promote", "2", "--dry-run")
+    assert res.exit_code == 1, res.output
+    assert "would be refused" in res.output and "class_ap_regression/Car" in res.output
+
+    res = _cli(tmp_path, bench, "promote", "test-detector/2", "--json", "-S", "promote.max_class_ap_regression=1",
+               "-S", "promote.max_map_regression=1")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert (out["decision"], out["champion_before"], out["champion_after"]) == ("promoted", 1, 2)
+
+    res = _cli(tmp_path, bench, "lineage", "test-detector@champion", "--json")
+    assert res.exit_code == 0, res.output
+    lin = json.loads(res.output)
+    assert lin["version"] == 2 and lin["aliases"] == ["champion"]
+    assert lin["run"]["id"] == registry.get_model_version("test-detector", "2").run_id
+    assert lin["params"]["promote.model_name"] == "test-detector" and lin["kpis"]["mAP"] > 0
+    assert lin["data"]["prepared_hash"] and [(a["from"], a["to"]) for a in lin["audit"]] == [(1, 2)]
+    res = _cli(tmp_path, bench, "lineage", "test-detector/1")
+    assert res.exit_code == 0 and "KPIs: mAP" in res.output and "git commit" in res.output, res.output
+
+    res = _cli(tmp_path, bench, "rollback", "--reason", "pedestrian misses in the field")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["champion_after"] == 1
+    rec = json.loads(registry.get_registered_model("test-detector").tags["audit.000003"])
+    assert (rec["action"], rec["from"], rec["to"], rec["reason"]) == (
+        "rollback", 2, 1, "pedestrian misses in the field"
+    )  # fmt: skip
+
+    assert _cli(tmp_path, bench, "lineage", "test-detector/9").exit_code == 2
+    res = _cli(tmp_path, bench, "promote", "9")
+    assert res.exit_code == 2 and "has no version 9" in res.output
+
+
+def test_rollback_without_a_previous_champion_exits_1(bench, tmp_path, registry) -> None:
+    res = _cli(tmp_path, bench, "rollback")
+    assert res.exit_code == 1 and "no 'champion' alias" in res.output
+    _stage(bench, tmp_path, "c1", 0.3)
+    res = _cli(tmp_path, bench, "rollback")
+    assert res.exit_code == 1 and "no previous champion" in res.output, res.output
+
+
+def test_promote_a_pipeline_run_by_id(bench, tmp_path, registry) -> None:
+    """A parent run whose stage runs hold optimized/ and eval/kpis.json, as the pipeline logs them."""
+    import mlflow
+
+    c = candidate(tmp_path, bench, "c1", 0.3)
+    with mlflow.start_run(run_name="pipeline") as parent:
+        with mlflow.start_run(run_name="optimize", nested=True):
+            mlflow.log_artifacts(str(c["optimized"]), "optimized")
+        with mlflow.start_run(run_name="evaluate", nested=True):
+            mlflow.log_artifact(str(c["eval"] / "kpis.json"), "eval")
+    res = _cli(tmp_path, bench, "promote", parent.info.run_id, "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["decision"] == "promoted" and out["version"] == 1
+    assert registry.get_model_version("test-detector", "1").run_id == parent.info.run_id
+    res = _cli(tmp_path, bench, "promote", parent.info.run_id, "--json")  # idempotent: same run, same files
+    assert res.exit_code == 0 and json.loads(res.output)["version"] == 1, res.output
+
+
+HOLDER = """
+import sys, time
+from pfactory.registry.registry import registry_lock
+with registry_lock(sys.argv[1], 5):
+    print("held", flush=True)
+    time.sleep(30)
+"""
+
+
+def test_lock_timeout_names_the_lock_and_its_holder(tmp_path) -> None:
+    from pfactory.registry import LockTimeout
+    from pfactory.registry.registry import lock_path, registry_lock
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert lock_path(uri) == tmp_path / "mlflow.db.registry.lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, uri], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with (
+            pytest.raises(LockTimeout, match=r"mlflow.db.registry.lock: the registry lock is held .*pid \d+"),
+            registry_lock(uri, timeout_s=0.3),
+        ):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with registry_lock(uri, timeout_s=5):  # released when its holder died
+        pass

@@ -1,0 +1,106 @@
+"""Gates on real evidence files: each failure names the gate and says by how much; margins' signs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from pfactory.registry import EvidenceError
+from pfactory.registry.evidence import read_evidence
+from pfactory.registry.gates import apply_gates, failed, format_gates
+
+from .helpers import promote_params, write_eval
+
+
+@pytest.fixture
+def evidence_dirs(bench, tmp_path):
+    optimized = tmp_path / "optimized"
+    shutil.copytree(bench["optimized"], optimized)
+    kpis = write_eval(tmp_path / "eval", bench["prepared_a"], 0.3)
+    return optimized, tmp_path / "eval" / "kpis.json", kpis
+
+
+def test_absolute_gates_pass_and_report_margins(evidence_dirs) -> None:
+    optimized, kpis_file, kpis = evidence_dirs
+    ev = read_evidence(optimized, kpis_file)
+    gates = {g.name: g for g in apply_gates(promote_params(), ev, None)}
+    assert set(gates) == {"min_map", "p99_latency_ms", "optimize_parity", "parity_map_delta"}
+    assert not failed(gates.values())
+    assert gates["min_map"].value == pytest.approx(kpis["mAP"]) and gates["min_map"].margin == pytest.approx(
+        kpis["mAP"] - 0.2
+    )
+    p99 = json.loads((optimized / "latency.json").read_text())["batch_1"]["onnxruntime/fp32"]["p99_ms"]
+    assert gates["p99_latency_ms"].value == p99 and gates["p99_latency_ms"].margin == pytest.approx(
+        60000.0 - p99
+    )
+    assert gates["parity_map_delta"].value == pytest.approx(abs(kpis["delta"]["mAP"]))
+
+
+def test_each_failing_gate_is_named_with_its_shortfall(evidence_dirs) -> None:
+    optimized, kpis_file, kpis = evidence_dirs
+    parity = json.loads((optimized / "parity.json").read_text())
+    parity["passed"] = False
+    parity["artifacts"]["onnxruntime/fp32"]["failures"] = ["scores: cosine 0.9 < 0.99999"]
+    (optimized / "parity.json").write_text(json.dumps(parity))
+    ev = read_evidence(optimized, kpis_file)
+    params = promote_params(min_map=0.99, max_p99_latency_ms=0.001, parity_map_tolerance=0.0)
+    champion = {"mAP": 1.0, "classes": {**ev.kpis["classes"], "Truck": {"mean_ap": 0.5, "ap": {}}}}
+    champion["classes"]["Car"] = {"mean_ap": ev.kpis["classes"]["Car"]["mean_ap"] + 0.2, "ap": {}}
+    bad = {g.name: g for g in failed(apply_gates(params, ev, champion))}
+    assert set(bad) == {
+        "min_map", "p99_latency_ms", "optimize_parity", "parity_map_delta", "map_regression",
+        "class_ap_regression/Car", "class_ap_regression/Truck",
+    }  # fmt: skip
+    assert bad["min_map"].margin < 0 and bad["min_map"].margin == pytest.approx(kpis["mAP"] - 0.99)
+    assert f"FAILED by {0.99 - kpis['mAP']:.4g}" in bad["min_map"].detail
+    assert (
+        bad["class_ap_regression/Car"].value == pytest.approx(0.2)
+        and "FAILED by 0.15" in bad["class_ap_regression/Car"].detail
+    )
+    assert "scores: cosine 0.9" in bad["optimize_parity"].detail
+    assert "no KPIs for this class" in bad["class_ap_regression/Truck"].detail
+    table = format_gates(apply_gates(params, ev, champion))
+    assert "FAIL  p99_latency_ms" in table and "PASS  class_ap_regression/Pedestrian" in table
+
+
+def test_missing_delta_fails_the_parity_kpi_gate(evidence_dirs) -> None:
+    optimized, kpis_file, _ = evidence_dirs
+    doc = json.loads(kpis_file.read_text())
+    del doc["delta"]
+    kpis_file.write_text(json.dumps(doc))
+    gate = next(
+        g for g in apply_gates(promote_params(), read_evidence(optimized, kpis_file), None) if not g.passed
+    )
+    assert gate.name == "parity_map_delta" and "no 'delta.mAP'" in gate.detail
+
+
+@pytest.mark.parametrize(
+    ("file", "edit", "needle"),
+    [
+        ("kpis.json", lambda d: d.pop("data"), "kpis.json: field 'data': expected"),
+        ("kpis.json", lambda d: d.update(mAP="high"), "kpis.json: field 'mAP': expected a finite number, got 'high'"),
+        ("kpis.json", lambda d: d["classes"]["Car"].pop("mean_ap") and d["classes"]["Car"].update(ap=[]),
+         "field 'classes.Car.ap': expected {threshold: AP}"),
+        ("latency.json", lambda d: d.pop("batch_1"), "latency.json: field 'batch_1': expected the timings at batch 1"),
+        ("backend.json", lambda d: d.pop("primary"), "backend.json: field 'primary': expected"),
+        ("parity.json", lambda d: d.pop("passed"), "parity.json: fields 'passed' (bool)"),
+    ],
+)  # fmt: skip
+def test_bad_evidence_is_refused_naming_file_and_field(evidence_dirs, file, edit, needle) -> None:
+    optimized, kpis_file, _ = evidence_dirs
+    path = kpis_file if file == "kpis.json" else optimized / file
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(EvidenceError) as e:
+        read_evidence(optimized, kpis_file)
+    assert needle in str(e.value) and str(path) in str(e.value)
+
+
+def test_missing_file_is_named(evidence_dirs) -> None:
+    optimized, kpis_file, _ = evidence_dirs
+    kpis_file.unlink()
+    with pytest.raises(EvidenceError, match=r"kpis.json: missing; expected the evaluate stage's KPIs"):
+        read_evidence(optimized, kpis_file)
