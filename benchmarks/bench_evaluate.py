@@ -10,6 +10,8 @@ Out: a printed table (and `--json FILE`) per worker count: frames/s of the distr
      (wall x worker threads - sum of task compute) / tasks (task wall minus compute, averaged: submission,
      result transfer, idle slots at the tail). Workers are warmed up first (`preload`: model + reader
      built on every worker), so the figures are steady state; cluster start and warm-up are reported apart.
+     frames/cpu-s (frames per CPU second of the workers, from `os.times` on each) does not depend on how
+     busy the machine is: equal for 1 and 2 workers = the scale-out adds no work, only parallelism.
 Target (the evaluate issue): 2 workers >= 1.7x 1 worker on 2 cores. The 1-minute load average before and
 after each run is printed: on a shared machine the ratio is only meaningful next to it.
 
@@ -84,6 +86,12 @@ def _source_artifacts(args: argparse.Namespace, scratch: Path) -> tuple[Path, Pa
     return built["optimized"], built["prepared"]
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this process: run on each worker around the timed part."""
+    t = os.times()
+    return t.user + t.system
+
+
 def measure(
     optimized: Path, data: Path, workers: int, threads: int, slice_frames: int, batch: int
 ) -> dict[str, Any]:
@@ -98,9 +106,12 @@ def measure(
         start_s = time.perf_counter() - t0
         warm = preload(client, inputs.optimized, inputs.data)
         frames_back = []
+        cpu0 = client.run(_cpu_s)
         stats = run_units(
             client, inputs.optimized, inputs.data, inputs.units, lambda r: frames_back.append(len(r.pred))
         )
+        cpu1 = client.run(_cpu_s)
+    cpu = sum(cpu1[w] - cpu0[w] for w in cpu1 if w in cpu0)  # worker CPU seconds of the timed part
     assert len(frames_back) == len(inputs.units)
     return {
         "workers": workers,
@@ -109,6 +120,8 @@ def measure(
         "warmup_s": round(max(warm.values()), 3),
         **stats.to_json(),
         "ideal_wall_s": round(stats.compute_s / stats.slots, 4),
+        "worker_cpu_s": round(cpu, 3),
+        "frames_per_cpu_s": round(stats.frames / cpu, 3) if cpu > 0 else None,
         "load_before": round(load_before, 2),
         "load_after": round(os.getloadavg()[0], 2),
     }
@@ -161,16 +174,17 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": statistics.median(r["wall_s"] for r in mine), "tasks": mine[0]["tasks"],
             "cluster_start_s": statistics.median(r["cluster_start_s"] for r in mine),
             "warmup_s": statistics.median(r["warmup_s"] for r in mine),
+            "frames_per_cpu_s": statistics.median(r["frames_per_cpu_s"] for r in mine),
             "load": f"{min(r['load_before'] for r in mine)}-{max(r['load_after'] for r in mine)}",
         })  # fmt: skip
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}"
     print(f"\nevaluate scale-out: {args.frames} frames, slice {args.slice_frames}, batch {args.batch}, "
           f"{args.threads} thread(s)/worker, {optimized} -- {machine}")  # fmt: skip
     print(f"{'workers':>7} {'frames/s':>9} {'ratio':>6} {'wall s':>7} {'tasks':>5} {'overhead/task':>14} "
-          f"{'start s':>8} {'warm-up s':>9} {'load 1m':>10}")  # fmt: skip
+          f"{'frames/cpu-s':>12} {'start s':>8} {'warm-up s':>9} {'load 1m':>10}")  # fmt: skip
     for r in rows:
         print(f"{r['workers']:>7} {r['throughput_fps']:>9.2f} {r['ratio']:>6.2f} {r['wall_s']:>7.1f} {r['tasks']:>5} "
-              f"{r['overhead_per_task_ms']:>11.1f} ms {r['cluster_start_s']:>8.1f} {r['warmup_s']:>9.1f} {r['load']:>10}")  # fmt: skip
+              f"{r['overhead_per_task_ms']:>11.1f} ms {r['frames_per_cpu_s']:>12.2f} {r['cluster_start_s']:>8.1f} {r['warmup_s']:>9.1f} {r['load']:>10}")  # fmt: skip
     top = max(args.workers)
     if top > min(args.workers):
         ratio = next(r["ratio"] for r in rows if r["workers"] == top)
