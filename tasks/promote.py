@@ -205,6 +205,18 @@ def promote_ref(
         return promote(prm, candidate, Path(data), Path(release), dry_run, fn)
 
 
+def _empty_release(release: Path, prm: PromoteParams, result: dict) -> None:
+    """DVC requires a declared out to exist after its stage: before any promotion there is no champion
+    to release, so the folder only says so (a later promotion replaces it)."""
+    from pfactory.fsutil import atomic_directory, atomic_write_json
+
+    with atomic_directory(release) as tmp:
+        atomic_write_json(
+            tmp / "release.json",
+            {"model": prm.model_name, "alias": prm.alias, "version": None, "reason": result.get("reason")},
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -224,19 +236,23 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--dry-run", action="store_true", help="gate only: register and change nothing")
 
     def body(p: Any, args: argparse.Namespace) -> dict:
+        release = args.release or Path(p.paths.release)
         try:
-            return run(
+            result = run(
                 p,
                 args.optimized or Path(p.paths.optimized),
                 args.eval_dir or Path(p.paths.eval),
                 args.data or Path(p.paths.prepared),
-                args.release or Path(p.paths.release),
+                release,
                 run_id=args.run_id,
                 dry_run=args.dry_run,
             )
         except (EvidenceError, RegistryError) as e:
             print(f"promote: {e}", file=sys.stderr)
             sys.exit(1)
+        if not release.exists():
+            _empty_release(release, p.promote, result)
+        return result
 
     stage_main(STAGE, argv, body, add_arguments)
 

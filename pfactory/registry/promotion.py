@@ -257,7 +257,7 @@ def promote(
     reason = (
         f"all {len(gates)} gates passed vs {vs}"
         if not bad
-        else f"{len(bad)} gate(s) failed vs {vs}: " + "; ".join(g.detail for g in bad)
+        else f"{len(bad)} gate(s) failed vs {vs}: " + "; ".join(f"{g.name}: {g.detail}" for g in bad)
     )
     extra = {"champion_kpis_source": champ_source}
     if dry_run:

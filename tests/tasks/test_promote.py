@@ -144,7 +144,10 @@ def test_better_promoted_worse_refused_then_rollback_and_back(bench, tmp_path, r
     assert "class_ap_regression/Car" in bad and "map_regression" in bad
     car = bad["class_ap_regression/Car"]
     assert car["margin"] < 0 and car["margin"] == pytest.approx(car["threshold"] - car["value"])
-    assert f"FAILED by {-car['margin']:.4g}" in car["detail"] and "Car AP drop" in r3["reason"]
+    assert (
+        f"FAILED by {-car['margin']:.4g}" in car["detail"]
+        and "class_ap_regression/Car: Car AP drop" in r3["reason"]
+    )
     assert {p.name: sha256_file(p) for p in release.iterdir() if p.is_file()} == before  # release untouched
     assert registry.get_model_version("test-detector", "3").tags["promotion.decision"] == "refused"
 
@@ -274,3 +277,44 @@ def test_racing_promotions_exactly_one_wins(bench, tmp_path, registry) -> None:
     trail = reg.audit_trail(registry, "test-detector")
     assert [(a["from"], a["to"]) for a in trail] == [(None, winner["version"])]
     assert json.loads((tmp_path / "release" / "release.json").read_text())["version"] == winner["version"]
+
+
+def test_default_reevaluation_runs_the_evaluate_stage(bench, tmp_path, registry) -> None:
+    """evaluate_fn=None: the champion's files, downloaded from the registry, go through tasks.evaluate."""
+    from pfactory.config import Params
+
+    base = H.promote_params(min_map=0.05, parity_map_tolerance=0.1).model_dump()
+    params = Params.model_validate({"promote": base, "evaluate": {"workers": 1, "reference": False}})
+    assert _promote(bench, tmp_path, "c1", 0.0, params)[0]["decision"] == "promoted"
+    r2, c2 = _promote(bench, tmp_path, "c2", 1.0, params, "prepared_b")
+    assert r2["reevaluated_champion"] and r2["champion_kpis_source"] == "re-evaluated"
+    key = f"kpis.reeval.{c2['kpis']['data']['prepared_hash'][:16]}.val"
+    cached = json.loads(registry.get_model_version("test-detector", "1").tags[key])
+    # The evaluate stage's KPIs of the champion's ONNX model equal an independent inference + KPI run.
+    assert cached["mAP"] == pytest.approx(H.real_evaluate(bench["optimized"], bench["prepared_b"])["mAP"])
+
+
+def test_dvc_entry_refusal_exits_0_and_leaves_a_declared_release(bench, tmp_path, registry, capsys) -> None:
+    """`python -m tasks.promote` (what dvc.yaml runs): a refused first candidate is an outcome (exit 0,
+    metrics printed); the release out DVC expects exists and says there is no champion."""
+    import yaml
+
+    import tasks.promote
+
+    c = H.candidate(tmp_path, bench, "c1", 0.3)
+    params_file = tmp_path / "params.yaml"
+    promote = H.promote_params(min_map=0.99).model_dump(mode="json")
+    paths = {"optimized": str(c["optimized"]), "eval": str(c["eval"]), "prepared": str(bench["prepared_a"]),
+             "release": str(tmp_path / "release")}  # fmt: skip
+    params_file.write_text(yaml.safe_dump({"paths": paths, "promote": promote}))
+    tasks.promote.main(["--params", str(params_file)])
+    out = json.loads(capsys.readouterr().out)
+    assert (
+        out["decision"] == "refused"
+        and out["gates"][0]["name"] == "min_map"
+        and not out["gates"][0]["passed"]
+    )
+    assert "1 gate(s) failed vs no champion (absolute gates only): min_map: mAP " in out["reason"]
+    assert "FAILED by" in out["reason"]
+    assert _alias(registry) is None
+    assert json.loads((tmp_path / "release" / "release.json").read_text())["version"] is None
