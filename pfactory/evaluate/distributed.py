@@ -124,8 +124,10 @@ def dask_client(address: str | None, workers: int, threads_per_worker: int) -> I
         finally:
             cluster.close()
     else:
-        try:
-            client = Client(address, timeout="30s")
+        import dask
+
+        try:  # connect timeout: Dask's `distributed.comm.timeouts.connect` (30 s by default)
+            client = Client(address, timeout=dask.config.get("distributed.comm.timeouts.connect"))
         except OSError as e:
             raise ConnectionError(
                 f"evaluate.dask_address {address!r}: no Dask scheduler answered ({e})"

@@ -270,6 +270,15 @@ def test_bad_inputs_are_refused_before_any_work(setup, tmp_path, monkeypatch) ->
     shard.write_bytes(shard.read_bytes() + b"\0")
     refused(r"shard-00000.parquet: sha256 .* does not match .*manifest.json", data=tampered)
 
+    import dask
+
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "1s"}),
+        pytest.raises(ConnectionError, match="no Dask scheduler answered"),
+    ):
+        tasks.evaluate.run(_params(), opt, None, data, tmp_path / "out", "tcp://127.0.0.1:9", track=False)
+    assert not (tmp_path / "out").exists()
+
     res = CliRunner().invoke(app, ["evaluate", "--model", str(tmp_path / "nowhere"), "--data", str(data),
                                    "--out", str(tmp_path / "o"), "--no-track", "--no-reference"])  # fmt: skip
     assert res.exit_code == 2 and "optimized model directory" in res.output
