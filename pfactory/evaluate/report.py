@@ -136,13 +136,17 @@ def render_bev(
     """BEV of a frame: points by height, GT solid in class colours, predictions >= `score_threshold` dashed."""
     from matplotlib.figure import Figure
 
-    from pfactory.sensors.show import PRED_COLOR, _draw_bev, _legend, class_color
+    from pfactory.sensors.show import PRED_COLOR, _draw_bev, _legend, bev_range, class_color
 
     drawn: list[tuple] = [(b, class_color(str(n)), "solid", None) for b, n in zip(gt.boxes, gt.names)]
     keep = np.flatnonzero(pred.scores >= score_threshold) if pred.scores is not None else []
     drawn += [(pred.boxes[i], PRED_COLOR, (0, (3, 2)), f"{pred.names[i]} {pred.scores[i]:.2f}") for i in keep]
-    fig = Figure(figsize=(8, 8), dpi=100, layout="constrained")
-    _draw_bev(fig.add_subplot(1, 1, 1), points, drawn, None, "height")
+    # Framed on the points and the GT: one absurd predicted box (an untrained net's exp(size)) must not
+    # shrink the scene to a corner; predictions outside the window are clipped.
+    window = bev_range(points, list(gt.boxes))  # (x0, y0, z0, x1, y1, z1)
+    aspect = (window[4] - window[1]) / max(window[3] - window[0], 1e-6)
+    fig = Figure(figsize=(10, min(10 * aspect, 10) + 1.2), dpi=100, layout="constrained")
+    _draw_bev(fig.add_subplot(1, 1, 1), points, drawn, window, "height")
     _legend(fig, [str(n) for n in gt.names], len(keep) > 0)
     fig.suptitle(title, fontsize=9)
     return _save(fig, path)
