@@ -12,8 +12,8 @@ One MLflow parent run per pipeline run (tag `pipeline=true`), every stage run ne
     metrics  eval/mAP, eval/NDS, eval/<Class>/{mean_ap, ap_<th>, ate, ase, aoe}, eval/<bucket>/mAP,
              eval/delta/mAP, eval/reference/mAP, latency/p50_ms, latency/p99_ms (batch 1, primary
              artifact), time/<stage>_s (wall per stage, DVC included), time/total_s,
-             time/orchestration_s + time/orchestration_fraction (wall outside the stage processes:
-             Prefect, DVC, MLflow), time/stage_startup_s (interpreter + imports of the stage processes)
+             time/stage_startup_s (interpreter + imports of the stage processes), orchestration/seconds
+             + orchestration/fraction (wall outside the stage processes: Prefect, DVC, MLflow)
     tags     pipeline, run_id, workspace, git.commit, git.dirty, data.<out>.md5 (dvc.lock hashes of
              the raw and prepared data, model, ...), promotion.decision, package versions, device
     artifacts params.json, dvc.lock, summary.json
@@ -61,6 +61,14 @@ def _stage_task(stage: str) -> Any:
 
 
 STAGE_TASKS = {stage: _stage_task(stage) for stage in STAGES}
+
+
+def declared_stages(root: Path) -> list[str]:
+    """STAGES in order, those that the project's dvc.yaml declares."""
+    import yaml
+
+    declared = (yaml.safe_load((Path(root) / "dvc.yaml").read_text()) or {}).get("stages") or {}
+    return [s for s in STAGES if s in declared]
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -139,7 +147,7 @@ def pipeline(
     t_start = time.perf_counter()
     root_path = configure_environment(root)
     params = load_params(root_path / "params.yaml", overrides or [])
-    selected = list(stages or STAGES)
+    selected = list(stages or declared_stages(root_path))
     unknown = [s for s in selected if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stages {unknown}; known: {list(STAGES)}")
@@ -205,8 +213,8 @@ def pipeline(
             {
                 "time/total_s": total,
                 "time/stage_startup_s": startup,
-                "time/orchestration_s": orchestration,
-                "time/orchestration_fraction": orchestration / total if total > 0 else 0.0,
+                "orchestration/seconds": orchestration,
+                "orchestration/fraction": orchestration / total if total > 0 else 0.0,
             }
         )
         mlflow.log_metrics({k: float(v) for k, v in metrics.items()})

@@ -1,0 +1,274 @@
+"""The pipeline flow end to end on a tiny dataset, in a throw-away copy of the project.
+
+Every test here runs the real thing: `factory run` (Prefect flow -> `dvc repro <stage>` in a run
+workspace -> the stage processes -> MLflow), `dvc repro` without Prefect, `dvc exp run -S`, and two
+`factory run` at the same moment. The project copy has its own `.dvc` (cache), MLflow store and Prefect
+home, so nothing touches the developer's `artifacts/`. One module-scoped project: later tests reuse the
+DVC cache the first run filled (that reuse is itself under test).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = [
+    "data.frames=12",
+    "data.workers=1",
+    "prepare.val_fraction=0.3",
+    "prepare.image_size=[104,32]",
+    "train.epochs=1",
+    "train.batch_size=2",
+    "optimize.latency.iterations=3",
+    "optimize.latency.warmup=1",
+    "optimize.latency.batch_sizes=[1]",
+    "optimize.int8.calibration_frames=4",
+    "optimize.parity.frames=2",
+    "evaluate.workers=1",
+]
+STAGES = ("synth", "prepare", "train", "optimize", "evaluate", "promote")
+pytestmark = pytest.mark.slow
+
+
+def _env(project: Path) -> dict[str, str]:
+    """A clean environment: the project's own in-project defaults (configure_environment), no inherited
+    MLflow/Prefect/Dask locations, this interpreter's bin on PATH."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MLFLOW_", "PREFECT_", "DASK_", "DVC_", "PFACTORY_"))
+    }
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _tiny_args() -> list[str]:
+    known = yaml.safe_load((REPO / "params.yaml").read_text())
+    args = []
+    for o in TINY:
+        if o.split(".")[0] in known:  # sections that exist in this checkout
+            args += ["-S", o]
+    return args
+
+
+def factory(project: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`factory <args>` with the project copy as cwd (its own pfactory/flows/tasks come first on sys.path)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pfactory.cli", *args],
+        cwd=project,
+        env=_env(project),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def dvc(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args],
+        cwd=cwd,
+        env=_env(cwd),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the project: code, dvc.yaml, params.yaml, .dvcignore, and a fresh `.dvc/`."""
+    root = tmp_path_factory.mktemp("project")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for d in ("pfactory", "tasks", "kernels", "flows"):
+        shutil.copytree(REPO / d, root / d, ignore=ignore)
+    for f in ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy2(REPO / f, root / f)
+    (root / ".dvc").mkdir()
+    (root / ".dvc" / "config").write_text("[core]\n    no_scm = true\n    analytics = false\n")
+    return root
+
+
+def _mlflow_client(project: Path):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{project / 'artifacts' / 'mlflow' / 'mlflow.db'}")
+
+
+def _stages_present(project: Path) -> list[str]:
+    declared = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+    return [s for s in STAGES if s in declared]
+
+
+def _run(project: Path, name: str, *extra: str) -> dict:
+    r = factory(project, "run", *_tiny_args(), *extra, "--name", name, "--json")
+    assert r.returncode == 0, f"factory run failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return json.loads(r.stdout[r.stdout.index("{") :])
+
+
+def test_factory_run_end_to_end(project: Path) -> None:
+    result = _run(project, "first")
+    stages = _stages_present(project)
+    assert sorted(result["stages"]) == sorted(stages)
+    assert all(result["stages"][s]["ran"] for s in stages), result["stages"]
+
+    ws = Path(result["workspace"])
+    assert ws.parent == project / "artifacts" / "runs"
+    lock = yaml.safe_load((ws / "dvc.lock").read_text())
+    assert set(lock["stages"]) == set(stages)
+    # The workspace's params are the project's + the overrides.
+    ws_params = yaml.safe_load((ws / "params.yaml").read_text())
+    assert ws_params["data"]["frames"] == 12 and ws_params["train"]["epochs"] == 1
+    # DVC's view of the workspace: everything up to date, outputs in the shared cache.
+    st = dvc(ws, "status", "--json")
+    assert st.returncode == 0 and json.loads(st.stdout) == {}, st.stdout + st.stderr
+    assert (project / ".dvc" / "cache" / "files" / "md5").is_dir()
+
+    # MLflow: one parent run with lineage + nested stage runs.
+    client = _mlflow_client(project)
+    parent = client.get_run(result["mlflow_run_id"])
+    tags, metrics, params = parent.data.tags, parent.data.metrics, parent.data.params
+    assert (
+        tags["pipeline"] == "true"
+        and tags["run_id"] == result["run_id"]
+        and tags["mlflow.runName"] == "first"
+    )
+    assert {"git.dirty", "git.commit", "device", "version.torch", "version.dvc"} <= set(tags)
+    assert any(k.startswith("data.artifacts/prepared") for k in tags), sorted(tags)
+    assert params["data.frames"] == "12" and params["train.epochs"] == "1"
+    for s in stages:
+        assert metrics[f"time/{s}_s"] > 0
+    assert 0 < metrics["orchestration/fraction"] < 1
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    assert {c.data.tags["stage"] for c in children} >= set(stages) - {"synth"}
+    if "evaluate" in stages:
+        kpis = json.loads((ws / "artifacts" / "eval" / "kpis.json").read_text())
+        assert metrics["eval/mAP"] == pytest.approx(kpis["mAP"])
+        assert "latency/p99_ms" in metrics
+
+
+def test_second_run_is_restored_from_the_run_cache(project: Path) -> None:
+    t0 = time.perf_counter()
+    result = _run(project, "again")
+    seconds = time.perf_counter() - t0
+    compute = [s for s in _stages_present(project) if s != "promote"]  # promote always runs (the registry moves)
+    for s in compute:
+        assert result["stages"][s]["restored_from_run_cache"], (s, result["stages"][s])
+    assert seconds < 120
+
+
+def test_dvc_repro_without_prefect_then_nothing_to_do(project: Path) -> None:
+    # The same DAG at the project root, no Prefect: tiny params written the DVC way.
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    for o in TINY:
+        key, value = o.split("=", 1)
+        section, *rest = key.split(".")
+        if section not in params:
+            continue
+        node = params[section]
+        for k in rest[:-1]:
+            node = node[k]
+        node[rest[-1]] = yaml.safe_load(value)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    targets = [s for s in _stages_present(project) if s != "promote"]
+    first = dvc(project, "repro", *targets)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = dvc(project, "repro", *targets)
+    assert second.returncode == 0 and "Running stage" not in second.stdout, second.stdout
+    assert "up to date" in second.stdout
+
+
+def test_two_runs_at_the_same_moment_do_not_clobber(project: Path) -> None:
+    def start(name: str, lr: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pfactory.cli",
+                "run",
+                *_tiny_args(),
+                "-S",
+                f"train.lr={lr}",
+                "--name",
+                name,
+                "--json",
+            ],
+            cwd=project,
+            env=_env(project),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    procs = {"lr-a": start("lr-a", "0.002"), "lr-b": start("lr-b", "0.004")}
+    results = {}
+    for name, p in procs.items():
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0, f"{name} failed:\n{out[-2000:]}\n{err[-3000:]}"
+        results[name] = json.loads(out[out.index("{") :])
+    a, b = results["lr-a"], results["lr-b"]
+    assert a["run_id"] != b["run_id"] and a["mlflow_run_id"] != b["mlflow_run_id"]
+    client = _mlflow_client(project)
+    for name, lr in (("lr-a", 0.002), ("lr-b", 0.004)):
+        r = results[name]
+        ws = Path(r["workspace"])
+        assert yaml.safe_load((ws / "params.yaml").read_text())["train"]["lr"] == lr
+        assert client.get_run(r["mlflow_run_id"]).data.params["train.lr"] == str(lr)
+        st = dvc(ws, "status", "--json")  # every output matches its own dvc.lock
+        assert st.returncode == 0 and json.loads(st.stdout) == {}, st.stdout + st.stderr
+    lock_a = yaml.safe_load((Path(a["workspace"]) / "dvc.lock").read_text())["stages"]
+    lock_b = yaml.safe_load((Path(b["workspace"]) / "dvc.lock").read_text())["stages"]
+    md5 = lambda lock: next(o["md5"] for o in lock["train"]["outs"] if o["path"].endswith("model.pt"))  # noqa: E731
+    assert md5(lock_a) != md5(lock_b)  # different lr -> different weights, each kept
+    assert lock_a["prepare"]["outs"] == lock_b["prepare"]["outs"]  # same data, shared
+
+
+def test_bad_override_is_refused_before_anything_runs(project: Path) -> None:
+    r = factory(project, "run", "-S", "train.epochs=zero")
+    assert r.returncode == 2 and "train.epochs" in r.stderr
+    r = factory(project, "run", "--until", "nope")
+    assert r.returncode == 2 and "--until" in r.stderr
+
+
+def test_dvc_exp_run_with_a_param_override(project: Path) -> None:
+    """`dvc exp run -S train.lr=...` (needs git: the project copy becomes a repo with one commit)."""
+    env = {
+        **_env(project),
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    (project / ".dvc" / "config").write_text("[core]\n    analytics = false\n")
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "baseline"]):
+        subprocess.run(cmd, cwd=project, env=env, check=True, capture_output=True)
+    target = "evaluate" if "evaluate" in _stages_present(project) else "optimize"
+    r = subprocess.run(
+        [sys.executable, "-m", "dvc", "exp", "run", "-S", "train.lr=0.005", "--name", "lr5", target],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    show = subprocess.run(
+        [sys.executable, "-m", "dvc", "exp", "show", "--json"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert show.returncode == 0, show.stderr
+    assert "lr5" in show.stdout and "0.005" in show.stdout
