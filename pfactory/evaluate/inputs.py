@@ -90,7 +90,10 @@ def plan_units(root: Path, shards: list[dict[str, Any]], slice_frames: int) -> l
     units: list[WorkUnit] = []
     row = 0
     for s in shards:
-        md = open_shard(root / s["file"]).metadata
+        try:
+            md = open_shard(root / s["file"]).metadata
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError; SchemaError too
+            raise EvaluateInputError(f"{root / s['file']}: a readable Parquet shard ({e})") from e
         sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
         if sum(sizes) != int(s["frames"]):
             raise EvaluateInputError(

@@ -271,6 +271,7 @@ def test_bad_inputs_are_refused_before_any_work(setup, tmp_path, monkeypatch) ->
     refused(r"shard-00000.parquet: sha256 .* does not match .*manifest.json", data=tampered)
 
     import dask
+    import distributed  # noqa: F401  (its defaults must exist before config.set, which drops what it created)
 
     with (
         dask.config.set({"distributed.comm.timeouts.connect": "1s"}),
@@ -290,3 +291,36 @@ def test_bad_inputs_are_refused_before_any_work(setup, tmp_path, monkeypatch) ->
     with pytest.raises(SystemExit) as exit_info:
         tasks.evaluate.main(["--params", str(params_file)])
     assert exit_info.value.code == 2
+
+
+def test_a_unit_failing_on_a_worker_exits_1_names_the_unit_and_writes_nothing(
+    setup, tmp_path, monkeypatch, capsys
+):
+    """A checkpoint whose weights do not fit its config loads only on the workers: exit 1 (it ran, it failed)."""
+    import shutil
+
+    import torch
+    import yaml
+
+    import tasks.evaluate
+
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "model"
+    shutil.copytree(setup["model"], model)
+    torch.save({"not_a_weight": torch.zeros(1)}, model / "model.pt")
+    out = tmp_path / "eval"
+    paths = {
+        "optimized": str(setup["optimized"]),
+        "model": str(model),
+        "prepared": str(setup["prepared"]),
+        "eval": str(out),
+    }
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump({"paths": paths, "evaluate": {**EVAL, "dask_address": "local:1"}}))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with pytest.raises(SystemExit) as exit_info:
+        tasks.evaluate.main(["--params", str(params_file)])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "pytorch/eager on val/shard-" in err and "row groups [" in err and "state_dict" in err, err[-2000:]
+    assert not out.exists() and not list(tmp_path.glob(".eval.*"))
