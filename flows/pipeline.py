@@ -142,7 +142,7 @@ def pipeline(
     import mlflow
 
     from pfactory.config import load_params
-    from pfactory.tracking import PARENT_ENV, artifact_location, flatten, lineage_tags
+    from pfactory.tracking import PARENT_ENV, experiment_id, flatten, lineage_tags
 
     t_start = time.perf_counter()
     root_path = configure_environment(root)
@@ -157,12 +157,7 @@ def pipeline(
     logger.info("run %s: workspace %s", run_id, ws.path)
 
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
-    exp = mlflow.get_experiment_by_name("perception-factory")
-    exp_id = (
-        exp.experiment_id
-        if exp
-        else mlflow.create_experiment("perception-factory", artifact_location=artifact_location(root_path))
-    )
+    exp_id = experiment_id(root_path)
     results: dict[str, Any] = {"run_id": run_id, "workspace": str(ws.path), "stages": {}, "timings_s": {}}
     timings_dir = ws.path / "logs" / "timings"
     timings_dir.mkdir(parents=True, exist_ok=True)

@@ -43,9 +43,20 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def _json_default(obj: Any) -> Any:
+    """numpy scalars/arrays and paths in JSON; anything else is an error (not silently str()-ed)."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, indent: int = 2) -> Path:
     """Write `obj` as JSON (sorted keys, trailing newline) to `path` atomically."""
-    return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True) + "\n")
+    return atomic_write_text(
+        path, json.dumps(obj, indent=indent, sort_keys=True, default=_json_default) + "\n"
+    )
 
 
 @contextlib.contextmanager

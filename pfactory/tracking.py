@@ -150,6 +150,24 @@ def lineage_tags(root: Path) -> dict[str, str]:
     return tags
 
 
+def experiment_id(root: Path, name: str = EXPERIMENT) -> str:
+    """The id of experiment `name`, created (artifacts under `root`) when missing. Safe when two processes
+    create it at the same moment: the loser of the race reads the winner's experiment."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    exp = mlflow.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return mlflow.create_experiment(name, artifact_location=artifact_location(root))
+    except MlflowException:
+        exp = mlflow.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
 @contextlib.contextmanager
 def stage_run(
     stage: str, params: Mapping[str, Any], root: str | Path | None = None, run_name: str | None = None
@@ -163,12 +181,7 @@ def stage_run(
 
     root = configure_environment(root)
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
-    exp = mlflow.get_experiment_by_name(EXPERIMENT)
-    exp_id = (
-        exp.experiment_id
-        if exp
-        else mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_location(root))
-    )
+    exp_id = experiment_id(root)
     parent = os.environ.get(PARENT_ENV) or None
     tags = {"stage": stage, **lineage_tags(root)}
     with mlflow.start_run(

@@ -30,6 +30,7 @@ from typing import Any
 from pfactory.registry.params import PromoteParams
 
 STAGE = "promote"
+PROMOTION_FILE = "promotion.json"
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -206,14 +207,24 @@ def promote_ref(
 
 
 def _empty_release(release: Path, prm: PromoteParams, result: dict) -> None:
-    """DVC requires a declared out to exist after its stage: before any promotion there is no champion
-    to release, so the folder only says so (a later promotion replaces it)."""
+    """DVC requires a declared out to exist after its stage. When this run released nothing (refused, dry
+    run) the folder says which version is the champion (None before any promotion) and where its files
+    are: the champion's release was written by the run that promoted it, and the registry has its files."""
     from pfactory.fsutil import atomic_directory, atomic_write_json
 
+    champion = result.get("champion_after")
     with atomic_directory(release) as tmp:
         atomic_write_json(
             tmp / "release.json",
-            {"model": prm.model_name, "alias": prm.alias, "version": None, "reason": result.get("reason")},
+            {
+                "model": prm.model_name,
+                "alias": prm.alias,
+                "version": champion,
+                "released_by_this_run": False,
+                "decision": result.get("decision"),
+                "reason": result.get("reason"),
+                "files": f"models:/{prm.model_name}@{prm.alias}" if champion is not None else None,
+            },
         )
 
 
@@ -221,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from pfactory.cli_stage import stage_main
+    from pfactory.fsutil import atomic_write_json
     from pfactory.registry import EvidenceError, RegistryError
     from pfactory.tracking import PARENT_ENV
 
@@ -252,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(1)
         if not release.exists():
             _empty_release(release, p.promote, result)
+        # The decision record the pipeline flow reads (dvc.yaml: a metrics file of this stage).
+        atomic_write_json(Path(p.paths.artifacts) / PROMOTION_FILE, result)
         return result
 
     stage_main(STAGE, argv, body, add_arguments)

@@ -10,8 +10,6 @@ DVC cache the first run filled (that reuse is itself under test).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -20,82 +18,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-TINY = [
-    "data.frames=12",
-    "data.workers=1",
-    "prepare.val_fraction=0.3",
-    "prepare.image_size=[104,32]",
-    "train.epochs=1",
-    "train.batch_size=2",
-    "optimize.latency.iterations=3",
-    "optimize.latency.warmup=1",
-    "optimize.latency.batch_sizes=[1]",
-    "optimize.int8.calibration_frames=4",
-    "optimize.parity.frames=2",
-    "evaluate.workers=1",
-]
-STAGES = ("synth", "prepare", "train", "optimize", "evaluate", "promote")
+from tests.flows.pipeline_project import STAGES, TINY, clean_env, dvc, factory, make_project, tiny_args
+
 pytestmark = pytest.mark.slow
-
-
-def _env(project: Path) -> dict[str, str]:
-    """A clean environment: the project's own in-project defaults (configure_environment), no inherited
-    MLflow/Prefect/Dask locations, this interpreter's bin on PATH."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("MLFLOW_", "PREFECT_", "DASK_", "DVC_", "PFACTORY_"))
-    }
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
-
-
-def _tiny_args() -> list[str]:
-    known = yaml.safe_load((REPO / "params.yaml").read_text())
-    args = []
-    for o in TINY:
-        if o.split(".")[0] in known:  # sections that exist in this checkout
-            args += ["-S", o]
-    return args
-
-
-def factory(project: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`factory <args>` with the project copy as cwd (its own pfactory/flows/tasks come first on sys.path)."""
-    return subprocess.run(
-        [sys.executable, "-m", "pfactory.cli", *args],
-        cwd=project,
-        env=_env(project),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def dvc(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dvc", *args],
-        cwd=cwd,
-        env=_env(cwd),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the project: code, dvc.yaml, params.yaml, .dvcignore, and a fresh `.dvc/`."""
-    root = tmp_path_factory.mktemp("project")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for d in ("pfactory", "tasks", "kernels", "flows"):
-        shutil.copytree(REPO / d, root / d, ignore=ignore)
-    for f in ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"):
-        shutil.copy2(REPO / f, root / f)
-    (root / ".dvc").mkdir()
-    (root / ".dvc" / "config").write_text("[core]\n    no_scm = true\n    analytics = false\n")
-    return root
+    """A copy of the project (code, dvc.yaml, params.yaml, a fresh `.dvc/`), shared by this module."""
+    return make_project(tmp_path_factory.mktemp("project"))
 
 
 def _mlflow_client(project: Path):
@@ -110,7 +41,7 @@ def _stages_present(project: Path) -> list[str]:
 
 
 def _run(project: Path, name: str, *extra: str) -> dict:
-    r = factory(project, "run", *_tiny_args(), *extra, "--name", name, "--json")
+    r = factory(project, "run", *tiny_args(), *extra, "--name", name, "--json")
     assert r.returncode == 0, f"factory run failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return json.loads(r.stdout[r.stdout.index("{") :])
 
@@ -162,7 +93,9 @@ def test_second_run_is_restored_from_the_run_cache(project: Path) -> None:
     t0 = time.perf_counter()
     result = _run(project, "again")
     seconds = time.perf_counter() - t0
-    compute = [s for s in _stages_present(project) if s != "promote"]  # promote always runs (the registry moves)
+    compute = [
+        s for s in _stages_present(project) if s != "promote"
+    ]  # promote always runs (the registry moves)
     for s in compute:
         assert result["stages"][s]["restored_from_run_cache"], (s, result["stages"][s])
     assert seconds < 120
@@ -197,7 +130,7 @@ def test_two_runs_at_the_same_moment_do_not_clobber(project: Path) -> None:
                 "-m",
                 "pfactory.cli",
                 "run",
-                *_tiny_args(),
+                *tiny_args(),
                 "-S",
                 f"train.lr={lr}",
                 "--name",
@@ -205,7 +138,7 @@ def test_two_runs_at_the_same_moment_do_not_clobber(project: Path) -> None:
                 "--json",
             ],
             cwd=project,
-            env=_env(project),
+            env=clean_env(project),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -244,7 +177,7 @@ def test_bad_override_is_refused_before_anything_runs(project: Path) -> None:
 def test_dvc_exp_run_with_a_param_override(project: Path) -> None:
     """`dvc exp run -S train.lr=...` (needs git: the project copy becomes a repo with one commit)."""
     env = {
-        **_env(project),
+        **clean_env(project),
         "GIT_AUTHOR_NAME": "t",
         "GIT_AUTHOR_EMAIL": "t@t",
         "GIT_COMMITTER_NAME": "t",

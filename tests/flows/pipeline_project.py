@@ -1,0 +1,87 @@
+"""Helpers of the pipeline tests: a throw-away copy of the project and tiny pipeline parameters."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = [
+    "data.frames=12",
+    "data.workers=1",
+    "prepare.val_fraction=0.3",
+    "prepare.image_size=[104,32]",
+    "train.epochs=1",
+    "train.batch_size=2",
+    "optimize.latency.iterations=3",
+    "optimize.latency.warmup=1",
+    "optimize.latency.batch_sizes=[1]",
+    "optimize.int8.calibration_frames=4",
+    "optimize.parity.frames=2",
+    "evaluate.workers=1",
+]
+STAGES = ("synth", "prepare", "train", "optimize", "evaluate", "promote")
+
+
+def clean_env(project: Path) -> dict[str, str]:
+    """A clean environment: the project's own in-project defaults (configure_environment), no inherited
+    MLflow/Prefect/Dask locations, this interpreter's bin on PATH."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MLFLOW_", "PREFECT_", "DASK_", "DVC_", "PFACTORY_"))
+    }
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def tiny_args() -> list[str]:
+    known = yaml.safe_load((REPO / "params.yaml").read_text())
+    args = []
+    for o in TINY:
+        if o.split(".")[0] in known:  # sections that exist in this checkout
+            args += ["-S", o]
+    return args
+
+
+def factory(
+    project: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`factory <args>` with the project copy as cwd (its own pfactory/flows/tasks come first on sys.path)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pfactory.cli", *args],
+        cwd=project,
+        env={**clean_env(project), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def dvc(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args],
+        cwd=cwd,
+        env=clean_env(cwd),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def make_project(root: Path) -> Path:
+    """Copy the project into `root`: code, dvc.yaml, params.yaml, .dvcignore, .gitignore, a fresh `.dvc/`."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for d in ("pfactory", "tasks", "kernels", "flows"):
+        shutil.copytree(REPO / d, root / d, ignore=ignore)
+    for f in ("dvc.yaml", "params.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy2(REPO / f, root / f)
+    (root / ".dvc").mkdir()
+    (root / ".dvc" / "config").write_text("[core]\n    no_scm = true\n    analytics = false\n")
+    return root
