@@ -82,9 +82,12 @@ def _fp16_tolerance() -> ParityTolerance:
 
 def _int8_tolerance() -> ParityTolerance:
     # INT8 changes which near-tied peaks win, so element diffs are not gated; the gate is that the
-    # detections are the same ones (match rate) with near-identical confidence (cosine). Measured on
-    # the trained default model: docs/OPTIMIZE.md, "INT8".
-    return ParityTolerance(scores_atol=0.1, min_cosine=0.99, min_match_rate=0.8, repeat_atol=0.0)
+    # detections are mostly the same ones (match rate) with near-identical confidence (cosine), and no
+    # single score moves by more than a quarter. INT8's accuracy gate is the KPI delta vs PyTorch on the
+    # same frames (evaluate's `delta`, gated by promote.parity_map_tolerance). Measured on trained default
+    # models: match rate 0.815-0.897, scores cosine 0.999, max score diff up to 0.166 (a default
+    # `factory run`, 2026-11-30) with an mAP drop of 0.8 points: docs/OPTIMIZE.md, "INT8".
+    return ParityTolerance(scores_atol=0.25, min_cosine=0.99, min_match_rate=0.75, repeat_atol=0.0)
 
 
 class ParityParams(_Section):
