@@ -158,7 +158,13 @@ def pipeline(
 
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     exp_id = experiment_id(root_path)
-    results: dict[str, Any] = {"run_id": run_id, "workspace": str(ws.path), "stages": {}, "timings_s": {}}
+    results: dict[str, Any] = {
+        "run_id": run_id,
+        "workspace": str(ws.path),
+        "registered_model": params.promote.model_name,
+        "stages": {},
+        "timings_s": {},
+    }
     timings_dir = ws.path / "logs" / "timings"
     timings_dir.mkdir(parents=True, exist_ok=True)
     env_before = {k: os.environ.get(k) for k in (PARENT_ENV, "PFACTORY_TIMINGS_DIR")}

@@ -41,7 +41,11 @@ def render_summary(result: dict[str, Any], wall_s: float | None = None) -> Any:
             f"= {100 * (orch.get('orchestration_fraction') or 0):.1f}%"
         )
         if wall_s is not None:
-            line += f"; command wall {wall_s:.1f} s"
+            outside = wall_s - sum(work.values()) - orch["stage_startup_s"]
+            line += (
+                f"\ncommand wall {wall_s:.1f} s, of which outside the stage processes (Prefect start-up "
+                f"included) {outside:.1f} s = {100 * outside / wall_s:.1f}%"
+            )
         parts.append(Text(line))
 
     kpis = result.get("kpis")
@@ -87,7 +91,7 @@ def render_summary(result: dict[str, Any], wall_s: float | None = None) -> Any:
             f"look:  mlflow ui --backend-store-uri {os.environ.get('MLFLOW_TRACKING_URI', '')}\n"
             "       prefect server start   (flow runs; PREFECT_HOME is under artifacts/.state/prefect)\n"
             f"       cd {ws} && dvc metrics show && dvc plots show\n"
-            "       factory compare   |   factory lineage perception-factory-detector@champion"
+            f"       factory compare   |   factory lineage {result.get('registered_model', 'MODEL')}@champion"
         )
     )
     return Group(*parts)
