@@ -16,8 +16,12 @@ Targets (the optimize issue): ORT FP32 >= 1.5x eager at batch 1; ORT INT8 >= 2x 
 <= 1 point. TensorRT (`--tensorrt`, GPU machines with `pip install '.[tensorrt]'`): FP16 and INT8 engines
 timed the same way; skipped with the reason elsewhere.
 
+`--ort-parallel` adds every ORT artifact under ORT's parallel executor (ExecutionMode.ORT_PARALLEL,
+`--threads` inter-op threads, 1 and `--threads` intra-op threads) to the same interleaved table: the
+inter-op overlap experiment of docs/OPTIMIZE.md ("Inter-op parallelism").
+
 Run: `python benchmarks/bench_optimize.py [--model DIR] [--data DIR] [--batches 1 4] [--iterations 30]
-      [--threads 2] [--tensorrt] [--json out.json]`
+      [--threads 2] [--ort-parallel] [--tensorrt] [--json out.json]`
 """
 
 from __future__ import annotations
@@ -122,6 +126,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--kpi-frames", type=int, default=50, help="val frames for the mAP comparison")
     ap.add_argument("--no-int8", action="store_true")
     ap.add_argument("--tensorrt", action="store_true", help="also build and time TensorRT FP16/INT8 engines")
+    ap.add_argument(
+        "--ort-parallel",
+        action="store_true",
+        help="also time each ORT artifact with the parallel executor (inter-op = --threads, intra-op 1 and --threads)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -211,10 +220,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runners[name] = r
         if args.threads != 1:  # the same artifact at 1 thread: best-vs-best under contention
             runners[f"{name}@1thread"] = OrtRunner(artifacts[name], name.split("/")[1], "cpu", 1, spin=False)
+        if args.ort_parallel and args.threads > 1:
+            for intra in sorted({1, args.threads}):
+                runners[f"{name}@parallel{args.threads}x{intra}"] = OrtRunner(
+                    artifacts[name],
+                    name.split("/")[1],
+                    "cpu",
+                    intra,
+                    spin=False,
+                    inter_op_threads=args.threads,
+                )
     for name, r in trt_section.get("runners", {}).items():
         runners[name] = r
     latency = measure_latency(
-        runners, feeds_by_batch, args.warmup, args.iterations, config={"threads": args.threads}
+        runners,
+        feeds_by_batch,
+        args.warmup,
+        args.iterations,
+        config={"threads": args.threads, "ort_parallel": args.ort_parallel},
     )
     torch.set_num_threads(args.threads)
 
@@ -322,14 +345,14 @@ def _print(r: dict[str, Any], args: argparse.Namespace) -> None:
     for b in args.batches:
         key = f"batch_{b}"
         print(
-            f"\n{key:10s} {'runner':26s} {'p50 ms':>9s} {'p95 ms':>9s} {'p99 ms':>9s} {'fps':>8s} {'x eager':>8s} {'x best':>8s}"
+            f"\n{key:10s} {'runner':30s} {'p50 ms':>9s} {'p95 ms':>9s} {'p99 ms':>9s} {'fps':>8s} {'x eager':>8s} {'x best':>8s}"
         )
         ratios = r["latency"].get("speedup_vs_eager", {}).get(key, {})
         best = r["speedup_vs_best_eager"][key]
         for name, s in r["latency"][key].items():
             x = ratios.get(name, "")
             xb = best.get(name, "")
-            print(f"{'':10s} {name:26s} {s['p50_ms']:9.2f} {s['p95_ms']:9.2f} {s['p99_ms']:9.2f} {s['throughput_fps']:8.2f} "
+            print(f"{'':10s} {name:30s} {s['p50_ms']:9.2f} {s['p95_ms']:9.2f} {s['p99_ms']:9.2f} {s['throughput_fps']:8.2f} "
                   f"{x!s:>8s} {xb!s:>8s}")  # fmt: skip
         print(f"{'':10s} (x best = vs {best['reference']})")
     print("\nparity vs eager:")

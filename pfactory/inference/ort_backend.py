@@ -51,12 +51,24 @@ def providers_for(device: str) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
-def session_options(intra_op_threads: int | None = None, level: str = "all", spin: bool = True) -> Any:
-    """SessionOptions: graph optimization `level` ("basic" | "extended" | "all"), thread count.
+def session_options(
+    intra_op_threads: int | None = None,
+    level: str = "all",
+    spin: bool = True,
+    inter_op_threads: int | None = None,
+) -> Any:
+    """SessionOptions: graph optimization `level` ("basic" | "extended" | "all"), thread counts.
 
-    `spin=False` stops idle intra-op threads from busy-waiting after a run: needed when ORT shares the
-    cores with another runtime in the same process (the interleaved latency measurement), where the
-    spinning threads would otherwise steal the next PyTorch call's cores.
+    `spin=False` stops idle intra-op (and inter-op) threads from busy-waiting after a run: needed when
+    ORT shares the cores with another runtime in the same process (the interleaved latency measurement),
+    where the spinning threads would otherwise steal the next PyTorch call's cores.
+
+    `inter_op_threads` > 1 selects ORT's parallel executor (`ExecutionMode.ORT_PARALLEL`: independent
+    nodes run concurrently on that many inter-op threads, each node with `intra_op_threads`); None, 0 or
+    1 keeps the sequential executor, the default everywhere. Opt-in for measurements only: on this
+    detector the parallel executor is 1.3-2.3x *slower* than sequential at batch 1 and 4 on 2 cores (the
+    camera CNN feeds the painting, so little runs off the critical path, and every node hand-off to an
+    inter-op thread costs a wake-up; docs/OPTIMIZE.md, "Inter-op parallelism").
     """
     import onnxruntime as ort
 
@@ -68,20 +80,33 @@ def session_options(intra_op_threads: int | None = None, level: str = "all", spi
     }[level]
     if intra_op_threads:
         so.intra_op_num_threads = int(intra_op_threads)
+    if inter_op_threads is not None and int(inter_op_threads) > 1:
+        so.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+        so.inter_op_num_threads = int(inter_op_threads)
+    else:
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3  # errors only: the NCHWc serialization warning etc. are expected
     if not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return so
 
 
 def make_session(
-    path: str | Path, device: str = "cpu", intra_op_threads: int | None = None, spin: bool = True
+    path: str | Path,
+    device: str = "cpu",
+    intra_op_threads: int | None = None,
+    spin: bool = True,
+    inter_op_threads: int | None = None,
 ) -> Any:
-    """An InferenceSession for `path` with every graph optimization on."""
+    """An InferenceSession for `path` with every graph optimization on (sequential executor unless
+    `inter_op_threads` > 1: `session_options`)."""
     import onnxruntime as ort
 
     return ort.InferenceSession(
-        str(path), session_options(intra_op_threads, "all", spin), providers=providers_for(device)
+        str(path),
+        session_options(intra_op_threads, "all", spin, inter_op_threads),
+        providers=providers_for(device),
     )
 
 

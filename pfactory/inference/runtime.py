@@ -109,12 +109,15 @@ class OrtRunner(Runner):
         device: str = "cpu",
         intra_op_threads: int | None = None,
         spin: bool = True,
+        inter_op_threads: int | None = None,
     ) -> None:
+        """`inter_op_threads` > 1: ORT's parallel executor (measurements only, slower here: see
+        `ort_backend.session_options`); the default None keeps the sequential executor."""
         from pfactory.inference.ort_backend import make_session
 
         self.path = Path(path)
         self.precision = precision
-        self.session = make_session(self.path, device, intra_op_threads, spin)
+        self.session = make_session(self.path, device, intra_op_threads, spin, inter_op_threads)
         self.device = "cuda" if self.session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
         batch_dim = self.session.get_inputs()[0].shape[0]
         # A graph exported with a fixed batch (export fallback) declares an int here.

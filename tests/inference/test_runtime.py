@@ -128,3 +128,26 @@ def test_file_hashes_cover_nested_files_but_not_the_manifest(optimized_dir: Path
     hashes = file_hashes(optimized_dir)
     assert set(hashes) == {"model.onnx", "onnxruntime/model.fp32.onnx"}
     assert hashes["model.onnx"] == sha256_file(optimized_dir / "model.onnx")
+
+
+def test_parallel_executor_is_opt_in_and_computes_the_same_bits(optimized_dir: Path, tiny_model) -> None:
+    """Sequential executor by default (1-thread evaluate workers get exactly what they asked for);
+    `inter_op_threads` > 1 selects ORT_PARALLEL, with identical outputs."""
+    import onnxruntime as ort
+
+    from pfactory.inference.ort_backend import session_options
+
+    seq = session_options(1, spin=False)
+    assert seq.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL and seq.intra_op_num_threads == 1
+    assert seq.get_session_config_entry("session.inter_op.allow_spinning") == "0"
+    assert session_options(1, inter_op_threads=1).execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
+    par = session_options(1, inter_op_threads=2)
+    assert par.execution_mode == ort.ExecutionMode.ORT_PARALLEL and par.inter_op_num_threads == 2
+
+    path = optimized_dir / "onnxruntime" / "model.fp32.onnx"
+    default = load_runner(optimized_dir, intra_op_threads=1)
+    parallel = OrtRunner(path, "fp32", "cpu", 1, spin=False, inter_op_threads=2)
+    feed = make_feed(tiny_model, 2, 300, seed=5)
+    a, b = default.run(feed), parallel.run(feed)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
