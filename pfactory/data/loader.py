@@ -152,6 +152,23 @@ def collate(samples: list[Sample], device: str = "cpu") -> Batch:
     return batch.to(device) if device != "cpu" else batch
 
 
+def _plain_pickling_of_dali_worker_signals() -> None:
+    """Let DALI's parallel workers report StopIteration/RuntimeError to the parent again.
+
+    `tblib.pickling_support.install()` (run by `import distributed`, i.e. by Dask) registers a copyreg
+    reducer for every exception class. Forked DALI workers inherit it and pickle their end-of-epoch
+    StopIteration through tblib, and DALI's parent-side unpickler (which only admits the plain builtins)
+    refuses it: the loader dies after the first epoch of any process that imported Dask. Dropping the
+    reducer of these two classes restores the builtin pickling; Dask keeps tblib for every other class.
+    """
+    import copyreg
+
+    for cls in (StopIteration, RuntimeError):
+        reducer = copyreg.dispatch_table.get(cls)
+        if reducer is not None and getattr(reducer, "__module__", "").startswith("tblib"):
+            del copyreg.dispatch_table[cls]
+
+
 class DaliLoader(_LoaderBase):
     """DALI pipeline over the shards (see the module docstring); GPU-resident on CUDA."""
 
@@ -166,6 +183,7 @@ class DaliLoader(_LoaderBase):
         from nvidia.dali import fn, types
         from nvidia.dali.pipeline import Pipeline
 
+        _plain_pickling_of_dali_worker_signals()
         gpu = self.device.startswith("cuda")
         src = BatchSource.__new__(BatchSource)
         src.__dict__.update(self.source.__getstate__())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -149,3 +151,23 @@ def test_gpu_batches_are_resident_and_equal_the_reference(prepared_nuscenes: Pat
     b = next(iter(make_loader(prepared_nuscenes, "train", backend="torch", device="cpu", **kw)))
     assert a.images.is_cuda and a.points.is_cuda and a.proj.is_cuda
     _assert_batches_equal(a, b)
+
+
+def test_dali_loader_works_in_a_process_that_imported_dask_distributed(prepared_kitti: Path) -> None:
+    """`import distributed` installs tblib's exception pickling; the DALI workers' end-of-epoch signal
+    must still reach the parent (regression: the second epoch died with an UnpicklingError)."""
+    code = (
+        "import sys, distributed\n"
+        "from pfactory.data.loader import make_loader\n"
+        "loader = make_loader(sys.argv[1], 'train', batch_size=2, workers=1, device='cpu', backend='dali')\n"
+        "print([len(list(loader)) for _ in range(2)])\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(prepared_kitti)], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    n = -(
+        -make_loader(prepared_kitti, "train", batch_size=2, backend="torch", device="cpu").source.num_rows
+        // 2
+    )
+    assert r.stdout.strip().splitlines()[-1] == f"[{n}, {n}]"
