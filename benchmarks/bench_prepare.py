@@ -9,7 +9,11 @@ Out: printed tables (and `--json FILE`):
      DALI (decode, resize, pad, normalize, CHW float16), the PIL + NumPy baseline doing
      identical work in a thread pool (`pfactory.data.camera.pil_reference`), and the decode-only
      ceiling of the same images (DALI and PIL, the faster counts); img/s, frames/s, the ratios
-     DALI / baseline and DALI / ceiling. PNG (KITTI) and JPEG (nuScenes) separately. Each
+     DALI / baseline and DALI / ceiling. PNG (KITTI) and JPEG (nuScenes) separately. Also
+     where the time goes beyond decoding, in CPU ms per image: DALI decode-only, decode +
+     resize (`dali_decode_resize`) and the full pipeline, so resize and normalize+pad+CHW+fp16
+     are differences; PIL + NumPy per part (decode, resize, normalize+pad+fp16) in one
+     thread (`pil_parts`). Each
      measurement is repeated `--repeats` times, interleaved, and the median is reported (the
      machine is shared: `load` is the 1-minute load average around the run);
   2. the whole stage (`prepare_dataset`) on the same frames: frames/s and seconds per part --
@@ -21,7 +25,7 @@ Out: printed tables (and `--json FILE`):
   5. on a CUDA machine, the DALI GPU path (mixed decode) next to the CPU paths.
 Targets (2 cores): DALI >= 1.25x the 2-thread baseline, >= 80 % of the decode-only ceiling.
 
-Run: `python benchmarks/bench_prepare.py [--frames 200] [--rss] [--json out.json]`
+Run: `python benchmarks/bench_prepare.py [--frames 200] [--formats png,jpeg] [--rss] [--json out.json]`
 (also `factory bench prepare`, via `main(argv)`).
 """
 
@@ -105,6 +109,7 @@ def run_dali(
     threads: int,
     decode_only: bool,
     device: str = "cpu",
+    resize_only: bool = False,
 ) -> tuple[float, float]:
     """(wall, CPU) seconds for all images through a DALI pipeline (built and warmed up first)."""
     cam = CameraPipeline(
@@ -115,6 +120,7 @@ def run_dali(
         threads,
         device,
         decode_only,
+        resize_only,
     )
     B = cam.batch_size
     sizes = [(g.out_h, g.out_w) for g in geos]
@@ -151,6 +157,37 @@ def run_pil(
         return time.perf_counter() - t0, _cpu_seconds() - c0
 
 
+def pil_parts(datas: list[bytes], geos: list[ResizeGeometry], params: PrepareParams, n: int = 48) -> dict:
+    """CPU ms per image of each part of `pil_reference` (+ its fp16 cast), in one thread.
+
+    The same steps as `pil_reference`, timed apart on the first `n` images (thread CPU time,
+    so the load of a shared machine does not count).
+    """
+    from PIL import Image
+
+    W, H = params.image_size
+    m = np.asarray(params.image_mean, dtype=np.float32) * 255.0
+    inv = 1.0 / (np.asarray(params.image_std, dtype=np.float32) * 255.0)
+    t = {"decode": 0.0, "resize": 0.0, "normalize+pad+fp16": 0.0}
+    k = min(n, len(datas))
+    for d, g in zip(datas[:k], geos[:k]):
+        c0 = time.thread_time()
+        with Image.open(io.BytesIO(d)) as im:
+            rgb = im.convert("RGB")
+        c1 = time.thread_time()
+        small = rgb.resize((g.out_w, g.out_h), Image.BILINEAR)
+        c2 = time.thread_time()
+        a = np.asarray(small, dtype=np.float32)
+        out = np.zeros((3, H, W), dtype=np.float32)
+        out[:, : g.out_h, : g.out_w] = ((a - m) * inv).transpose(2, 0, 1)
+        out.astype(np.float16)
+        c3 = time.thread_time()
+        t["decode"] += c1 - c0
+        t["resize"] += c2 - c1
+        t["normalize+pad+fp16"] += c3 - c2
+    return {key: round(v / k * 1e3, 2) for key, v in t.items()}
+
+
 def _cpu_seconds() -> float:
     """User + system CPU seconds of this process, all threads (robust to a shared machine)."""
     import resource
@@ -166,6 +203,7 @@ def camera_table(datas, geos, n_frames, params, threads, repeats, gpu) -> dict:
         "pil_numpy": lambda: run_pil(datas, geos, params, threads, False),
         "dali_decode_only": lambda: run_dali(datas, geos, params, threads, True),
         "pil_decode_only": lambda: run_pil(datas, geos, params, threads, True),
+        "dali_decode_resize": lambda: run_dali(datas, geos, params, threads, False, resize_only=True),
     }
     if gpu:
         paths["dali_gpu"] = lambda: run_dali(datas, geos, params, threads, False, "gpu")
@@ -199,6 +237,14 @@ def camera_table(datas, geos, n_frames, params, threads, repeats, gpu) -> dict:
     out["cpu_ratio_dali_vs_decode_ceiling"] = round(
         min(cmed["dali_decode_only"], cmed["pil_decode_only"]) / cmed["dali"], 3
     )
+    # Where DALI's time goes beyond decoding (CPU ms per image, differences of the medians).
+    per = {k: cmed[k] / n * 1e3 for k in ("dali_decode_only", "dali_decode_resize", "dali")}
+    out["dali_parts_cpu_ms"] = {
+        "decode": round(per["dali_decode_only"], 2),
+        "resize": round(per["dali_decode_resize"] - per["dali_decode_only"], 2),
+        "normalize+pad+CHW+fp16": round(per["dali"] - per["dali_decode_resize"], 2),
+    }
+    out["pil_parts_cpu_ms"] = pil_parts(datas, geos, params)
     out["images"] = n
     out["frames"] = n_frames
     if gpu:
@@ -221,12 +267,12 @@ def stage_table(raw: Path, params: PrepareParams, cam: dict, work: Path) -> dict
     # into decode and resize+pad+normalize by the decode-only pipeline. The parts overlap in
     # time (workers, main thread and DALI run concurrently), so they add up to more than the wall.
     n_img = cam["images"]
-    decode_s = cam["dali_decode_only"]["cpu_ms_per_img"] * n_img / 1e3
-    full_s = cam["dali"]["cpu_ms_per_img"] * n_img / 1e3
+    dp = cam["dali_parts_cpu_ms"]
     parts = {
         "read (validate + read, workers)": m["seconds_read"],
-        "decode (DALI CPU)": decode_s,
-        "resize+pad+normalize (DALI CPU)": max(full_s - decode_s, 0.0),
+        "decode (DALI CPU)": dp["decode"] * n_img / 1e3,
+        "resize (DALI CPU)": max(dp["resize"], 0.0) * n_img / 1e3,
+        "normalize+pad+CHW+fp16 (DALI CPU)": max(dp["normalize+pad+CHW+fp16"], 0.0) * n_img / 1e3,
         "lidar (workers)": m["seconds_lidar"],
         "write (main)": m["seconds_write"],
         "hash inputs + shards": m["seconds_hash"],
@@ -353,6 +399,7 @@ def _print(report: dict) -> None:
             "dali",
             "pil_numpy",
             "dali_decode_only",
+            "dali_decode_resize",
             "pil_decode_only",
             "dali_gpu",
             "dali_gpu_decode_only",
@@ -371,6 +418,13 @@ def _print(report: dict) -> None:
         print(
             f"  DALI / decode ceiling  {t['ratio_dali_vs_decode_ceiling']:.0%} wall (target {TARGET_VS_CEILING:.0%}: {ok2}), "
             f"{t['cpu_ratio_dali_vs_decode_ceiling']:.0%} CPU"
+        )
+        print(
+            "  CPU ms/img by part     DALI "
+            + ", ".join(f"{k} {v}" for k, v in t["dali_parts_cpu_ms"].items())
+        )
+        print(
+            "                         PIL  " + ", ".join(f"{k} {v}" for k, v in t["pil_parts_cpu_ms"].items())
         )
     print("\n== whole stage (prepare_dataset, default params) ==")
     for fmt, s in report["stage"].items():
@@ -402,6 +456,11 @@ def main(argv: list[str] | None = None) -> dict:
         default="camera,stage,lidar",
         help="comma-separated subset of camera,stage,lidar (rss: --rss)",
     )
+    ap.add_argument(
+        "--formats",
+        default="png,jpeg",
+        help="comma-separated subset of png (KITTI), jpeg (nuScenes): one per run keeps runs short",
+    )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--work", type=Path, default=None, help="scratch dir (default: a temp dir)")
     ap.add_argument("--rss-child", nargs=2, metavar=("RAW", "OUT"), help=argparse.SUPPRESS)
@@ -426,7 +485,10 @@ def main(argv: list[str] | None = None) -> dict:
     parts = set(args.parts.split(","))
     try:
         raws = build_datasets(work, args.frames) if parts & {"camera", "stage", "lidar"} else {}
+        formats = set(args.formats.split(","))
         for fmt, raw in raws.items():
+            if fmt not in formats:
+                continue
             if parts & {"camera", "stage"}:
                 datas, geos, n = camera_inputs(raw, params)
                 report["camera"][fmt] = camera_table(datas, geos, n, params, args.threads, args.repeats, gpu)

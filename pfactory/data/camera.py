@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# DALI's CPU resize processes a batch in minibatches of this many samples (its default, 32);
-# a batch of (frame, camera) pairs never needs more.
+# An upper bound on a batch of (frame, camera) pairs (memory: one batch is in flight). DALI's
+# CPU resize runs one thread-pool task per sample (its `minibatch_size` applies to the GPU
+# only), so every operator of this pipeline spreads a batch over `num_threads` threads.
 _MAX_BATCH_PAIRS = 256
 
 
@@ -93,7 +94,9 @@ class CameraBatchError(RuntimeError):
 class CameraOutput:
     """One batch out of the camera pipeline."""
 
-    images: np.ndarray  # [n, 3, H, W] float16 (or uint8 [n, h, w, 3] decoded images, decode_only)
+    # [n, 3, H, W] float16; resize_only: uint8 [n, h', w', 3] (a list of [h', w', 3] when the
+    # sizes differ); decode_only: None (the decoded images stay inside DALI, see below)
+    images: np.ndarray | list[np.ndarray] | None
     decoded_hw: np.ndarray  # [n, 2] int64: (height, width) of each decoded image
 
 
@@ -103,7 +106,10 @@ class CameraPipeline:
     `submit` feeds one batch and starts it asynchronously (DALI's own `num_threads` threads, or
     the GPU); `collect` waits for it. Between the two the caller's Python thread is free (prepare
     runs the lidar path there), so the two paths overlap. One batch is in flight at a time.
-    `decode_only=True` builds the decode-only pipeline (the benchmark's ceiling).
+    `decode_only=True` builds the decode-only pipeline (the benchmark's ceiling): it returns
+    the decoded shapes only, so the ceiling is not charged for copying full-size images out
+    (4.3 MB per nuScenes image) that the PIL decode-only baseline does not copy either;
+    `resize_only=True` stops after the resize (the benchmark's time split by operator).
     """
 
     def __init__(
@@ -115,6 +121,7 @@ class CameraPipeline:
         num_threads: int,
         device: str = "cpu",
         decode_only: bool = False,
+        resize_only: bool = False,
     ):
         self.image_size = (int(image_size[0]), int(image_size[1]))  # (W, H)
         self.mean = [255.0 * m for m in mean]
@@ -123,6 +130,7 @@ class CameraPipeline:
         self.num_threads = int(num_threads)
         self.device = resolve_device(device)
         self.decode_only = decode_only
+        self.resize_only = resize_only and not decode_only
         self._pipe = None
         self._inflight = 0
 
@@ -160,19 +168,26 @@ class CameraPipeline:
                     antialias=True,
                     subpixel_scale=False,
                 )
-                out = fn.crop_mirror_normalize(
-                    resized,
-                    crop=(H, W),
-                    crop_pos_x=0.0,
-                    crop_pos_y=0.0,
-                    out_of_bounds_policy="pad",
-                    fill_values=[0.0],
-                    mean=self.mean,
-                    std=self.std,
-                    output_layout="CHW",
-                    dtype=types.FLOAT16,
+                out = (
+                    resized
+                    if self.resize_only
+                    else fn.crop_mirror_normalize(
+                        resized,
+                        crop=(H, W),
+                        crop_pos_x=0.0,
+                        crop_pos_y=0.0,
+                        out_of_bounds_policy="pad",
+                        fill_values=[0.0],
+                        mean=self.mean,
+                        std=self.std,
+                        output_layout="CHW",
+                        dtype=types.FLOAT16,
+                    )
                 )
-            pipe.set_outputs(out.cpu() if gpu else out, shape)
+            if self.decode_only:
+                pipe.set_outputs(shape)  # the decoder still runs: the shape depends on it
+            else:
+                pipe.set_outputs(out.cpu() if gpu else out, shape)
         pipe.build()
         return pipe
 
@@ -207,10 +222,15 @@ class CameraPipeline:
             raise RuntimeError("CameraPipeline: nothing in flight")
         self._inflight = 0
         try:
-            out, shape = self.pipe.outputs()
-            images = np.array(out.as_tensor()) if out.is_dense_tensor() else None
-            if images is None:  # decode_only with mixed sizes: keep a list
-                images = [np.array(out[i]) for i in range(len(out))]
+            outs = self.pipe.outputs()
+            shape = outs[-1]
+            images: np.ndarray | list[np.ndarray] | None = None
+            if not self.decode_only:
+                out = outs[0]
+                if out.is_dense_tensor():
+                    images = np.array(out.as_tensor())
+                else:  # resize_only with mixed sizes: keep a list
+                    images = [np.array(out[i]) for i in range(len(out))]
             hw = np.array(shape.as_tensor())[:, :2].astype(np.int64)  # [n, 2]
         except Exception as e:
             # DALI invalidates the pipeline after an operator error: rebuild on next use.

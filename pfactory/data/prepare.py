@@ -7,7 +7,9 @@ In: a raw dataset directory (KITTI or nuScenes layout) and `PrepareParams`. Out,
 
 Flow, one frame at a time in dataset order, with bounded buffers:
 1. *read*: `pfactory.sensors.validate.inspect_frame` checks every part of the frame (the same
-   checks as `factory data check`) and reads it; a frame with any problem is refused here.
+   checks as `factory data check`, except that images are checked by header and end marker
+   only: DALI decodes them in step 3 and refuses what it cannot decode, so no image is
+   decoded twice) and reads it; a frame with any problem is refused here.
    The frame's raw files are hashed (sha256) for the manifest.
 2. *lidar* (`pfactory.data.lidar`), in this Python thread, while DALI works on the images of
    the frames before it;
@@ -374,14 +376,17 @@ class _Run:
     def read_frame(self, index: int, frame_id: str) -> _ReadResult:
         """Check, read, hash and run the lidar path of one frame (thread-safe: a worker runs it).
 
-        The heavy parts (PIL's full decode in the checks, NumPy, sha256) release the GIL, so
-        `num_threads` workers run them in parallel with the main thread and DALI.
+        The heavy parts (file reads, NumPy, sha256) release the GIL, so `num_threads` workers
+        run them in parallel with the main thread and DALI. Images are not decoded here
+        (`decode_images=False`: header, size and end marker only); DALI's decode is the one
+        decode, and `_deliver` refuses a frame whose image DALI cannot decode or whose decoded
+        size differs from its header.
         """
         from pfactory.sensors.validate import inspect_frame
 
         prm = self.params
         t0 = time.perf_counter()
-        fc = inspect_frame(self.dataset, frame_id, min_points=prm.min_points)
+        fc = inspect_frame(self.dataset, frame_id, min_points=prm.min_points, decode_images=False)
         frame = fc.frame
         encoded: dict[Path, bytes] = {}
         if frame is not None:

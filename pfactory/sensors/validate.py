@@ -34,8 +34,9 @@ What is checked:
 - paths: a nuScenes table path that escapes the dataset root (`../`, absolute).
 
 Reuse by the prepare stage: `inspect_frame` returns a `FrameCheck` holding the problems, the
-read `Frame` (when clean) and the decoded camera images, so prepare checks and decodes each
-frame once. `check_frame` is the problems-only form.
+read `Frame` (when clean) and, on request, the decoded camera images; prepare asks for no
+decode at all (`decode_images=False`) since DALI decodes each image once, after the checks.
+`check_frame` is the problems-only form.
 """
 
 from __future__ import annotations
@@ -185,13 +186,22 @@ def check_points_bytes(
     return out
 
 
-def decode_image_checked(data: bytes, keep: bool = False) -> tuple[np.ndarray | None, tuple[int, int], str]:
+def decode_image_checked(
+    data: bytes, keep: bool = False, decode: bool = True
+) -> tuple[np.ndarray | None, tuple[int, int], str]:
     """Fully decode PNG/JPEG bytes: `(rgb [H, W, 3] uint8 or None, (width, height), error)`.
 
     `error` is "" when the image is fine. Truncation is caught twice: by PIL's full decode
     (which raises while `ImageFile.LOAD_TRUNCATED_IMAGES` is False, PIL's default) and by
     the file's end marker, which also catches a PNG cut after its last image data (PIL
     decodes that silently) and truncation when some library flipped the PIL flag.
+    `decode=False`, for a caller that decodes the image itself right after and refuses what
+    its decoder refuses (prepare: DALI), so the pixels are not decoded twice: a PNG is checked
+    by header and end marker only (DALI's libpng refuses what PIL's decode refuses, and more:
+    it checks the IDAT CRCs); a JPEG is still entropy-decoded in full, but at 1/8 scale
+    (libjpeg DCT scaling, ~half the cost of a full decode), because DALI's JPEG decoder decodes
+    some corrupt scans that PIL refuses, and libjpeg raises on those while reading the coded
+    stream, which the scaled decode reads completely (tests/data/test_camera.py).
     """
     import io
 
@@ -202,8 +212,12 @@ def decode_image_checked(data: bytes, keep: bool = False) -> tuple[np.ndarray | 
     try:
         with Image.open(io.BytesIO(data)) as im:
             fmt = im.format
-            im.load()
-            size = im.size
+            size = im.size  # from the header (a draft below would change im.size)
+            if decode or keep:
+                im.load()
+            elif fmt == "JPEG":
+                im.draft(None, (max(1, size[0] // 8), max(1, size[1] // 8)))
+                im.load()
             rgb = np.asarray(im.convert("RGB")) if keep else None
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError... for corrupt data
         return None, (0, 0), f"a decodable PNG/JPEG image ({type(e).__name__}: {e})"
@@ -383,7 +397,9 @@ def _kitti_label_problems(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def _inspect_kitti(ds: KittiDataset, frame_id: str, min_points: int, keep_images: bool) -> FrameCheck:
+def _inspect_kitti(
+    ds: KittiDataset, frame_id: str, min_points: int, keep_images: bool, decode: bool = True
+) -> FrameCheck:
     root = ds.root
     probs: list[Problem] = []
 
@@ -434,7 +450,7 @@ def _inspect_kitti(ds: KittiDataset, frame_id: str, min_points: int, keep_images
 
     images: dict[str, np.ndarray] = {}
     if "image_2" in present:
-        rgb, size, err = decode_image_checked(present["image_2"].read_bytes(), keep_images)
+        rgb, size, err = decode_image_checked(present["image_2"].read_bytes(), keep_images, decode)
         if err:
             add(present["image_2"], "image", err)
         else:
@@ -474,7 +490,9 @@ def _nuscenes_channels(ds: Any) -> set[str]:
     return chans
 
 
-def _inspect_nuscenes(ds: Any, frame_id: str, min_points: int, keep_images: bool) -> FrameCheck:
+def _inspect_nuscenes(
+    ds: Any, frame_id: str, min_points: int, keep_images: bool, decode: bool = True
+) -> FrameCheck:
     from pfactory.sensors.nuscenes import LIDAR_CHANNEL, _transform
 
     root = ds.root
@@ -550,7 +568,7 @@ def _inspect_nuscenes(ds: Any, frame_id: str, min_points: int, keep_images: bool
                     f"got {repr(cs.get('camera_intrinsic'))[:200]}",
                 )
                 K = None
-        rgb, size, err = decode_image_checked(path.read_bytes(), keep_images)
+        rgb, size, err = decode_image_checked(path.read_bytes(), keep_images, decode)
         if err:
             add(path, "image", err)
             continue
@@ -619,19 +637,26 @@ def _finish(ds: Any, frame_id: str, probs: list[Problem], images: dict[str, np.n
 
 
 def inspect_frame(
-    dataset: Any, frame_id: str, *, min_points: int = MIN_POINTS, keep_images: bool = False
+    dataset: Any,
+    frame_id: str,
+    *,
+    min_points: int = MIN_POINTS,
+    keep_images: bool = False,
+    decode_images: bool = True,
 ) -> FrameCheck:
     """Check one frame of an open dataset (`open_dataset(...)`) and read it when clean.
 
     Returns every problem of the frame; when there is none, `FrameCheck.frame` is the read
     `Frame`, and with `keep_images` the decoded RGB images are in `FrameCheck.images` by
-    camera name, so a caller that needs pixels (prepare) does not decode twice.
+    camera name, so a caller that needs pixels does not decode twice. `decode_images=False`
+    checks images by header and end marker only (see `decode_image_checked`), for a caller
+    that decodes them with its own decoder and refuses what it cannot decode (prepare: DALI).
     """
     inspect = {"kitti": _inspect_kitti, "nuscenes": _inspect_nuscenes}.get(dataset.layout)
     if inspect is None:
         raise ValueError(f"no validator for dataset layout {dataset.layout!r}")
     try:
-        return inspect(dataset, frame_id, min_points, keep_images)
+        return inspect(dataset, frame_id, min_points, keep_images, decode_images)
     except OSError as e:  # unreadable file (permissions, I/O error, vanished mid-check)
         where = _rel(e.filename, dataset.root) if e.filename else "."
         return FrameCheck(frame_id, [_problem(frame_id, where, "file", f"a readable file ({e})")])

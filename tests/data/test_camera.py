@@ -142,3 +142,41 @@ def test_gpu_mixed_decode_matches_cpu(real_kitti_dir: Path, real_nuscenes_dir: P
         diff = np.abs(c.astype(np.float32) - g.astype(np.float32)) / GREY
         # nvJPEG's IDCT/upsampling differ from libjpeg-turbo by a few grey levels at edges.
         assert diff[:, : geo.out_h, : geo.out_w].mean() < 1.0
+
+
+def _flip(data: bytes, frac: float, n: int = 64) -> bytes:
+    """`data` with `n` bytes from `frac` of its length XOR-ed (a corruption in the middle)."""
+    b = bytearray(data)
+    i = int(len(b) * frac)
+    b[i : i + n] = bytes(x ^ 0x5A for x in b[i : i + n])
+    return bytes(b)
+
+
+def test_prepare_checks_without_a_second_decode_refuse_what_pil_refuses(
+    real_kitti_dir: Path, real_nuscenes_dir: Path
+) -> None:
+    """Prepare checks images with `decode_image_checked(decode=False)` and lets DALI decode.
+
+    PNG: header + end marker only, and DALI (libpng) refuses the corruptions PIL's decode
+    refuses. JPEG: DALI decodes a corrupt scan that PIL refuses (measured), so the check
+    entropy-decodes the stream at 1/8 scale, which refuses it as PIL's full decode does.
+    """
+    from pfactory.sensors.validate import decode_image_checked
+
+    png = sorted((real_kitti_dir / "training" / "image_2").glob("*.png"))[0].read_bytes()
+    jpg = sorted((real_nuscenes_dir / "samples").glob("CAM_*/*.jpg"))[0].read_bytes()
+    assert decode_image_checked(png, decode=False) == (None, (1224, 370), "")
+    assert decode_image_checked(jpg, decode=False) == (None, (1600, 900), "")
+
+    g = resize_geometry((1224, 370), (104, 32))
+    cam = CameraPipeline((104, 32), MEAN, STD, batch_size=1, num_threads=1)
+    for bad in (_flip(png, 0.5), png[: len(png) // 2] + png[-12:]):  # corrupt IDAT; cut, IEND kept
+        assert decode_image_checked(bad)[2]  # PIL's full decode refuses it
+        assert decode_image_checked(bad, decode=False)[2] == ""  # the header check passes it...
+        assert isinstance(cam.run_each([bad], [(g.out_h, g.out_w)])[0], str)  # ...DALI refuses it
+
+    bad = _flip(jpg, 0.5)  # corrupt scan data, EOI intact
+    assert decode_image_checked(bad)[2]
+    assert "decodable" in decode_image_checked(bad, decode=False)[2]
+    g = resize_geometry((1600, 900), (104, 32))
+    assert not isinstance(cam.run_each([bad], [(g.out_h, g.out_w)])[0], str)  # why JPEG is checked
