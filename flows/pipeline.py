@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,12 @@ def _stage_task(stage: str) -> Any:
 
 
 STAGE_TASKS = {stage: _stage_task(stage) for stage in STAGES}
+
+
+def _progress(line: str) -> None:
+    """One progress line on stderr (Prefect's own logs are at WARNING by default: they stay quiet)."""
+    sys.stderr.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+    sys.stderr.flush()
 
 
 def declared_stages(root: Path) -> list[str]:
@@ -155,6 +162,7 @@ def pipeline(
     ws = create_workspace(root_path, params, run_id)
     logger = get_run_logger()
     logger.info("run %s: workspace %s", run_id, ws.path)
+    _progress(f"run {run_id}: workspace {ws.path}")
 
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     exp_id = experiment_id(root_path)
@@ -182,9 +190,19 @@ def pipeline(
         os.environ[PARENT_ENV] = run.info.run_id
         os.environ["PFACTORY_TIMINGS_DIR"] = str(timings_dir)
         try:
-            for stage in selected:
+            for i, stage in enumerate(selected, 1):
+                _progress(f"[{i}/{len(selected)}] {stage} ...")
                 results["stages"][stage] = STAGE_TASKS[stage](ws)
                 results["timings_s"][stage] = round(ws.stage_seconds[stage], 3)
+                r = results["stages"][stage]
+                how = (
+                    "ran"
+                    if r["ran"]
+                    else "restored from the run-cache"
+                    if r["restored_from_run_cache"]
+                    else "up to date"
+                )
+                _progress(f"[{i}/{len(selected)}] {stage}: {how}, {r['seconds']:.1f} s")
                 mlflow.log_metric(f"time/{stage}_s", results["timings_s"][stage])
         finally:
             for k, v in env_before.items():

@@ -82,18 +82,24 @@ class Workspace:
         return env
 
     def dvc(self, *args: str, log_name: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        """Run `dvc <args>` in the workspace (this interpreter's DVC), output kept in `logs/<log_name>.log`."""
+        """Run `dvc <args>` in the workspace (this interpreter's DVC). Its output streams into
+        `logs/<log_name>.log` as it runs (`tail -f` it to watch a stage) and is returned as `stdout`."""
         cmd = [sys.executable, "-m", "dvc", *args]
-        proc = subprocess.run(
-            cmd, cwd=self.path, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
         log = self.path / "logs" / f"{log_name or args[0]}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "a") as f:
-            f.write(f"$ dvc {' '.join(args)}\n{proc.stdout}\n")
+            f.write(f"$ dvc {' '.join(args)}\n")
+            f.flush()
+            start = f.tell()
+            proc = subprocess.run(
+                cmd, cwd=self.path, env=self.env(), stdout=f, stderr=subprocess.STDOUT, text=True
+            )
+        with open(log) as f:
+            f.seek(start)
+            output = f.read()
         if check and proc.returncode != 0:
-            raise StageFailed(log_name or args[0], proc.returncode, proc.stdout, log)
-        return proc
+            raise StageFailed(log_name or args[0], proc.returncode, output, log)
+        return subprocess.CompletedProcess(cmd, proc.returncode, output, None)
 
     def repro(self, stage: str) -> dict[str, Any]:
         """`dvc repro <stage>` (upstream stages already reproduced are no-ops); returns what DVC did."""

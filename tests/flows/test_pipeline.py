@@ -219,5 +219,6 @@ def test_dvc_exp_run_with_a_param_override(project: Path) -> None:
             text=True,
         )
         assert diff.returncode == 0, diff.stderr
-        kpis = json.loads(diff.stdout)["diff"]["artifacts/eval/kpis.json"]
+        out = json.loads(diff.stdout)
+        kpis = out.get("diff", out)["artifacts/eval/kpis.json"]  # {path: {metric: {old, new, diff}}}
         assert "mAP" in kpis and kpis["mAP"]["old"] is not None and kpis["mAP"]["new"] is not None, kpis
