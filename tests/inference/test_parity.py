@@ -51,18 +51,19 @@ def test_perturbed_scores_fail_naming_the_metric() -> None:
     tol = ParityParams().fp32
     failures = gate(compare_outputs([ref], [cand], ParityParams(), tol), tol)
     assert len(failures) == 1 and failures[0].startswith(
-        "scores: max |diff| / (atol 1e-05 + rtol 0.0001 * |ref|) = "
+        "scores: max |diff| / (atol 5e-05 + rtol 0.0001 * |ref|) = "
     )
     assert "(max |diff| 0.01)" in failures[0]
 
 
 def test_fp32_noise_at_float32_floor_passes_but_twice_the_tolerance_fails() -> None:
-    """allclose semantics: a 1.1e-4 relative error on a 0.18 score (what PyTorch shows against itself at
-    another thread count) is within atol 1e-5 + rtol 1e-4 * 0.18; 3x that is not."""
+    """allclose semantics: 2.0e-5 on a 0.18 score (what PyTorch shows against itself at another thread
+    count) and 4.7e-5 (the largest ORT-vs-PyTorch difference seen on a trained model) are within
+    atol 5e-5 + rtol 1e-4 * 0.18 = 6.8e-5; twice that bound is not."""
     ref = _outputs(b=1)
     ref["scores"][0, :3] = [0.9, 0.5, 0.18]
     tol = ParityParams().fp32
-    for delta, ok in ((2.0e-5, True), (6.0e-5, False)):
+    for delta, ok in ((2.0e-5, True), (4.7e-5, True), (1.36e-4, False)):
         cand = _copy(ref)
         cand["scores"][0, 2] += delta
         m = compare_outputs([ref], [cand], ParityParams(), tol)
