@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from pfactory.section import Section, check_pc_range
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -23,12 +25,6 @@ Fraction = Annotated[float, Field(ge=0, le=1)]
 
 class ParamsError(ValueError):
     """A parameter file or override is invalid; the message names the key and the expectation."""
-
-
-class Section(BaseModel):
-    """Base of every section: unknown keys are errors, values are validated on assignment."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
 
 class PathsParams(Section):
@@ -111,9 +107,7 @@ class PrepareParams(Section):
     @field_validator("pc_range")
     @classmethod
     def _range(cls, v: list[float]) -> list[float]:
-        if len(v) != 6 or not all(v[i] < v[i + 3] for i in range(3)):
-            raise ValueError("6 numbers (x_min, y_min, z_min, x_max, y_max, z_max) with each min < max")
-        return v
+        return check_pc_range(v)
 
     @field_validator("image_size")
     @classmethod

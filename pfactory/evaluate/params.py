@@ -11,16 +11,16 @@ import itertools
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from pfactory.section import Section
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 
 
-class EvaluateParams(BaseModel):
+class EvaluateParams(Section):
     """The `evaluate:` section."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     split: str = "val"
     """Split of the prepared data to evaluate (a key of its manifest's `splits`)."""

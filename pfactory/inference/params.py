@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from pfactory.section import Section
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -22,11 +24,7 @@ Fraction = Annotated[float, Field(ge=0, le=1)]
 OptionalTol = Annotated[float, Field(ge=0)] | None
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ParityTolerance(_Section):
+class ParityTolerance(Section):
     """Gate of one precision; `null` leaves a metric reported but not gated.
 
     Boxes and scores are compared on *matched* detections (same label, BEV centre within
@@ -92,7 +90,7 @@ def _int8_tolerance() -> ParityTolerance:
     return ParityTolerance(scores_atol=0.25, min_cosine=0.99, min_match_rate=0.75, repeat_atol=0.0)
 
 
-class ParityParams(_Section):
+class ParityParams(Section):
     """Optimized backend vs PyTorch on held-out frames -> `parity.json`; the stage fails outside the gate."""
 
     split: Literal["train", "val"] = "val"
@@ -117,7 +115,7 @@ class ParityParams(_Section):
     """Gate of INT8 artifacts (ONNX Runtime QDQ model, TensorRT INT8 engine)."""
 
 
-class LatencyParams(_Section):
+class LatencyParams(Section):
     """Latency of every built artifact and of PyTorch eager, measured in the same run -> `latency.json`."""
 
     batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 4])
@@ -130,7 +128,7 @@ class LatencyParams(_Section):
     """Also time PyTorch eager (the reference every ratio in `latency.json` is relative to)."""
 
 
-class Int8Params(_Section):
+class Int8Params(Section):
     """Post-training static INT8 quantization (ONNX Runtime QDQ; TensorRT calibration / QDQ)."""
 
     calibration_split: Literal["train", "val"] = "train"
@@ -164,7 +162,7 @@ class Int8Params(_Section):
     directly (measured: docs/OPTIMIZE.md)."""
 
 
-class TensorRTParams(_Section):
+class TensorRTParams(Section):
     """TensorRT engines (GPU machines with `pip install .[tensorrt]`; skipped elsewhere)."""
 
     workspace_gib: PositiveFloat = 4.0
@@ -193,7 +191,7 @@ class TensorRTParams(_Section):
         return self
 
 
-class OptimizeParams(_Section):
+class OptimizeParams(Section):
     """Trained PyTorch detector -> ONNX + backend artifacts, with parity and latency evidence (`factory optimize`)."""
 
     backend: Literal["auto", "onnxruntime", "tensorrt"] = "auto"

@@ -14,20 +14,17 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pfactory.data.augment import AugmentParams
+from pfactory.section import Section, check_pc_range
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ModelParams(_Section):
+class ModelParams(Section):
     """The camera-painted pillar detector with a center head (DESIGN.md §5, docs/MODEL.md)."""
 
     classes: list[str] = Field(default_factory=lambda: ["Car", "Pedestrian", "Cyclist"])
@@ -73,9 +70,7 @@ class ModelParams(_Section):
     @field_validator("pc_range")
     @classmethod
     def _range(cls, v: list[float]) -> list[float]:
-        if len(v) != 6 or not all(v[i] < v[i + 3] for i in range(3)):
-            raise ValueError("6 numbers (x_min, y_min, z_min, x_max, y_max, z_max) with each min < max")
-        return v
+        return check_pc_range(v)
 
     @model_validator(mode="after")
     def _check(self) -> ModelParams:
@@ -130,7 +125,7 @@ class ModelParams(_Section):
         return self.pillar_size_m * self.head_stride
 
 
-class TrainParams(_Section):
+class TrainParams(Section):
     """The training loop (`factory train`, tasks/train.py)."""
 
     epochs: PositiveInt = 15

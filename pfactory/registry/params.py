@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from pfactory.section import Section
 
 NonNegFloat = Annotated[float, Field(ge=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class PromoteParams(_Section):
+class PromoteParams(Section):
     """Candidate -> `champion`, only through the gates (DESIGN.md §9)."""
 
     model_name: str = "pfactory-detector"

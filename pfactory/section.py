@@ -1,0 +1,23 @@
+"""The base of every `params.yaml` section, and validators more than one section shares.
+
+Each stage keeps its section's model beside its code (`pfactory/model/params.py`, ...), and
+`pfactory/config.py` assembles the whole file from them; they all derive from `Section` here, so this
+module imports nothing of pfactory (no import cycle with config.py).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Section(BaseModel):
+    """Base of every section: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+def check_pc_range(v: list[float]) -> list[float]:
+    """A point-cloud range `(x_min, y_min, z_min, x_max, y_max, z_max)` with each min < max, metres."""
+    if len(v) != 6 or not all(v[i] < v[i + 3] for i in range(3)):
+        raise ValueError("6 numbers (x_min, y_min, z_min, x_max, y_max, z_max) with each min < max")
+    return v
