@@ -111,6 +111,19 @@ def plan_units(root: Path, shards: list[dict[str, Any]], slice_frames: int) -> l
     return units
 
 
+def _checked_file(path: Path, sha256: str, listed_in: str, hashed_in: str, hint: str, what: str = "") -> str:
+    """`path`'s sha256 when the file exists and matches the `sha256` its manifest lists; else an
+    EvaluateInputError naming the file, where it is listed and both hashes."""
+    if not path.is_file():
+        raise EvaluateInputError(f"{path}: {what}listed in {listed_in} but missing")
+    got = sha256_file(path)
+    if got != sha256:
+        raise EvaluateInputError(
+            f"{path}: sha256 {got[:12]}... does not match {hashed_in} ({sha256[:12]}...){hint}"
+        )
+    return got
+
+
 def _optimized_spec(
     optimized: Path, backend: str, precision: str | None, device: str
 ) -> tuple[RunnerSpec, dict]:
@@ -141,14 +154,8 @@ def _optimized_spec(
     except ArtifactError as e:
         raise EvaluateInputError(f"{optimized / MANIFEST}: artifacts: {e}") from e
     path = optimized / artifact["file"]
-    if not path.is_file():
-        raise EvaluateInputError(f"{path}: listed in {MANIFEST} (artifacts) but missing")
     # The sha256 is checked once here; each worker checks it again when it loads the file (load_runner).
-    got = sha256_file(path)
-    if got != artifact["sha256"]:
-        raise EvaluateInputError(
-            f"{path}: sha256 {got[:12]}... does not match {MANIFEST} artifacts ({artifact['sha256'][:12]}...)"
-        )
+    got = _checked_file(path, artifact["sha256"], f"{MANIFEST} (artifacts)", f"{MANIFEST} artifacts", "")
     spec = RunnerSpec("optimized", str(optimized.resolve()), got, backend, artifact["precision"], device)
     return spec, manifest
 
@@ -201,14 +208,14 @@ def resolve_inputs(
     if frames <= 0 or not shards:
         raise EvaluateInputError(f"{where}: splits.{split}: at least one frame, got {frames}")
     for s in shards:
-        p = data / s["file"]
-        if not p.is_file():
-            raise EvaluateInputError(f"{p}: shard listed in {where} (splits.{split}) but missing")
-        got = sha256_file(p)
-        if got != s["sha256"]:
-            raise EvaluateInputError(
-                f"{p}: sha256 {got[:12]}... does not match {where} ({s['sha256'][:12]}...): changed after prepare"
-            )
+        _checked_file(
+            data / s["file"],
+            s["sha256"],
+            f"{where} (splits.{split})",
+            str(where),
+            ": changed after prepare",
+            "shard ",
+        )
 
     m = manifest["model"]
     classes = tuple(m.get("classes") or ())

@@ -171,6 +171,19 @@ class PillarEncoder(nn.Module):
         # The export's scatter (`scatter_max_nonnegative`) needs features >= 0: true after a final ReLU.
         self.nonnegative_features = bool(layers) and isinstance(layers[-1], nn.ReLU)
 
+    @staticmethod
+    def _pillar_sums(flat: Tensor, cell: Tensor, num_cells: int) -> tuple[Tensor, Tensor]:
+        """Per pillar the sums of x, y, z and the point count, scatter-added into an extra trash row.
+
+        flat [B*P, 4], cell [B*P] (-1 = dropped) -> row [B*P] (the point's pillar, dropped -> num_cells),
+        sums [num_cells + 1, 4] = (sum x, sum y, sum z, count).
+        """
+        kept = cell >= 0  # [B*P]
+        row = torch.where(kept, cell, num_cells)  # [B*P], dropped -> trash row num_cells
+        xyz1 = torch.cat([flat[:, :3], torch.ones_like(flat[:, :1])], dim=1)  # [B*P, 4]
+        sums = xyz1.new_zeros(num_cells + 1, 4).scatter_add(0, row[:, None].expand(-1, 4), xyz1)
+        return row, sums
+
     def _decorate_channels_first(
         self, flat: Tensor, cell: Tensor, num_cells: int, extra: Tensor | None
     ) -> tuple[Tensor, Tensor]:
@@ -186,12 +199,7 @@ class PillarEncoder(nn.Module):
         x, y, z, intensity = flat.t()  # [B*P] each, contiguous rows of the [4, B*P] transpose
         cell_x = (x - x0) / self.cell  # [B*P] continuous cell coordinates
         cell_y = (y - y0) / self.cell
-        kept = cell >= 0  # [B*P]
-        row = torch.where(kept, cell, num_cells)  # [B*P], dropped -> trash row num_cells
-        xyz1 = torch.cat([flat[:, :3], torch.ones_like(flat[:, :1])], dim=1)  # [B*P, 4]
-        sums = xyz1.new_zeros(num_cells + 1, 4).scatter_add(
-            0, row[:, None].expand(-1, 4), xyz1
-        )  # [cells+1, 4]
+        row, sums = self._pillar_sums(flat, cell, num_cells)  # [B*P], [cells+1, 4]
         # The point's own pillar sums, then the division: per element what `forward` computes on every
         # cell of the grid ([cells+1, 3], ~2x the rows) before gathering.
         sx, sy, sz, count = sums[row].t()  # [B*P] each
@@ -247,12 +255,7 @@ class PillarEncoder(nn.Module):
         to_centre = cell_xy - torch.floor(cell_xy) - 0.5  # [B*P, 2]
 
         # Offsets to the pillar's point mean: scatter-add sums and counts into an extra trash row.
-        kept = cell >= 0  # [B*P]
-        row = torch.where(kept, cell, num_cells)  # [B*P], dropped -> trash row num_cells
-        xyz1 = torch.cat([flat[:, :3], torch.ones_like(flat[:, :1])], dim=1)  # [B*P, 4]
-        sums = xyz1.new_zeros(num_cells + 1, 4).scatter_add(
-            0, row[:, None].expand(-1, 4), xyz1
-        )  # [cells+1, 4]
+        row, sums = self._pillar_sums(flat, cell, num_cells)  # [B*P], [cells+1, 4]
         mean = sums[:, :3] / sums[:, 3:].clamp(min=1.0)  # [cells+1, 3]
         to_mean = (flat[:, :3] - mean[row]) / self.cell  # [B*P, 3] in cells
 
