@@ -7,18 +7,9 @@ split is cut into several work units, so two workers really share the work.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(rel: str, name: str):
-    """A helper module by path (no sys.path entry for tests/: tests/kernels would shadow kernels)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / rel)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.inference import helpers
 
 
 def build_eval_setup(root: Path, frames: int = 16) -> dict[str, Path]:
@@ -30,7 +21,6 @@ def build_eval_setup(root: Path, frames: int = 16) -> dict[str, Path]:
     from pfactory.model.io import save_model
     from pfactory.sensors.synth import generate_dataset
 
-    helpers = _load("tests/inference/helpers.py", "_inference_helpers_eval")
     generate_dataset(root / "raw", frames=frames, seed=5, cameras=1, image_size=(208, 64))
     prepare_dataset(
         root / "raw",

@@ -20,17 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from tests.inference import helpers
+
 ROOT = Path(__file__).resolve().parents[2]
 SPLIT = "val"
-
-
-def _load_inference_helpers():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_inference_helpers", ROOT / "tests/inference/helpers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def build_bench(root: Path) -> dict[str, Path]:
@@ -47,7 +40,6 @@ def build_bench(root: Path) -> dict[str, Path]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (root / ".done").is_file():
             return paths
-        helpers = _load_inference_helpers()
         from pfactory.config import PrepareParams
         from pfactory.data.prepare import prepare_dataset
         from pfactory.inference.params import OptimizeParams

@@ -4,7 +4,6 @@ mid-run, and bad inputs refused with clear errors and exit codes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -22,16 +21,10 @@ if str(ROOT) not in sys.path:  # the repo's `tasks`, not tests/'s namespace pack
 
 from pfactory.config import Params  # noqa: E402
 from pfactory.evaluate.params import EvaluateParams  # noqa: E402
+from tests.evaluate.helpers import build_eval_setup  # noqa: E402
 
 # Row groups of 2 frames (tests/evaluate/helpers.py): one row group per task, several tasks per model.
 EVAL = {"slice_frames": 2, "batch_size": 2, "worst_frames": 2}
-
-
-def _helpers():
-    spec = importlib.util.spec_from_file_location("_evaluate_helpers", ROOT / "tests/evaluate/helpers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _params(**over) -> Params:
@@ -40,7 +33,7 @@ def _params(**over) -> Params:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> dict[str, Path]:
-    return _helpers().build_eval_setup(tmp_path_factory.mktemp("evaluate"))
+    return build_eval_setup(tmp_path_factory.mktemp("evaluate"))
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ and a failed parity gate that writes nothing and exits non-zero."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
@@ -20,16 +19,7 @@ if str(ROOT) not in sys.path:  # the repo's `tasks` and `kernels`, not tests/'s 
     sys.path.insert(0, str(ROOT))
 
 
-def _load_helpers():
-    """tests/inference/helpers.py by path (no sys.path entry for tests/: tests/kernels would shadow kernels)."""
-    spec = importlib.util.spec_from_file_location("_inference_helpers", ROOT / "tests/inference/helpers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_helpers = _load_helpers()
-IMAGE_SIZE, make_model = _helpers.IMAGE_SIZE, _helpers.make_model
+from tests.inference.helpers import IMAGE_SIZE, make_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ champion re-evaluation on other data, and two promotions racing in two processes
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,15 +20,7 @@ if str(ROOT) not in sys.path:  # the repo's `tasks`, not tests/'s namespace pack
     sys.path.insert(0, str(ROOT))
 
 
-def _load_helpers():
-    """tests/registry/helpers.py by path (no sys.path entry for tests/: tests/kernels would shadow kernels)."""
-    spec = importlib.util.spec_from_file_location("_registry_helpers", ROOT / "tests/registry/helpers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-H = _load_helpers()
+from tests.registry import helpers as H  # noqa: E402
 
 
 @pytest.fixture(scope="session")
