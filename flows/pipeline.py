@@ -48,14 +48,7 @@ def _stage_task(stage: str) -> Any:
     @task(name=stage, retries=RETRIES[stage], retry_delay_seconds=2)
     def run_stage(ws: Workspace) -> dict[str, Any]:
         result = ws.repro(stage)
-        how = (
-            "ran"
-            if result["ran"]
-            else "restored from the run-cache"
-            if result["restored_from_run_cache"]
-            else "up to date"
-        )
-        get_run_logger().info("%s: %s in %.1f s", stage, how, result["seconds"])
+        get_run_logger().info("%s: %s in %.1f s", stage, result["how"], result["seconds"])
         return result
 
     return run_stage
@@ -83,17 +76,22 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def primary_latency(optimized: Path) -> dict[str, float]:
-    """p50/p99 (ms) at batch 1 of the primary artifact (backend.json's `primary`) from latency.json."""
+    """p50/p99 (ms) at batch 1 of the primary artifact (backend.json's `primary`) from latency.json; empty
+    when optimize has not written them (the same reading as the promote gate's, without its errors)."""
+    from pfactory.registry.errors import EvidenceError
+    from pfactory.registry.evidence import latency_summary
+
     manifest = _read_json(optimized / "backend.json")
     latency = _read_json(optimized / "latency.json")
-    if not manifest or not latency or "batch_1" not in latency:
+    if not manifest or not latency:
         return {}
     primary = manifest["primary"]
-    name = f"{primary['backend']}/{primary['precision']}"
-    stats = latency["batch_1"].get(name)
-    if stats is None:
+    runner = f"{primary['backend']}/{primary['precision']}"
+    try:
+        stats = latency_summary(latency, runner, 1, str(optimized / "latency.json"))
+    except EvidenceError:
         return {}
-    return {"latency/p50_ms": float(stats["p50_ms"]), "latency/p99_ms": float(stats["p99_ms"])}
+    return {"latency/p50_ms": stats["p50_ms"], "latency/p99_ms": stats["p99_ms"]}
 
 
 def collect_metrics(ws: Workspace) -> tuple[dict[str, float], dict[str, Any]]:
@@ -195,14 +193,7 @@ def pipeline(
                 results["stages"][stage] = STAGE_TASKS[stage](ws)
                 results["timings_s"][stage] = round(ws.stage_seconds[stage], 3)
                 r = results["stages"][stage]
-                how = (
-                    "ran"
-                    if r["ran"]
-                    else "restored from the run-cache"
-                    if r["restored_from_run_cache"]
-                    else "up to date"
-                )
-                _progress(f"[{i}/{len(selected)}] {stage}: {how}, {r['seconds']:.1f} s")
+                _progress(f"[{i}/{len(selected)}] {stage}: {r['how']}, {r['seconds']:.1f} s")
                 mlflow.log_metric(f"time/{stage}_s", results["timings_s"][stage])
         finally:
             for k, v in env_before.items():

@@ -29,8 +29,7 @@ def render_summary(result: dict[str, Any], wall_s: float | None = None) -> Any:
         stages.add_column(col)
     work = (result.get("orchestration") or {}).get("stage_work_s", {})
     for stage, r in result.get("stages", {}).items():
-        how = "ran" if r.get("ran") else "run-cache" if r.get("restored_from_run_cache") else "up to date"
-        stages.add_row(stage, _fmt(r.get("seconds"), 1), _fmt(work.get(stage), 1), how)
+        stages.add_row(stage, _fmt(r.get("seconds"), 1), _fmt(work.get(stage), 1), r["how"])
     parts.append(stages)
 
     orch = result.get("orchestration") or {}

@@ -102,18 +102,23 @@ class Workspace:
         return subprocess.CompletedProcess(cmd, proc.returncode, output, None)
 
     def repro(self, stage: str) -> dict[str, Any]:
-        """`dvc repro <stage>` (upstream stages already reproduced are no-ops); returns what DVC did."""
+        """`dvc repro <stage>` (upstream stages already reproduced are no-ops); returns what DVC did:
+        `{"seconds", "ran", "restored_from_run_cache", "unchanged", "how"}` ("how": ran | run-cache | up to date)."""
         t0 = time.perf_counter()
         proc = self.dvc("repro", stage, log_name=stage)
         seconds = time.perf_counter() - t0
         self.stage_seconds[stage] = seconds
         out = proc.stdout
-        return {
+        result = {
             "seconds": round(seconds, 3),
             "ran": f"Running stage '{stage}'" in out,
             "restored_from_run_cache": f"Stage '{stage}' is cached" in out,
             "unchanged": f"Stage '{stage}' didn't change" in out,
         }
+        result["how"] = (
+            "ran" if result["ran"] else "run-cache" if result["restored_from_run_cache"] else "up to date"
+        )
+        return result
 
     def lock(self) -> dict[str, Any]:
         """The workspace's `dvc.lock` (empty dict before the first stage)."""

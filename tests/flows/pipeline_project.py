@@ -64,11 +64,14 @@ def factory(
     )
 
 
-def dvc(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def dvc(
+    cwd: Path, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`dvc <args>` in `cwd` with the clean environment (+ `env`)."""
     return subprocess.run(
         [sys.executable, "-m", "dvc", *args],
         cwd=cwd,
-        env=clean_env(cwd),
+        env={**clean_env(cwd), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

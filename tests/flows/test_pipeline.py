@@ -181,8 +181,7 @@ def test_bad_override_is_refused_before_anything_runs(project: Path) -> None:
 
 def test_dvc_exp_run_with_a_param_override(project: Path) -> None:
     """`dvc exp run -S train.lr=...` (needs git: the project copy becomes a repo with one commit)."""
-    env = {
-        **clean_env(project),
+    git_identity = {
         "GIT_AUTHOR_NAME": "t",
         "GIT_AUTHOR_EMAIL": "t@t",
         "GIT_COMMITTER_NAME": "t",
@@ -190,34 +189,19 @@ def test_dvc_exp_run_with_a_param_override(project: Path) -> None:
     }
     (project / ".dvc" / "config").write_text("[core]\n    analytics = false\n")
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "baseline"]):
-        subprocess.run(cmd, cwd=project, env=env, check=True, capture_output=True)
+        subprocess.run(
+            cmd, cwd=project, env={**clean_env(project), **git_identity}, check=True, capture_output=True
+        )
     target = "evaluate" if "evaluate" in _stages_present(project) else "optimize"
-    r = subprocess.run(
-        [sys.executable, "-m", "dvc", "exp", "run", "-S", "train.lr=0.005", "--name", "lr5", target],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    r = dvc(
+        project, "exp", "run", "-S", "train.lr=0.005", "--name", "lr5", target, timeout=900, env=git_identity
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    show = subprocess.run(
-        [sys.executable, "-m", "dvc", "exp", "show", "--json"],
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    show = dvc(project, "exp", "show", "--json", env=git_identity)
     assert show.returncode == 0, show.stderr
     assert "lr5" in show.stdout and "0.005" in show.stdout
     if target == "evaluate":  # the KPIs of the experiment vs the committed baseline
-        diff = subprocess.run(
-            [sys.executable, "-m", "dvc", "metrics", "diff", "--json"],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
+        diff = dvc(project, "metrics", "diff", "--json", env=git_identity)
         assert diff.returncode == 0, diff.stderr
         out = json.loads(diff.stdout)
         kpis = out.get("diff", out)["artifacts/eval/kpis.json"]  # {path: {metric: {old, new, diff}}}
