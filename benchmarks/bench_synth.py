@@ -29,8 +29,8 @@ from pfactory.sensors.synth import (
     in_view,
     kitti_camera,
 )
-from pfactory.sensors.synth_scene import sample_scene
-from pfactory.sensors.synth_sensors import hdl64, render_camera, simulate_lidar
+from pfactory.sensors.synth.scene import sample_scene
+from pfactory.sensors.synth.sensors import hdl64, render_camera, simulate_lidar
 
 
 def _cpu_s() -> float:

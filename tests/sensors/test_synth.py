@@ -18,7 +18,7 @@ from pfactory.geometry import box_to_image_rect, points_in_boxes, project_to_ima
 from pfactory.sensors import open_dataset
 from pfactory.sensors.kitti import KittiDataset
 from pfactory.sensors.nuscenes import CAMERA_CHANNELS, NuScenesDataset
-from pfactory.sensors.synth import (
+from pfactory.sensors.synth.dataset import (
     KITTI_TO_NUSCENES,
     camera_rig,
     generate_dataset,
@@ -26,7 +26,8 @@ from pfactory.sensors.synth import (
     kitti_camera,
     progress_printer,
 )
-from pfactory.sensors.synth_raycast import (
+from pfactory.sensors.synth.layout import GROUND_Z
+from pfactory.sensors.synth.raycast import (
     HIT_FUNCTIONS,
     KIND_BOX,
     KIND_CYLINDER,
@@ -36,8 +37,9 @@ from pfactory.sensors.synth_raycast import (
     cast,
     lidar_windows,
 )
-from pfactory.sensors.synth_scene import GROUND_Z, SIZE_RANGES, sample_scene
-from pfactory.sensors.synth_sensors import camera_rays, hdl64, render_camera
+from pfactory.sensors.synth.road_users import SIZE_RANGES
+from pfactory.sensors.synth.scene import sample_scene
+from pfactory.sensors.synth.sensors import camera_rays, hdl64, render_camera
 
 SEED = 7
 FRAMES = 5

@@ -1,10 +1,10 @@
 """Deterministic synthetic camera + lidar datasets: `factory data synth --out DIR --frames N --seed S`.
 
-What is generated, per frame (`generate_frame`): a street scene (`synth_scene`: lanes,
+What is generated, per frame (`generate_frame`): a street scene (`scene`: lanes,
 parking, raised sidewalks, façades, trees, bushes, hedges, walls, lamps, sign poles, bins,
 bollards, cones; 5-25 labelled road users: Car / Pedestrian / Cyclist plus 0-3 Van / Truck,
 out to ~72 m, occluding each other), one turn of a 64-beam HDL-64E-like lidar ray-cast
-against it, and a pinhole render of the *same* scene for every camera (`synth_sensors`).
+against it, and a pinhole render of the *same* scene for every camera (`sensors`).
 Pedestrians and cyclists are built from limbs, torso, head and bicycle parts, not boxes;
 poles, bollards, bins and bushes of similar size are the hard negatives. Labels are the 3D
 boxes around whole objects; clutter is never labelled.
@@ -61,8 +61,9 @@ import numpy as np
 from pfactory.fsutil import atomic_directory, atomic_write_json
 from pfactory.geometry import box_corners, make_transform, points_in_boxes, project_to_image
 from pfactory.sensors.kitti import KittiCalib, kitti_difficulty, lidar_boxes_to_objects, write_kitti_frame
-from pfactory.sensors.synth_scene import LIDAR_HEIGHT_M, Scene, sample_scene
-from pfactory.sensors.synth_sensors import CameraSpec, hdl64, render_camera, simulate_lidar
+from pfactory.sensors.synth.layout import LIDAR_HEIGHT_M
+from pfactory.sensors.synth.scene import Scene, sample_scene
+from pfactory.sensors.synth.sensors import CameraSpec, hdl64, render_camera, simulate_lidar
 
 GENERATOR_VERSION = 1
 KITTI_TO_NUSCENES = {

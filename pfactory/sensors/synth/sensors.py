@@ -1,6 +1,6 @@
 """Sensor models of the synthetic generator: a spinning multi-beam lidar and pinhole cameras.
 
-Both cast rays against the same `Scene` (`synth_raycast.cast`), so what the lidar hits is
+Both cast rays against the same `Scene` (`raycast.cast`), so what the lidar hits is
 exactly what the camera sees. Frames: lidar frame (x forward, y left, z up, metres), lidar at
 the origin; cameras x right, y down, z forward with `T_cam_from_lidar [4, 4]` and `K [3, 3]`,
 pixel centres at integer coordinates (the `pfactory.geometry.project_to_image` convention).
@@ -25,7 +25,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pfactory.sensors.synth_raycast import (
+from pfactory.sensors.synth.layout import GROUND_REFLECTANCE, GROUND_Z
+from pfactory.sensors.synth.materials import (
+    MATERIAL_DROPOUT,
+    MATERIAL_PENETRATION,
+    MATERIAL_SPECULAR,
+    MATERIAL_TEXTURE,
+    N_MAT,
+    Mat,
+)
+from pfactory.sensors.synth.raycast import (
     HIT_GROUND,
     HIT_NONE,
     Window,
@@ -34,17 +43,7 @@ from pfactory.sensors.synth_raycast import (
     lidar_windows,
     surface_normals,
 )
-from pfactory.sensors.synth_scene import (
-    GROUND_REFLECTANCE,
-    GROUND_Z,
-    MATERIAL_DROPOUT,
-    MATERIAL_PENETRATION,
-    MATERIAL_SPECULAR,
-    MATERIAL_TEXTURE,
-    N_MAT,
-    Mat,
-    Scene,
-)
+from pfactory.sensors.synth.scene import Scene
 
 # HDL-64E: an upper block of 32 lasers at ~1/3 deg spacing and a lower block of 32 at ~1/2 deg;
 # KITTI quotes +2.0 .. -24.8 deg overall.
