@@ -110,7 +110,7 @@ def data_check(
     Exit 0 when clean, 1 when not. Example: factory data check ../shared/data/real/kitti
     """
     from pfactory.fsutil import atomic_write_text
-    from pfactory.sensors.frame import DatasetError
+    from pfactory.sensors.errors import DatasetError
     from pfactory.sensors.validate import check_dataset, format_report
 
     try:
@@ -208,7 +208,7 @@ def prepare_cmd(
     configure_environment()
     import tasks.prepare
     from pfactory.data.errors import RejectFractionExceeded
-    from pfactory.sensors.frame import DatasetError
+    from pfactory.sensors.errors import DatasetError
 
     try:
         metrics = tasks.prepare.run(params, raw or Path(params.paths.raw), out or Path(params.paths.prepared))
@@ -383,7 +383,7 @@ def kpi_cmd(
     Example: factory kpi --gt data/label_2 --pred results/ --out kpis.json
     """
     from pfactory.metrics.kpi_cli import format_kpi_table, run_kpi
-    from pfactory.sensors.frame import DatasetError
+    from pfactory.sensors.errors import DatasetError
 
     _params(params_file, set_param)  # validates overrides even though kpi uses library defaults
     try:

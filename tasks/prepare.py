@@ -106,7 +106,7 @@ def _metrics(result: PrepareResult) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     from pfactory.cli_stage import stage_main
-    from pfactory.sensors.frame import DatasetError
+    from pfactory.sensors.errors import DatasetError
 
     try:
         stage_main(

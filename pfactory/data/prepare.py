@@ -60,7 +60,9 @@ from pfactory.data.shards import (
     arrow_schema,
 )
 from pfactory.fsutil import sha256_bytes, sha256_file
-from pfactory.sensors.frame import DatasetError, Frame, open_dataset
+from pfactory.sensors.datasets import open_dataset
+from pfactory.sensors.errors import DatasetError
+from pfactory.sensors.frame import Frame
 
 PARTS = ("read", "hash", "lidar", "read_wait", "camera_wait", "write")
 

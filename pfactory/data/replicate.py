@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from pfactory.sensors.frame import open_dataset
+from pfactory.sensors.datasets import open_dataset
 from pfactory.sensors.kitti import KITTI_PARTS
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from pfactory.fsutil import atomic_write_json
 from pfactory.metrics.detection import FrameDetections, KpiParams, evaluate_detections
-from pfactory.sensors.frame import DatasetError
+from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.kitti import KittiObject, parse_label_file
 
 # KITTI type -> evaluated class. Other types (Van, Truck, Person_sitting, Tram, Misc, DontCare)

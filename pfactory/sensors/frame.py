@@ -11,26 +11,15 @@ A `Frame` holds one lidar sweep and the camera images taken with it:
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from pfactory.sensors.errors import DatasetError
+from pfactory.sensors.io import decode_image
 
-class DatasetError(ValueError):
-    """A problem with one dataset file: names the file, the field and what was expected."""
-
-    def __init__(self, file: str | Path, field: str, expected: str, frame_id: str | None = None):
-        self.file = str(file)
-        self.field = field
-        self.expected = expected
-        self.frame_id = frame_id
-        super().__init__(f"{self.file}: {field}: {expected}")
-
-    def as_dict(self) -> dict[str, str | None]:
-        """JSON-friendly form: `{"frame_id", "file", "field", "reason"}`."""
-        return {"frame_id": self.frame_id, "file": self.file, "field": self.field, "reason": self.expected}
+__all__ = ["Boxes3D", "CameraView", "DatasetError", "Frame"]
 
 
 @dataclass
@@ -59,18 +48,6 @@ class CameraView:
     def P(self) -> np.ndarray:
         """3x4 projection of homogeneous lidar points to homogeneous pixels: `K @ T[:3]`."""
         return self.K @ self.T_cam_from_lidar[:3]
-
-
-def decode_image(data: bytes, path: str | Path = "<bytes>") -> np.ndarray:
-    """Decode PNG/JPEG bytes into `[H, W, 3]` uint8 RGB, fully (truncation is an error)."""
-    from PIL import Image
-
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()
-            return np.asarray(im.convert("RGB"))
-    except Exception as e:  # PIL raises several types for corrupt data
-        raise DatasetError(path, "image", f"a decodable PNG/JPEG image ({type(e).__name__}: {e})") from e
 
 
 @dataclass
@@ -124,30 +101,3 @@ class Frame:
             if cam.name == name:
                 return cam
         raise KeyError(f"frame {self.frame_id} has no camera {name!r}; has {[c.name for c in self.cameras]}")
-
-
-def open_dataset(root: str | Path, strict: bool = True):
-    """Open a raw dataset directory, detecting its layout.
-
-    KITTI object layout: `root/training/{velodyne,image_2,calib,label_2}` (or those folders
-    directly under `root`). nuScenes layout: `root/samples/` plus a `v1.0-*` table folder.
-    Returns a `KittiDataset` or `NuScenesDataset`; raises DatasetError naming what is missing.
-    """
-    from pfactory.sensors.kitti import KittiDataset, find_kitti_split
-    from pfactory.sensors.nuscenes import NuScenesDataset, find_nuscenes_version
-
-    root = Path(root)
-    if not root.is_dir():
-        raise DatasetError(root, "dataset root", "an existing directory")
-    split = find_kitti_split(root)
-    if split is not None:
-        return KittiDataset(split)
-    version = find_nuscenes_version(root)
-    if version is not None:
-        return NuScenesDataset(root, version)
-    raise DatasetError(
-        root,
-        "layout",
-        "a KITTI object layout (training/velodyne, image_2, calib, label_2) "
-        "or a nuScenes layout (samples/ and a v1.0-* table folder)",
-    )

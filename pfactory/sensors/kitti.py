@@ -20,7 +20,22 @@ from pathlib import Path
 import numpy as np
 
 from pfactory.fsutil import atomic_write_bytes, atomic_write_text
-from pfactory.sensors.frame import Boxes3D, CameraView, DatasetError, Frame
+from pfactory.sensors.checks import (
+    IMAGE_SUFFIXES,
+    FrameCheck,
+    Problem,
+    check_points_bytes,
+    check_principal_point,
+    decode_image_checked,
+    finish_check,
+    orthonormal,
+    problem,
+    rel_path,
+)
+from pfactory.sensors.errors import DatasetError
+from pfactory.sensors.frame import Boxes3D, CameraView, Frame
+from pfactory.sensors.io import image_size, read_points
+from pfactory.sensors.reader import DatasetReader
 
 KITTI_PARTS = {"velodyne": ".bin", "image_2": ".png", "calib": ".txt", "label_2": ".txt"}
 KITTI_CLASSES = ("Car", "Van", "Truck", "Pedestrian", "Person_sitting", "Cyclist", "Tram", "Misc", "DontCare")
@@ -162,7 +177,7 @@ def parse_label_file(path: str | Path, with_score: bool | None = None) -> list[K
     return parse_label_lines(text, path, with_score)
 
 
-_LABEL_FIELDS = (
+LABEL_FIELDS = (
     "truncated", "occluded", "alpha", "bbox_x1", "bbox_y1", "bbox_x2", "bbox_y2",
     "height", "width", "length", "x", "y", "z", "rotation_y", "score",
 )  # fmt: skip
@@ -182,7 +197,7 @@ def parse_label_lines(
             want = " or ".join(str(a) for a in allowed)
             raise DatasetError(path, f"line {lineno}", f"{want} space-separated fields, got {len(parts)}")
         vals = []
-        for name, tok in zip(_LABEL_FIELDS, parts[1:]):
+        for name, tok in zip(LABEL_FIELDS, parts[1:]):
             try:
                 v = float(tok)
             except ValueError:
@@ -273,37 +288,6 @@ def kitti_difficulty(height_px: float, occlusion: int, truncation: float) -> int
     return -1
 
 
-def read_points(path: str | Path, dims: int = 4) -> np.ndarray:
-    """Read a float32 point file `[N, dims]`; DatasetError on empty, ragged or non-finite data."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise DatasetError(path, "points", f"a readable file ({e})") from e
-    if len(raw) == 0:
-        raise DatasetError(path, "points", f"float32 x{dims} records, got an empty file")
-    if len(raw) % (4 * dims):
-        raise DatasetError(
-            path, "points", f"a size that is a multiple of {4 * dims} bytes (float32 x{dims}), got {len(raw)}"
-        )
-    pts = np.frombuffer(raw, dtype=np.float32).reshape(-1, dims)
-    if not np.all(np.isfinite(pts)):
-        bad = int((~np.isfinite(pts)).any(1).sum())
-        raise DatasetError(path, "points", f"finite values, {bad} of {len(pts)} points are NaN/Inf")
-    return pts
-
-
-def image_size(path: str | Path) -> tuple[int, int]:
-    """`(width, height)` from the image header (no full decode)."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as im:
-            return im.size
-    except Exception as e:
-        raise DatasetError(path, "image", f"a readable PNG/JPEG header ({type(e).__name__}: {e})") from e
-
-
 def find_kitti_split(root: Path) -> Path | None:
     """The directory holding the KITTI parts (`root/training` or `root`), or None."""
     for cand in (root / "training", root):
@@ -312,13 +296,22 @@ def find_kitti_split(root: Path) -> Path | None:
     return None
 
 
-class KittiDataset:
+class KittiDataset(DatasetReader):
     """Reader for one KITTI object split directory (with velodyne/, image_2/, calib/, label_2/)."""
 
     layout = "kitti"
 
     def __init__(self, split_dir: str | Path):
         self.root = Path(split_dir)
+        # Files per part and frame key, built at the first check (`_kitti_index`), so that
+        # prepare checking frame by frame does not rescan a directory per frame. A dataset
+        # whose files change afterwards needs a fresh `open_dataset`.
+        self._check_index: dict[str, dict[str, list[Path]]] | None = None
+
+    @classmethod
+    def detect(cls, root: Path) -> KittiDataset | None:
+        split = find_kitti_split(root)
+        return None if split is None else cls(split)
 
     def frame_ids(self) -> list[str]:
         """Sorted ids of every frame that has at least one part present."""
@@ -331,14 +324,6 @@ class KittiDataset:
 
     def part_path(self, part: str, frame_id: str) -> Path:
         return self.root / part / f"{frame_id}{KITTI_PARTS[part]}"
-
-    def read(self, frame_id: str, with_labels: bool = True) -> Frame:
-        """Read one frame into the lidar-frame convention; DatasetError on any problem."""
-        try:
-            return self._read(frame_id, with_labels)
-        except DatasetError as e:
-            e.frame_id = frame_id
-            raise
 
     def _read(self, frame_id: str, with_labels: bool) -> Frame:
         paths = {part: self.part_path(part, frame_id) for part in KITTI_PARTS}
@@ -357,6 +342,16 @@ class KittiDataset:
             objs = parse_label_file(paths["label_2"], with_score=False)
             boxes = labels_to_boxes(objs, calib, paths["label_2"])
         return Frame(frame_id, points, [cam], boxes, lidar_path=paths["velodyne"], source="kitti")
+
+    def check_ids(self) -> list[str]:
+        return kitti_frame_ids(self)
+
+    def dataset_problems(self) -> list[Problem]:
+        _kitti_index(self)  # built once here, before check_dataset's threads need it
+        return []
+
+    def inspect(self, frame_id: str, min_points: int, keep_images: bool, decode: bool = True) -> FrameCheck:
+        return _inspect_kitti(self, frame_id, min_points, keep_images, decode)
 
 
 def labels_to_boxes(objs: list[KittiObject], calib: KittiCalib, path: Path | str = "<label>") -> Boxes3D:
@@ -403,3 +398,210 @@ def write_kitti_frame(
     atomic_write_bytes(root / "image_2" / f"{frame_id}.png", image_png)
     atomic_write_text(root / "calib" / f"{frame_id}.txt", calib.to_text())
     atomic_write_text(root / "label_2" / f"{frame_id}.txt", "".join(o.to_line() + "\n" for o in objects))
+
+
+# --- strict validation (`factory data check`, prepare's per-frame check): every problem, not the first
+
+
+def _kitti_key(stem: str) -> str:
+    """What a KITTI file stem means as a frame: the number for numeric stems, else the stem."""
+    s = stem.lower()
+    return str(int(s)) if s.isdigit() else s
+
+
+def _kitti_index(ds: KittiDataset) -> dict[str, dict[str, list[Path]]]:
+    """part -> frame key -> every file in that part that names that frame."""
+    idx = ds._check_index
+    if idx is None:
+        idx = {}
+        for part, ext in KITTI_PARTS.items():
+            by_key: dict[str, list[Path]] = {}
+            d = ds.root / part
+            suffixes = IMAGE_SUFFIXES if part == "image_2" else (ext,)
+            if d.is_dir():
+                for p in sorted(d.iterdir()):
+                    if p.suffix.lower() in suffixes and p.is_file():
+                        by_key.setdefault(_kitti_key(p.stem), []).append(p)
+            idx[part] = by_key
+        ds._check_index = idx
+    return idx
+
+
+def kitti_frame_ids(ds: KittiDataset) -> list[str]:
+    """Every frame id the reader sees, plus stems of files it would not read (`000001.PNG`)."""
+    ids = set(ds.frame_ids())
+    for by_key in _kitti_index(ds).values():
+        for files in by_key.values():
+            ids.update(p.stem for p in files)
+    return sorted(ids)
+
+
+def calib_problems(text: str) -> tuple[list[tuple[str, str]], dict[str, np.ndarray]]:
+    """Collecting version of `parse_calib`: every malformed/missing matrix, and the good ones."""
+    out: list[tuple[str, str]] = []
+    mats: dict[str, np.ndarray] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        key, sep, rest = line.partition(":")
+        key = key.strip()
+        if not sep:
+            out.append((f"line {lineno}", f"'KEY: v1 v2 ...', got {line[:40]!r}"))
+            continue
+        try:
+            vals = np.array([float(v) for v in rest.split()], dtype=np.float64)
+        except ValueError as e:
+            out.append((key, f"numeric values ({e})"))
+            continue
+        if key in mats:
+            out.append((key, "one line per matrix, found it twice"))
+        mats[key] = vals
+    good: dict[str, np.ndarray] = {}
+    for key, shape in CALIB_SHAPES.items():
+        n = shape[0] * shape[1]
+        v = mats.get(key)
+        if v is None:
+            if not any(f == key for f, _ in out):  # non-numeric lines were already reported
+                out.append((key, f"a {shape[0]}x{shape[1]} matrix (missing)"))
+        elif v.size != n:
+            out.append((key, f"{n} values for a {shape[0]}x{shape[1]} matrix, got {v.size}"))
+        elif not np.all(np.isfinite(v)):
+            out.append((key, f"finite values, got {int((~np.isfinite(v)).sum())} NaN/Inf"))
+        else:
+            good[key] = v.reshape(shape)
+    if "P2" in good:
+        K = good["P2"][:, :3]
+        if not (K[0, 0] > 0 and K[1, 1] > 0 and abs(np.linalg.det(K)) > 1e-9):
+            out.append(("P2", f"intrinsics with positive focal lengths, got fx={K[0, 0]:g}, fy={K[1, 1]:g}"))
+            del good["P2"]
+        elif not np.allclose(K[2], [0, 0, 1], atol=1e-6):
+            out.append(("P2", f"a last row [0, 0, 1, t] (pinhole camera), got {K[2].tolist()}"))
+            del good["P2"]
+    if "R0_rect" in good and not orthonormal(good["R0_rect"]):
+        out.append(("R0_rect", "a rotation matrix (orthonormal, det +1)"))
+    if "Tr_velo_to_cam" in good and not orthonormal(good["Tr_velo_to_cam"][:, :3]):
+        out.append(("Tr_velo_to_cam", "a rigid transform [R | t] with R orthonormal, det +1"))
+    return out, good
+
+
+def label_problems(text: str) -> list[tuple[str, str]]:
+    """Every problem of every line of a KITTI label file (15 fields per line)."""
+    out: list[tuple[str, str]] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 15:
+            out.append((f"line {lineno}", f"15 space-separated fields, got {len(parts)}"))
+            continue  # the columns are shifted: per-field checks would only add noise
+        cls = parts[0]
+        if cls not in KITTI_CLASSES:
+            out.append((f"line {lineno} type", f"one of {', '.join(KITTI_CLASSES)}, got {cls!r}"))
+        vals: dict[str, float] = {}
+        for name, tok in zip(LABEL_FIELDS, parts[1:]):
+            try:
+                v = float(tok)
+            except ValueError:
+                out.append((f"line {lineno} {name}", f"a number, got {tok!r}"))
+                continue
+            if not np.isfinite(v):
+                out.append((f"line {lineno} {name}", f"a finite number, got {tok!r}"))
+                continue
+            vals[name] = v
+        if cls == "DontCare":
+            continue  # DontCare rows carry -1 / -1000 sentinels: only the 2D box matters
+        hwl = [vals.get(k) for k in ("height", "width", "length")]
+        if all(v is not None for v in hwl) and min(hwl) <= 0:
+            out.append((f"line {lineno} dimensions", f"positive h, w, l, got {hwl}"))
+        if "z" in vals and vals["z"] <= 0:
+            out.append(
+                (
+                    f"line {lineno} z",
+                    f"a location in front of the camera (z > 0 m), got z = {vals['z']:g}",
+                )
+            )
+        if "truncated" in vals and not 0 <= vals["truncated"] <= 1:
+            out.append((f"line {lineno} truncated", f"a fraction in [0, 1], got {vals['truncated']:g}"))
+        if "occluded" in vals and vals["occluded"] not in (0, 1, 2, 3):
+            out.append((f"line {lineno} occluded", f"0, 1, 2 or 3, got {vals['occluded']:g}"))
+    return out
+
+
+def _inspect_kitti(
+    ds: KittiDataset, frame_id: str, min_points: int, keep_images: bool, decode: bool = True
+) -> FrameCheck:
+    root = ds.root
+    probs: list[Problem] = []
+
+    def add(path: Path | str, field: str, reason: str) -> None:
+        probs.append(problem(frame_id, rel_path(path, root), field, reason))
+
+    idx = _kitti_index(ds)
+    key = _kitti_key(frame_id)
+    present: dict[str, Path] = {}
+    for part in KITTI_PARTS:
+        want = ds.part_path(part, frame_id)
+        files = idx[part].get(key, [])
+        others = [p for p in files if p.name != want.name]
+        if want.is_file():
+            present[part] = want
+            for p in others:
+                add(
+                    p,
+                    "frame id",
+                    f"one file per frame in {part}/: {want.name} and {p.name} both name frame {frame_id}",
+                )
+        elif others:
+            names = ", ".join(p.name for p in others)
+            add(
+                want,
+                part,
+                f"the {part} file of frame {frame_id} (missing; found {names}, which the KITTI layout does not read)",
+            )
+        else:
+            add(want, part, f"the {part} file of frame {frame_id} (missing)")
+
+    # Calibration first: the image check needs P2.
+    calib_ok: dict[str, np.ndarray] = {}
+    if "calib" in present:
+        try:
+            text = present["calib"].read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            add(present["calib"], "calib", f"a readable text file ({e})")
+        else:
+            found, calib_ok = calib_problems(text)
+            for f, r in found:
+                add(present["calib"], f, r)
+
+    if "velodyne" in present:
+        raw = present["velodyne"].read_bytes()
+        for f, r in check_points_bytes(raw, 4, "kitti", min_points):
+            add(present["velodyne"], f, r)
+
+    images: dict[str, np.ndarray] = {}
+    if "image_2" in present:
+        rgb, size, err = decode_image_checked(present["image_2"].read_bytes(), keep_images, decode)
+        if err:
+            add(present["image_2"], "image", err)
+        else:
+            if rgb is not None:
+                images["image_2"] = rgb
+            if "P2" in calib_ok:
+                why = check_principal_point(calib_ok["P2"][:, :3], size)
+                if why:
+                    add(
+                        present["image_2"],
+                        "image size",
+                        f"{why} (P2 of {rel_path(present.get('calib', ''), root)})",
+                    )
+
+    if "label_2" in present:
+        try:
+            text = present["label_2"].read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            add(present["label_2"], "label", f"a readable text file ({e})")
+        else:
+            for f, r in label_problems(text):
+                add(present["label_2"], f, r)
+
+    return finish_check(ds, frame_id, probs, images)

@@ -32,8 +32,20 @@ from pfactory.geometry import (
     quaternion_to_matrix,
     yaw_from_matrix,
 )
-from pfactory.sensors.frame import Boxes3D, CameraView, DatasetError, Frame
-from pfactory.sensors.kitti import image_size, read_points
+from pfactory.sensors.checks import (
+    FrameCheck,
+    Problem,
+    check_points_bytes,
+    check_principal_point,
+    decode_image_checked,
+    finish_check,
+    problem,
+    rel_path,
+)
+from pfactory.sensors.errors import DatasetError
+from pfactory.sensors.frame import Boxes3D, CameraView, Frame
+from pfactory.sensors.io import image_size, read_points
+from pfactory.sensors.reader import DatasetReader
 
 TABLES = (
     "sample",
@@ -79,7 +91,7 @@ def _transform(rec: dict, path: Path, what: str) -> np.ndarray:
     return make_transform(quaternion_to_matrix(q), t)
 
 
-class NuScenesDataset:
+class NuScenesDataset(DatasetReader):
     """Reader for a nuScenes-layout dataset root with tables in `root/<version>/`."""
 
     layout = "nuscenes"
@@ -87,6 +99,8 @@ class NuScenesDataset:
     def __init__(self, root: str | Path, version: str):
         self.root = Path(root)
         self.version = version
+        # Channels with a key-frame record in any sample, built at the first check.
+        self._check_channels: set[str] | None = None
         self.table_dir = self.root / version
         self.tables: dict[str, dict[str, dict]] = {}
         # Tokens that occur in more than one record, per table: token -> record count. A
@@ -220,13 +234,17 @@ class NuScenesDataset:
             )
         return self.root / norm
 
-    def read(self, frame_id: str, with_labels: bool = True) -> Frame:
-        """Read one sample into the lidar-frame convention; DatasetError on any problem."""
-        try:
-            return self._read(frame_id, with_labels)
-        except DatasetError as e:
-            e.frame_id = frame_id
-            raise
+    @classmethod
+    def detect(cls, root: Path) -> NuScenesDataset | None:
+        version = find_nuscenes_version(root)
+        return None if version is None else cls(root, version)
+
+    def dataset_problems(self) -> list[Problem]:
+        _nuscenes_channels(self)  # built once here, before check_dataset's threads need it
+        return _orphan_duplicates(self)
+
+    def inspect(self, frame_id: str, min_points: int, keep_images: bool, decode: bool = True) -> FrameCheck:
+        return _inspect_nuscenes(self, frame_id, min_points, keep_images, decode)
 
     def _pose(self, sd: dict) -> tuple[np.ndarray, np.ndarray]:
         """`(T_ego_from_sensor, T_global_from_ego)` of one sample_data record."""
@@ -475,3 +493,158 @@ class NuScenesWriter:
             atomic_write_json(
                 self.root / self.version / f"{name}.json", sorted(rows, key=lambda r: r["token"])
             )
+
+
+# --- strict validation (`factory data check`, prepare's per-frame check): every problem, not the first
+
+
+def _nuscenes_channels(ds: NuScenesDataset) -> set[str]:
+    """Channels that have a key-frame record in any sample (what every sample should have)."""
+    chans = ds._check_channels
+    if chans is None:
+        chans = {c for t in ds.tables["sample"] for c in ds.sample_data(t)}
+        ds._check_channels = chans
+    return chans
+
+
+def _inspect_nuscenes(
+    ds: NuScenesDataset, frame_id: str, min_points: int, keep_images: bool, decode: bool = True
+) -> FrameCheck:
+    root = ds.root
+    probs: list[Problem] = []
+    tdir = ds.table_dir
+
+    def add(path: Path | str, field: str, reason: str) -> None:
+        probs.append(problem(frame_id, rel_path(path, root), field, reason))
+
+    if frame_id not in ds.tables["sample"]:
+        add(tdir / "sample.json", "token", f"a sample with token {frame_id!r}")
+        return FrameCheck(frame_id, probs)
+    for e in ds.duplicate_errors(frame_id):
+        add(e.file, e.field, e.expected)
+
+    data = ds.sample_data(frame_id)
+    for channel in sorted(_nuscenes_channels(ds) - set(data)):
+        add(
+            tdir / "sample_data.json",
+            channel,
+            f"a key-frame {channel} record for sample {frame_id} (other samples have one)",
+        )
+    if LIDAR_CHANNEL not in data and LIDAR_CHANNEL not in _nuscenes_channels(ds):
+        add(tdir / "sample_data.json", LIDAR_CHANNEL, f"a key-frame lidar record for sample {frame_id}")
+
+    images: dict[str, np.ndarray] = {}
+    for channel, sd in sorted(data.items()):
+        tok = sd.get("token")
+        # Poses: the calibrated sensor and the ego pose must exist and be valid transforms.
+        cs = ds.record("calibrated_sensor", sd.get("calibrated_sensor_token"))
+        ep = ds.record("ego_pose", sd.get("ego_pose_token"))
+        if cs is None:
+            add(
+                tdir / "sample_data.json",
+                f"{tok}.calibrated_sensor_token",
+                "the token of a calibrated_sensor record",
+            )
+        if ep is None:
+            add(tdir / "sample_data.json", f"{tok}.ego_pose_token", "the token of an ego_pose record")
+        for rec, table in ((cs, "calibrated_sensor"), (ep, "ego_pose")):
+            if rec is not None:
+                try:
+                    _transform(rec, tdir / f"{table}.json", rec["token"])
+                except DatasetError as e:
+                    add(e.file, e.field, e.expected)
+        try:
+            path = ds.resolve(sd.get("filename"), f"{tok}.filename")
+        except DatasetError as e:
+            add(e.file, e.field, e.expected)
+            continue
+        if not path.is_file():
+            add(
+                path, channel, f"the {channel} file of sample {frame_id} named by sample_data {tok} (missing)"
+            )
+            continue
+        if channel == LIDAR_CHANNEL:
+            for f, r in check_points_bytes(path.read_bytes(), 5, "nuscenes", min_points):
+                add(path, f, r)
+            continue
+        if not channel.startswith("CAM"):
+            continue  # radar channels are not read
+        K = None
+        if cs is not None:
+            try:
+                K = np.asarray(cs.get("camera_intrinsic") or [], dtype=np.float64)
+            except (TypeError, ValueError):
+                K = np.zeros(0)
+            if K.shape != (3, 3) or not np.all(np.isfinite(K)) or not (K[0, 0] > 0 and K[1, 1] > 0):
+                add(
+                    tdir / "calibrated_sensor.json",
+                    f"{cs['token']}.camera_intrinsic",
+                    "a finite 3x3 intrinsic matrix with positive focal lengths, "
+                    f"got {repr(cs.get('camera_intrinsic'))[:200]}",
+                )
+                K = None
+        rgb, size, err = decode_image_checked(path.read_bytes(), keep_images, decode)
+        if err:
+            add(path, "image", err)
+            continue
+        if rgb is not None:
+            images[channel] = rgb
+        if "width" in sd and "height" in sd and (sd["width"], sd["height"]) != size:
+            add(
+                path,
+                f"{channel} size",
+                f"{sd['width']}x{sd['height']} as in sample_data.json ({tok}), got {size[0]}x{size[1]}",
+            )
+        if K is not None:
+            why = check_principal_point(K, size)
+            if why:
+                add(path, "image size", f"{why} (camera_intrinsic of calibrated_sensor {cs['token']})")
+
+    seen: set[str] = set()
+    for ann in ds.annotations(frame_id):
+        tok = ann["token"]
+        if tok in seen:
+            continue
+        seen.add(tok)
+        apath = tdir / "sample_annotation.json"
+        try:
+            size = np.asarray(ann.get("size", []), dtype=np.float64)
+        except (TypeError, ValueError):
+            size = np.zeros(0)
+        if size.shape != (3,) or not np.all(np.isfinite(size)) or not np.all(size > 0):
+            add(apath, f"{tok}.size", f"three positive numbers (w, l, h), got {ann.get('size')!r}")
+        try:
+            _transform(ann, apath, tok)
+        except DatasetError as e:
+            add(e.file, e.field, e.expected)
+        inst = ds.record("instance", ann.get("instance_token"))
+        if inst is None:
+            add(apath, f"{tok}.instance_token", "the token of an instance record")
+        elif ds.record("category", inst.get("category_token")) is None:
+            add(
+                tdir / "instance.json",
+                f"{inst['token']}.category_token",
+                "the token of a category record (the annotation's class)",
+            )
+    return finish_check(ds, frame_id, probs, images)
+
+
+def _orphan_duplicates(ds: NuScenesDataset) -> list[Problem]:
+    """Duplicated tokens in records no sample uses (those that are used fail their frames)."""
+    used: set[tuple[str, str]] = set()
+    for fid in ds.tables["sample"]:
+        for e in ds.duplicate_errors(fid):
+            used.add((Path(e.file).stem, e.field.rsplit(".token", 1)[0]))
+    out = []
+    for table, dups in ds.duplicates.items():
+        for tok, n in dups.items():
+            if (table, tok) not in used:
+                out.append(
+                    problem(
+                        None,
+                        rel_path(ds.table_dir / f"{table}.json", ds.root),
+                        f"{tok}.token",
+                        f"unique tokens, {tok!r} is used by {n} records",
+                    )
+                )
+    return out

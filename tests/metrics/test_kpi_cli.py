@@ -12,7 +12,7 @@ import pytest
 from pfactory.metrics.detection import FrameDetections, evaluate_detections
 from pfactory.metrics.kpi_cli import format_kpi_table, kitti_camera_to_lidar, run_kpi
 from pfactory.metrics.synthetic import random_detections
-from pfactory.sensors.frame import DatasetError
+from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.kitti import objects_to_lidar_boxes, parse_label_lines
 
 # Lidar-like frame <- rectified camera frame, the fixed rotation of kpi_cli (no calibration).
