@@ -262,9 +262,9 @@ def profile_cmd(
     from pfactory.tracking import configure_environment
 
     configure_environment()
-    import tasks.train
+    from pfactory.train.profile import profile_train
 
-    typer.echo(str(tasks.train.profile_train(params, data or Path(params.paths.prepared), steps, out)))
+    typer.echo(str(profile_train(params, data or Path(params.paths.prepared), steps, out)))
 
 
 @app.command("optimize")

@@ -5,5 +5,5 @@
 - `detector`: the network (`build_model`, `PaintedPillarDetector.forward` / `.forward_export`).
 - `targets`, `loss`, `decode`: center-head targets, focal + L1 loss, peak decoding.
 - `inference`: batched prediction -> `FrameDetections` and the KPIs; `io`: `model.pt` + `model_config.json`.
-Training lives in `tasks/train.py`; docs/MODEL.md has the design, the measurements and the presets.
+Training lives in `pfactory/train/` (the stage: `tasks/train.py`); docs/MODEL.md has the design, the measurements and the presets.
 """

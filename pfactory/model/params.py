@@ -126,7 +126,7 @@ class ModelParams(Section):
 
 
 class TrainParams(Section):
-    """The training loop (`factory train`, tasks/train.py)."""
+    """The training loop (`factory train`, `pfactory/train/`)."""
 
     epochs: PositiveInt = 15
     """Passes over the train split (default: ~765 steps on ~200 frames, ~3 min on 2 CPU cores)."""

@@ -1,0 +1,64 @@
+"""Training checkpoints: one atomic `checkpoint.pt` (a plain dict; `torch.load(weights_only=True)`)
+holding everything to resume (model, optimizer, scheduler, RNG states, data position, curves,
+MLflow run id), and the rule for when a checkpoint may be resumed (same format, same prepared
+data, same trajectory params)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pfactory.fsutil import atomic_write_bytes
+from pfactory.model.io import save_bytes
+from pfactory.model.params import ModelParams, TrainParams
+from pfactory.train.data import DataInfo
+
+CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_FORMAT = 1
+# Train params that do not change the trajectory: a checkpoint written with other values resumes.
+_RESUME_IGNORED = {
+    "checkpoint_every_steps",
+    "log_every_steps",
+    "num_threads",
+    "loader",
+    "loader_workers",
+    "torch_threads",
+    "val_every_epochs",
+    "compile",
+    "score_threshold",
+}
+
+
+def trajectory_config(model_p: ModelParams, train_p: TrainParams) -> dict[str, Any]:
+    """The params that determine the training trajectory (a resume must match them)."""
+    t = {k: v for k, v in train_p.model_dump(mode="json").items() if k not in _RESUME_IGNORED}
+    return {"model": model_p.model_dump(mode="json"), "train": t}
+
+
+def load_checkpoint(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Atomic: a temporary sibling, fsync, rename; a SIGKILL leaves the previous checkpoint intact."""
+    atomic_write_bytes(path, save_bytes(state))
+
+
+def resume_mismatch(state: dict[str, Any], config: dict[str, Any], info: DataInfo) -> str | None:
+    """Why a checkpoint cannot be resumed here, or None."""
+    if int(state.get("format", 0)) != CHECKPOINT_FORMAT:
+        return f"checkpoint format {state.get('format')} != {CHECKPOINT_FORMAT}"
+    if state.get("data_fingerprint") != info.fingerprint:
+        return "it was trained on other prepared data"
+    if state.get("config") != config:
+        old, new = state.get("config", {}), config
+        diff = sorted(
+            f"{sec}.{k}" for sec in ("model", "train") for k in set(old.get(sec, {})) | set(new.get(sec, {}))
+            if old.get(sec, {}).get(k) != new.get(sec, {}).get(k)
+        )  # fmt: skip
+        return "params changed: " + ", ".join(diff)
+    return None

@@ -1,0 +1,93 @@
+"""Where a training process runs: device, DDP rank and world size (torchrun), and the small
+per-process utilities the loop needs (phase timer with NVTX ranges, peak memory, all-reduce).
+
+CPU: gloo; CUDA: nccl. The process group is joined when torchrun sets WORLD_SIZE > 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Runtime:
+    """Where this process trains: device, DDP rank and world size."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def setup_runtime(device: str) -> Runtime:
+    """Pick the device; join the process group when launched by torchrun (env WORLD_SIZE > 1)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda and not torch.cuda.is_available():
+        raise RuntimeError("train.device=cuda but CUDA is not available")
+    dev = torch.device(f"cuda:{local}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return Runtime(dev, rank, world, local)
+
+
+@contextlib.contextmanager
+def nvtx(name: str) -> Iterator[None]:
+    """An NVTX range (Nsight) when CUDA is present, and a profiler label either way."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.nvtx.range_push(name)
+    try:
+        with torch.profiler.record_function(name):
+            yield
+    finally:
+        if cuda:
+            torch.cuda.nvtx.range_pop()
+
+
+@dataclass
+class Timer:
+    """Accumulated wall time per phase (data wait, forward, backward, optimizer, ...)."""
+
+    totals: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str, sync: torch.device | None = None) -> Iterator[None]:
+        t0 = time.perf_counter()
+        with nvtx(name):
+            yield
+        if sync is not None and sync.type == "cuda":
+            torch.cuda.synchronize(sync)  # honest phase times on GPU (costs a little overlap)
+        self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def all_reduce_sum(t: torch.Tensor, rt: Runtime) -> torch.Tensor:
+    if rt.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t

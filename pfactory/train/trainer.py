@@ -1,0 +1,405 @@
+"""The training loop: prepared shards -> a trained detector, resumable, tracked in MLflow.
+
+Files in:  `data` = a prepared directory (`paths.prepared`: manifest.json + Parquet shards).
+Files out (`out` = `paths.model`):
+    checkpoint.pt      everything needed to resume (`pfactory.train.checkpoint`), written atomically
+                       every `train.checkpoint_every_steps` steps and at the end
+    model.pt           final weights (state dict) + model_config.json: what optimize/evaluate load
+                       (`pfactory.model.io.load_model`)
+    curves.json        one record per step: loss terms, lr, samples/s, data-wait fraction (DVC plots)
+    val_curves.json    one record per validation: epoch, step, mAP, NDS, AP per class at each threshold
+    metrics.json       final summary: time, throughput, val KPIs (DVC metrics)
+
+`Trainer(params, data, out).train()` builds everything (runtime, loader, model, optimizer,
+schedule, checkpoint, tracker) and runs the loop; `tasks/train.py` is the stage around it.
+DDP: under `torchrun --nproc_per_node N` (gloo on CPU, nccl on CUDA) the global batch
+`train.batch_size` is split across processes, so the loss does not depend on N.
+
+Resume: when `out/checkpoint.pt` exists and was written by the same model/train params on the same
+prepared data, training continues from it; a killed run (even SIGKILL) resumed this way ends with the
+same weights as an uninterrupted one on CPU (tests/train/test_trainer.py). Otherwise it starts fresh.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pfactory.fsutil import atomic_write_json
+from pfactory.model.detector import PaintedPillarDetector, build_model
+from pfactory.model.inference import evaluate_kpis, kpi_scalars, predict
+from pfactory.model.io import save_model
+from pfactory.model.loss import detection_loss
+from pfactory.model.params import ModelParams, TrainParams
+from pfactory.model.targets import build_targets
+from pfactory.train.checkpoint import (
+    CHECKPOINT,
+    CHECKPOINT_FORMAT,
+    load_checkpoint,
+    resume_mismatch,
+    save_checkpoint,
+    trajectory_config,
+)
+from pfactory.train.data import (
+    DataInfo,
+    LoaderFactory,
+    data_info,
+    epoch_batches,
+    make_loader_factory,
+    rank_slice,
+    to_device,
+)
+from pfactory.train.rng import rng_state, seed_everything, set_rng_state
+from pfactory.train.runtime import Runtime, Timer, all_reduce_sum, peak_memory_mb, setup_runtime
+from pfactory.train.schedule import lr_factor, make_optimizer
+from pfactory.train.tracker import Tracker, progress_bar
+
+
+class Trainer:
+    """One training run of `params.model` with `params.train` on `data`, writing into `out`.
+
+    `max_steps` overrides `train.max_steps`. `loader_factory` replaces the shard loader (tests).
+    `progress`: show the rich bar (default: when stderr is a terminal). `track=False`: no MLflow.
+    """
+
+    def __init__(
+        self,
+        params: Any,
+        data: Path,
+        out: Path,
+        track: bool = True,
+        max_steps: int | None = None,
+        *,
+        loader_factory: LoaderFactory | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        mp: ModelParams = params.model
+        tp: TrainParams = params.train
+        if max_steps is not None:
+            tp = tp.model_copy(update={"max_steps": max_steps})
+        self.mp, self.tp = mp, tp
+        self.data, self.out = data, out = Path(data), Path(out)
+        t_start = time.perf_counter()
+        self.rt = rt = setup_runtime(tp.device)
+        if tp.torch_threads:
+            torch.set_num_threads(tp.torch_threads)
+        self.info = info = data_info(data)
+        if list(info.classes) != list(mp.classes):
+            raise ValueError(
+                f"model.classes {mp.classes} differ from the prepared data's classes {info.classes} "
+                "(prepare.classes): labels would mean different classes"
+            )
+        self.factory = factory = loader_factory or make_loader_factory(tp)
+        if tp.batch_size % rt.world_size:
+            raise ValueError(
+                f"train.batch_size={tp.batch_size} must be divisible by the {rt.world_size} DDP processes"
+            )
+        augment = getattr(tp, "augment", None)
+        self.train_loader = factory(
+            data, "train", tp.batch_size, True, augment, tp.seed, rt.device, tp.num_threads
+        )
+        self.steps_per_epoch = len(self.train_loader)
+        total = tp.epochs * self.steps_per_epoch
+        self.total = total if tp.max_steps is None else min(total, tp.max_steps)
+
+        # Model, optimizer, schedule (seeded after the loader is built: the same draws as ever);
+        # then the checkpoint, if it belongs to this configuration.
+        seed_everything(tp.seed)
+        self.model = model = build_model(mp, info.image_size).to(rt.device)
+        self.optimizer = make_optimizer(model, tp)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, self.total, tp)
+        )
+        self.config = trajectory_config(mp, tp)
+        self.ckpt_path = out / CHECKPOINT
+        self.step, self.epoch, self.in_epoch, self.elapsed_before = 0, 0, 0, 0.0
+        self.curves: list[dict[str, float]] = []
+        self.val_curves: list[dict[str, Any]] = []
+        self.resumed = self.finished = False
+        run_id = self._resume(load_checkpoint(self.ckpt_path))
+
+        net: nn.Module = model
+        if rt.distributed:
+            net = nn.parallel.DistributedDataParallel(
+                model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
+            )
+        self.forward = torch.compile(net) if tp.compile else net
+        self.use_bf16 = tp.bf16 and rt.device.type == "cuda"
+
+        self.tracker = Tracker(track and rt.is_main)
+        # The resolved config: the whole params when given a `pfactory.config.Params`, else its two sections.
+        resolved = params.model_dump(mode="json") if hasattr(params, "model_dump") else {}
+        resolved.update({"model": mp.model_dump(mode="json"), "train": tp.model_dump(mode="json")})
+        resolved["dataset"] = {"path": str(data), "fingerprint": info.fingerprint, "train_frames": info.train_frames,
+                               "val_frames": info.val_frames, "world_size": rt.world_size}  # fmt: skip
+        self.tracker.start(resolved, run_id)
+        self.timer = Timer()
+        self.timer.totals["init"] = time.perf_counter() - t_start
+        self.show = rt.is_main and (sys.stderr.isatty() if progress is None else progress)
+        self._t_loop = time.perf_counter()
+        self._last_log = self._t_loop
+
+    def _resume(self, state: dict[str, Any] | None) -> str | None:
+        """Load a matching checkpoint into model, optimizer, schedule, RNGs and position; its MLflow run id."""
+        if state is None:
+            return None
+        reason = resume_mismatch(state, self.config, self.info)
+        if reason is not None:
+            if self.rt.is_main:
+                print(f"train: {self.ckpt_path} not resumed ({reason}); starting fresh", file=sys.stderr)
+            return None
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.step, self.epoch, self.in_epoch = (
+            int(state["step"]),
+            int(state["epoch"]),
+            int(state["batch_in_epoch"]),
+        )
+        self.curves, self.val_curves = list(state["curves"]), list(state["val_curves"])
+        self.elapsed_before = float(state["elapsed_s"])
+        self.resumed, self.finished = True, bool(state["done"])
+        return state.get("mlflow_run_id")
+
+    def train_time(self) -> float:
+        """Seconds of this process's loop (a resumed run adds `elapsed_before`)."""
+        return time.perf_counter() - self._t_loop
+
+    def train(self) -> dict[str, Any]:
+        """Run to `total` steps (validating every `val_every_epochs`), write the outputs; the summary."""
+        tp, rt = self.tp, self.rt
+        summary: dict[str, Any] = {}
+        self._t_loop = time.perf_counter()
+        try:
+            with progress_bar(self.show, self.total, self.step) as bar:
+                self._last_log = time.perf_counter()
+                while self.step < self.total:
+                    if not self.train_epoch(bar):
+                        break  # step == total inside the epoch
+                    # The epoch's batches are exhausted.
+                    self.epoch, self.in_epoch = self.epoch + 1, 0
+                    if (
+                        tp.val_every_epochs
+                        and self.epoch % tp.val_every_epochs == 0
+                        and self.step < self.total
+                    ):
+                        self.val_curves.append(self.validate())
+                if self.in_epoch >= self.steps_per_epoch:  # stopped exactly at an epoch end
+                    self.epoch, self.in_epoch = self.epoch + 1, 0
+            train_s = self.elapsed_before + self.train_time()
+            # A finished checkpoint already holds the final validation: then only re-emit the outputs.
+            if not self.finished:
+                self.val_curves.append(self.validate())
+                self.checkpoint(done=True)
+            if rt.is_main:
+                summary = finish(self.out, self.model, self.info, tp, rt, self.curves, self.val_curves, self.timer,
+                                 train_s, self.tracker, self.resumed)  # fmt: skip
+        except BaseException as e:
+            self.tracker.close(e)
+            raise
+        self.tracker.close()
+        if rt.distributed:
+            dist.barrier()  # nobody tears the process group down before the main process has written
+        return summary
+
+    def train_epoch(self, bar: Any) -> bool:
+        """Steps through the rest of this epoch; True when its batches ran out, False at `total`."""
+        tp, rt, timer = self.tp, self.rt, self.timer
+        batches = epoch_batches(self.train_loader, self.epoch, self.in_epoch)
+        while self.step < self.total:
+            t_step = time.perf_counter()
+            with timer("data"):
+                batch = next(batches, None)
+            if batch is None:
+                return True
+            t_data = time.perf_counter() - t_step
+            batch = to_device(rank_slice(batch, rt), rt.device)
+            terms = train_step(self.forward, self.model, batch, self.optimizer, self.scheduler, tp, rt, timer,
+                               self.use_bf16)  # fmt: skip
+            self.step += 1
+            self.in_epoch += 1
+            dt = time.perf_counter() - t_step
+            record = {"step": self.step, "epoch": self.epoch, "lr": self.optimizer.param_groups[0]["lr"],
+                      "samples_per_s": tp.batch_size / dt, "data_wait_fraction": t_data / dt, **terms}  # fmt: skip
+            self.curves.append(record)
+            self.log_step(record, bar)
+            if self.step % tp.checkpoint_every_steps == 0 and self.step < self.total:
+                self.checkpoint(done=False)
+        return False
+
+    def log_step(self, record: dict[str, Any], bar: Any) -> None:
+        """MLflow every `log_every_steps`; the progress bar, or a plain line every ~30 s without a terminal."""
+        step = self.step
+        if step % self.tp.log_every_steps == 0 or step == self.total:
+            logged = {f"train/{k}": v for k, v in record.items() if k != "step"}
+            logged["train/peak_memory_mb"] = peak_memory_mb(self.rt.device)
+            self.tracker.metrics(logged, step)
+        if bar is not None:
+            bar.update(bar.task_ids[0], completed=step, loss=record["loss"], sps=record["samples_per_s"],
+                       lr=record["lr"])  # fmt: skip
+        elif self.rt.is_main and time.perf_counter() - self._last_log > 30:
+            # No terminal (DVC, CI): a plain line every ~30 s keeps the log alive.
+            print(f"train: step {step}/{self.total} loss {record['loss']:.4f} "
+                  f"{record['samples_per_s']:.1f} samples/s", file=sys.stderr, flush=True)  # fmt: skip
+            self._last_log = time.perf_counter()
+
+    def validate(self) -> dict[str, Any]:
+        return validate(self.model, self.data, self.info, self.factory, self.tp, self.rt, self.timer, self.tracker,
+                        self.step, self.epoch)  # fmt: skip
+
+    def checkpoint(self, done: bool) -> None:
+        """Write `checkpoint.pt` (main process only)."""
+        if not self.rt.is_main:
+            return
+        with self.timer("checkpoint"):
+            save_checkpoint(self.ckpt_path, {
+                "format": CHECKPOINT_FORMAT, "config": self.config, "data_fingerprint": self.info.fingerprint,
+                "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.in_epoch, "total_steps": self.total,
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "curves": self.curves,
+                "val_curves": self.val_curves, "elapsed_s": self.elapsed_before + self.train_time(),
+                "mlflow_run_id": self.tracker.run_id, "done": done,
+            })  # fmt: skip
+
+
+def train_step(
+    forward: nn.Module,
+    model: PaintedPillarDetector,
+    batch: dict[str, Any],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    tp: TrainParams,
+    rt: Runtime,
+    timer: Timer,
+    use_bf16: bool,
+) -> dict[str, float]:
+    """One optimizer step on this process's slice; returns the global-batch loss terms (floats)."""
+    mp = model.params
+    with timer("targets"):
+        targets = build_targets(batch["boxes"], batch["labels"], mp, batch.get("num_boxes"))
+        counts = torch.stack([targets.num_peaks, targets.num_objects]).to(torch.float64)  # [2]
+        counts = all_reduce_sum(counts, rt)  # global normalizers: loss independent of the process count
+    with timer("forward", rt.device), torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+        out = forward(
+            batch["points"],
+            batch["num_points"],
+            batch.get("images"),
+            batch.get("proj"),
+            batch.get("cam_valid"),
+        )
+        terms = detection_loss(
+            out, targets, tp.heatmap_weight, tp.reg_weight, tp.reg_code_weights,
+            num_peaks=counts[0], num_objects=counts[1], world_size=rt.world_size,
+        )  # fmt: skip
+    with timer("backward", rt.device):
+        optimizer.zero_grad(set_to_none=True)
+        terms["loss"].backward()
+    with timer("optimizer", rt.device):
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            model.parameters(), tp.grad_clip if tp.grad_clip > 0 else math.inf
+        )
+        optimizer.step()
+        scheduler.step()
+    names = list(terms)
+    values = torch.stack([terms[k].detach().float() for k in names])  # [T]
+    values = all_reduce_sum(values, rt) / rt.world_size  # mean of rescaled slices = global-batch loss
+    result = dict(zip(names, values.tolist()))
+    result["grad_norm"] = float(grad_norm)
+    return result
+
+
+def validate(
+    model: PaintedPillarDetector,
+    data: Path,
+    info: DataInfo,
+    factory: LoaderFactory,
+    tp: TrainParams,
+    rt: Runtime,
+    timer: Timer,
+    tracker: Tracker,
+    step: int,
+    epoch: int,
+) -> dict[str, Any]:
+    """KPIs on the val split (main process; the others wait); returns the val-curve record."""
+    record: dict[str, Any] = {"epoch": epoch, "step": step}
+    if rt.is_main and info.val_frames > 0:
+        with timer("validate"):
+            loader = factory(data, "val", tp.batch_size, False, None, tp.seed, rt.device, tp.num_threads)
+            loader.set_epoch(0)
+            use_bf16 = tp.bf16 and rt.device.type == "cuda"
+            gts, preds = predict(model, loader, info.classes, tp.score_threshold, rt.device,
+                                 torch.bfloat16 if use_bf16 else None)  # fmt: skip
+            kpis = evaluate_kpis(gts, preds, info.classes)
+        scalars = kpi_scalars(kpis.metrics)
+        tracker.metrics(scalars, step)
+        per_class = "  ".join(f"{c} {v['ap']['2.0']:.3f}" for c, v in kpis.metrics["classes"].items())
+        print(
+            f"val: epoch {epoch} step {step}  mAP {kpis.metrics['mAP']:.4f}  AP@2m {per_class}",
+            file=sys.stderr,
+        )
+        record.update({k.removeprefix("val/"): v for k, v in scalars.items()})
+        record["kpis"] = kpis.metrics
+    if rt.distributed:
+        dist.barrier()
+    return record
+
+
+def finish(
+    out: Path,
+    model: PaintedPillarDetector,
+    info: DataInfo,
+    tp: TrainParams,
+    rt: Runtime,
+    curves: list[dict[str, float]],
+    val_curves: list[dict[str, Any]],
+    timer: Timer,
+    train_s: float,
+    tracker: Tracker,
+    resumed: bool,
+) -> dict[str, Any]:
+    """Write model.pt, model_config.json, curves, metrics; log them; return the summary."""
+    paths = save_model(out, model, info.image_size, info.cameras)
+    atomic_write_json(out / "curves.json", curves)
+    atomic_write_json(
+        out / "val_curves.json", [{k: v for k, v in r.items() if k != "kpis"} for r in val_curves]
+    )
+    final = val_curves[-1] if val_curves else {}
+    steps = len(curves)
+    step_time = sum(timer.totals.get(k, 0.0) for k in ("data", "targets", "forward", "backward", "optimizer"))
+    summary = {
+        "steps": steps,
+        "epochs": max((r["epoch"] for r in curves), default=-1) + 1,
+        "train_seconds": round(train_s, 2),
+        "samples_per_s": round(steps * tp.batch_size / step_time, 2) if step_time else 0.0,
+        "data_wait_fraction": round(timer.totals.get("data", 0.0) / step_time, 4) if step_time else 0.0,
+        "peak_memory_mb": round(peak_memory_mb(rt.device), 1),
+        "final_loss": curves[-1]["loss"] if curves else None,
+        "resumed": resumed,
+        "world_size": rt.world_size,
+        "device": str(rt.device),
+        "timings_s": {k: round(v, 3) for k, v in timer.totals.items()},
+        "val": final.get("kpis"),
+        "mlflow_run_id": tracker.run_id,
+    }
+    atomic_write_json(out / "metrics.json", summary)
+    tracker.metrics(
+        {
+            "train/seconds": summary["train_seconds"],
+            "train/samples_per_s_mean": summary["samples_per_s"],
+            "train/data_wait_fraction_mean": summary["data_wait_fraction"],
+            "train/peak_memory_mb": summary["peak_memory_mb"],
+            **{f"time/{k}_s": v for k, v in timer.totals.items()},
+        },
+        steps,
+    )
+    for p in (out / CHECKPOINT, paths["weights"], paths["config"], out / "curves.json", out / "metrics.json"):
+        tracker.artifact(p, "model")
+    return summary
