@@ -525,11 +525,11 @@ def promote_cmd(
     from pfactory.tracking import configure_environment
 
     configure_environment()
-    import tasks.promote
     from pfactory.registry import EvidenceError, LockTimeout, RegistryError
+    from pfactory.registry.candidates import promote_ref
 
     try:
-        result = tasks.promote.promote_ref(
+        result = promote_ref(
             params, ref, data or Path(params.paths.prepared), release or Path(params.paths.release), dry_run
         )
     except (EvidenceError, LockTimeout) as e:

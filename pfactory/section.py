@@ -7,6 +7,8 @@ module imports nothing of pfactory (no import cycle with config.py).
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -21,3 +23,19 @@ def check_pc_range(v: list[float]) -> list[float]:
     if len(v) != 6 or not all(v[i] < v[i + 3] for i in range(3)):
         raise ValueError("6 numbers (x_min, y_min, z_min, x_max, y_max, z_max) with each min < max")
     return v
+
+
+S = TypeVar("S", bound=Section)
+
+
+def section_of(params: Any, name: str, cls: type[S]) -> S:
+    """The `name` section of the full project `Params`, or a `cls` given directly (stage `run` functions)."""
+    if isinstance(params, cls):
+        return params
+    section = getattr(params, name, None)
+    if not isinstance(section, cls):
+        article = "an" if name[0] in "aeiou" else "a"
+        raise TypeError(
+            f"run() needs the project Params (with {article} `{name}` section) or {article} {cls.__name__}"
+        )
+    return section

@@ -17,87 +17,20 @@ written to `out` then, and the report is kept next to it as `<out>.parity-failed
 
 Run: `python -m tasks.optimize [-S optimize.precision=fp32 ...]` (DVC; paths from params.yaml) or
 `factory optimize --model DIR --data DIR --out DIR [--backend ...] [--precision ...]`.
+The work: `pfactory.inference.optimize`.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from pfactory.fsutil import atomic_directory, atomic_write_json, sha256_file
 from pfactory.inference.errors import BackendUnavailable, ParityError
 from pfactory.inference.params import OptimizeParams
+from pfactory.section import section_of
 
 STAGE = "optimize"
-ORT_PRECISIONS = ("fp32", "int8")
-
-
-def _section(params: Any) -> OptimizeParams:
-    """The optimize section of the full `Params` (or an `OptimizeParams` given directly)."""
-    if isinstance(params, OptimizeParams):
-        return params
-    section = getattr(params, "optimize", None)
-    if not isinstance(section, OptimizeParams):
-        raise TypeError("run() needs the project Params (with an `optimize` section) or an OptimizeParams")
-    return section
-
-
-def _check_combination(backend: str, precision: str) -> None:
-    if backend == "onnxruntime" and precision not in ORT_PRECISIONS:
-        raise BackendUnavailable(
-            f"precision {precision!r} is not built for ONNX Runtime (fp32 | int8): its CPU kernels have no fast "
-            "FP16 path; use --backend tensorrt on a GPU machine, or --precision fp32 / int8"
-        )
-
-
-def _threads(opt: OptimizeParams) -> int:
-    return opt.intra_op_threads or os.cpu_count() or 1
-
-
-def _flat_metrics(
-    parity: dict[str, Any], latency: dict[str, Any] | None, timings: dict[str, float]
-) -> dict[str, float]:
-    """MLflow scalars, named like the train stage's: parity/<artifact>/<metric>, latency/batch_<b>/<runner>/<stat>,
-    speedup/batch_<b>/<runner> (p50 of eager / p50 of runner), time/<step>_s."""
-    out: dict[str, float] = {f"time/{k}": round(v, 3) for k, v in timings.items()}
-    for name, a in parity["artifacts"].items():
-        key = name.replace("/", "_")
-        m = a["metrics"]
-        vals = {
-            "match_rate": m["match_rate"],
-            "boxes_max_abs_diff": m["boxes"]["max_abs_diff"],
-            "boxes_max_rel_diff": m["boxes"]["max_rel_diff"],
-            "boxes_cosine": m["boxes"]["cosine"],
-            "yaw_max_abs_diff": m["yaw"]["max_abs_diff"],
-            "boxes_tolerance_ratio": m["boxes"]["tolerance_ratio"],
-            "yaw_tolerance_ratio": m["yaw"]["tolerance_ratio"],
-            "scores_tolerance_ratio": m["scores"]["tolerance_ratio"],
-            "scores_max_abs_diff": m["scores"]["max_abs_diff"],
-            "scores_max_rel_diff": m["scores"]["max_rel_diff"],
-            "scores_cosine": m["scores"]["cosine"],
-            "repeat_max_abs_diff": (
-                max(m["repeatability"]["boxes_max_abs_diff"], m["repeatability"]["scores_max_abs_diff"])
-                if m.get("repeatability")
-                else None
-            ),
-            "passed": float(a["passed"]),
-        }
-        out.update({f"parity/{key}/{k}": float(v) for k, v in vals.items() if v is not None})
-    if latency is not None:
-        for batch, runners in latency.items():
-            if not batch.startswith("batch_"):
-                continue
-            for name, s in runners.items():
-                key = name.replace("/", "_")
-                for stat in ("p50_ms", "p95_ms", "p99_ms", "throughput_fps"):
-                    out[f"latency/{batch}/{key}/{stat}"] = float(s[stat])
-        for batch, ratios in latency.get("speedup_vs_eager", {}).items():
-            for name, r in ratios.items():
-                out[f"speedup/{batch}/{name.replace('/', '_')}"] = float(r)
-    return out
 
 
 def run(
@@ -113,264 +46,15 @@ def run(
 
     `backend`/`precision` override `optimize.backend`/`optimize.precision` (None/"auto" = from params).
     """
-    opt = _section(params)
+    from pfactory.inference.optimize import optimize
+
+    opt = section_of(params, STAGE, OptimizeParams)
     if not track:
-        return _run(opt, Path(model_dir), Path(data), Path(out), backend, precision, None)
+        return optimize(opt, Path(model_dir), Path(data), Path(out), backend, precision, None)
     from pfactory.tracking import stage_run
 
     with stage_run(STAGE, opt.model_dump(mode="json")) as active:
-        return _run(opt, Path(model_dir), Path(data), Path(out), backend, precision, active)
-
-
-def _log_mlflow(out_dir: Path, metrics: dict[str, float], hashes: dict[str, str]) -> None:
-    import mlflow
-
-    mlflow.log_metrics(metrics)
-    mlflow.log_dict(hashes, "optimized/sha256.json")
-    mlflow.log_artifacts(str(out_dir), artifact_path="optimized")
-
-
-def _run(
-    opt: OptimizeParams,
-    model_dir: Path,
-    data: Path,
-    out: Path,
-    backend: str,
-    precision: str | None,
-    active: Any,
-) -> dict[str, Any]:
-    import torch
-
-    from pfactory.inference import manifest as mf
-    from pfactory.inference.calibration import load_feeds
-    from pfactory.inference.export import OUTPUT_NAMES, export_onnx
-    from pfactory.inference.latency import EAGER, measure_latency
-    from pfactory.inference.ort_backend import quantize_int8, save_optimized_fp32, write_rewritten
-    from pfactory.inference.parity import compare_outputs, parity_report, report_failures
-    from pfactory.inference.runtime import TorchRunner, resolve_backend
-    from pfactory.model.io import WEIGHTS, load_model
-    from pfactory.tracking import package_versions
-
-    t_start = time.perf_counter()
-    timings: dict[str, float] = {}
-    device = opt.device
-    backend = resolve_backend(backend if backend not in (None, "auto") else opt.backend, device)
-    precision = precision or opt.precision
-    _check_combination(backend, precision)
-    threads = _threads(opt)
-    torch_device = "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"
-    ort_device = "cpu" if device == "cpu" else "auto"
-
-    model, model_config = load_model(model_dir, map_location="cpu")
-    held = load_feeds(data, opt.parity.split, opt.parity.batch_size, opt.parity.frames, opt.num_threads)
-    cameras = int(held.feeds[0]["images"].shape[1])
-    if model_config.get("cameras") and len(model_config["cameras"]) != cameras:
-        raise ValueError(
-            f"{data}: frames have {cameras} cameras, the model was trained with {len(model_config['cameras'])}"
-        )
-    previous_timing_cache = out / mf.TRT_DIR / "timing.cache"
-    previous_timing = previous_timing_cache.read_bytes() if previous_timing_cache.is_file() else None
-
-    with atomic_directory(out) as tmp:
-        # 1. export + checks
-        meta = {
-            "pfactory.classes": model_config.get("classes", list(model.params.classes)),
-            "pfactory.image_size": list(model.image_size),
-            "pfactory.max_detections": model.params.max_detections,
-            "pfactory.outputs": mf.OUTPUT_CONTRACT,
-        }
-        exported = export_onnx(
-            model, tmp / mf.ONNX_FILE, cameras=cameras, opset=opt.opset, dynamic_batch=opt.dynamic_batch,
-            export_points=opt.export_points, metadata=meta,
-        )  # fmt: skip
-        timings["export_s"] = exported.export_s
-        artifacts: list[dict[str, Any]] = []
-
-        # 2. ONNX Runtime FP32 (always: the baseline of the export itself) and INT8, both from the
-        #    exactly-rewritten graph (ScatterND rows, no size-1 sums: pfactory.inference.graph_rewrite)
-        t0 = time.perf_counter()
-        ort_src = tmp / ".model.ort-rewritten.onnx"  # intermediate, removed below
-        rewrites = write_rewritten(tmp / mf.ONNX_FILE, ort_src)
-        fp32_path = save_optimized_fp32(ort_src, tmp / mf.ORT_DIR / "model.fp32.onnx")
-        timings["ort_optimize_s"] = time.perf_counter() - t0
-        artifacts.append({"backend": "onnxruntime", "precision": "fp32", "file": f"{mf.ORT_DIR}/{fp32_path.name}",
-                          "graph_rewrites": rewrites,
-                          "graph_optimization": "ORT_ENABLE_EXTENDED (saved); ORT_ENABLE_ALL at load"})  # fmt: skip
-        calib = None
-        if precision == "int8":
-            t0 = time.perf_counter()
-            calib = load_feeds(
-                data, opt.int8.calibration_split, 1, opt.int8.calibration_frames, opt.num_threads
-            )
-            timings["calibration_data_s"] = time.perf_counter() - t0
-        if precision == "int8" and backend == "onnxruntime":
-            q = quantize_int8(
-                ort_src, tmp / mf.ORT_DIR / "model.int8.onnx", calib.feeds, opt.int8,
-                cache_path=tmp / mf.ORT_DIR / "calibration.json", work_dir=tmp,
-            )  # fmt: skip
-            timings["quantize_s"] = q.quantize_s
-            artifacts.append({"backend": "onnxruntime", "precision": "int8", "file": f"{mf.ORT_DIR}/model.int8.onnx",
-                              "graph_rewrites": rewrites, "quantization": q.to_json(),
-                              "calibration_frame_ids": calib.all_frame_ids()})  # fmt: skip
-        ort_src.unlink()  # not an artifact: model.fp32.onnx / model.int8.onnx are built from it
-
-        # 3. TensorRT engine (GPU machines)
-        trt_meta = None
-        if backend == "tensorrt":
-            entry = _build_tensorrt(opt, precision, tmp, exported, calib, previous_timing)
-            timings["tensorrt_build_s"] = entry["build_s"]
-            trt_meta = entry["metadata"]
-            artifacts.append(entry)
-
-        # 4. parity vs PyTorch on held-out frames
-        t0 = time.perf_counter()
-        eager = TorchRunner(model, torch_device, threads)
-        reference = [eager.run(f) for f in held.feeds]
-        runners = {
-            a["backend"] + "/" + a["precision"]: _runner_for(tmp, a, ort_device, threads) for a in artifacts
-        }
-        results = {}
-        for name, r in runners.items():
-            prec = name.split("/")[1]
-            first = [r.run(f) for f in held.feeds]
-            second = [r.run(f) for f in held.feeds]  # repeatability: a racing kernel differs run to run
-            results[name] = {
-                "precision": prec,
-                "metrics": compare_outputs(
-                    reference, first, opt.parity, getattr(opt.parity, prec), repeat=second
-                ),
-            }
-        report = parity_report(
-            results, opt.parity, held.all_frame_ids(), reference=f"pytorch eager ({torch_device})"
-        )
-        timings["parity_s"] = time.perf_counter() - t0
-        atomic_write_json(tmp / mf.PARITY, report)
-        if not report["passed"]:
-            kept = atomic_write_json(out.parent / f"{out.name}.parity-failed.json", report)
-            if active is not None:
-                import mlflow
-
-                mlflow.log_dict(report, "optimized/parity-failed.json")
-                mlflow.log_metrics(_flat_metrics(report, None, timings))
-            raise ParityError(report_failures(report), str(kept))
-
-        # 5. latency, PyTorch eager in the same run, interleaved
-        t0 = time.perf_counter()
-        timed = {EAGER: eager} if opt.latency.eager else {}
-        for name, a in zip(runners, artifacts):
-            # No spinning: ORT's idle threads would otherwise busy-wait into the next runner's turn.
-            timed[name] = _runner_for(tmp, a, ort_device, threads, spin=False)
-        feeds_by_batch = {
-            b: load_feeds(data, opt.parity.split, b, b * 4, opt.num_threads).feeds
-            for b in opt.latency.batch_sizes
-        }
-        latency = measure_latency(
-            timed, feeds_by_batch,
-            opt.latency.warmup, opt.latency.iterations,
-            config={"threads": threads, "device": torch_device, "end_to_end": "padded points in, decoded boxes out"},
-        )  # fmt: skip
-        timings["latency_s"] = time.perf_counter() - t0
-        atomic_write_json(tmp / mf.LATENCY, latency)
-
-        # 6. manifest with the sha256 of every file
-        hashes = mf.file_hashes(tmp)
-        for a in artifacts:
-            a["sha256"] = hashes[a["file"]]
-            a["bytes"] = (tmp / a["file"]).stat().st_size
-        timings["total_s"] = time.perf_counter() - t_start
-        manifest = {
-            "format": mf.FORMAT,
-            "primary": {"backend": backend, "precision": precision},
-            "artifacts": artifacts,
-            "onnx": {**exported.to_json(), "file": mf.ONNX_FILE, "sha256": hashes[mf.ONNX_FILE]},
-            "model": {
-                "dir": str(model_dir),
-                "weights_sha256": sha256_file(model_dir / WEIGHTS),
-                "classes": list(model.params.classes),
-                "image_size": list(model.image_size),
-                "cameras": cameras,
-                "max_detections": model.params.max_detections,
-            },
-            "outputs": {"names": list(OUTPUT_NAMES), "contract": mf.OUTPUT_CONTRACT},
-            "files": hashes,
-            "versions": package_versions(("torch", "onnx", "onnxruntime", "onnxscript", "tensorrt", "numpy")),
-            "tensorrt": trt_meta,
-            "timings_s": {k: round(v, 3) for k, v in timings.items()},
-        }
-        atomic_write_json(tmp / mf.MANIFEST, manifest)
-
-    metrics: dict[str, Any] = _flat_metrics(report, latency, timings)
-    if active is not None:
-        _log_mlflow(out, metrics, {**hashes, mf.MANIFEST: sha256_file(out / mf.MANIFEST)})
-        metrics["mlflow_run_id"] = active.info.run_id
-    return metrics
-
-
-def _runner_for(root: Path, artifact: dict[str, Any], device: str, threads: int, spin: bool = True) -> Any:
-    from pfactory.inference.runtime import OrtRunner
-
-    if artifact["backend"] == "onnxruntime":
-        return OrtRunner(root / artifact["file"], artifact["precision"], device, threads, spin=spin)
-    from pfactory.inference.tensorrt_backend import TensorRTRunner
-
-    return TensorRTRunner(root / artifact["file"], artifact["precision"])
-
-
-def _build_tensorrt(
-    opt: OptimizeParams, precision: str, tmp: Path, exported: Any, calib: Any, previous_timing: bytes | None
-) -> dict[str, Any]:
-    """The TensorRT engine of `precision` (tensorrt_backend's module docstring has the version split)."""
-    import onnx
-
-    from pfactory.inference import manifest as mf
-    from pfactory.inference.ort_backend import quantize_int8, select_excluded_nodes
-    from pfactory.inference.tensorrt_backend import (
-        TIMING_CACHE,
-        OnnxSource,
-        build_engine,
-        cast_onnx_fp16,
-        engine_spec,
-        import_tensorrt,
-    )
-
-    trt = import_tensorrt()
-    trt_dir = tmp / mf.TRT_DIR
-    trt_dir.mkdir(parents=True, exist_ok=True)
-    onnx_path = tmp / mf.ONNX_FILE
-    _, excluded = select_excluded_nodes(
-        onnx.load(str(onnx_path)), opt.int8.op_types, opt.int8.exclude_op_types, opt.int8.exclude_nodes
-    )
-    spec = engine_spec(
-        opt, precision, trt.__version__, exported.inputs, max(opt.latency.batch_sizes), sorted(excluded)
-    )
-    source = onnx_path
-    if spec.onnx_source == OnnxSource.FP16_CAST.value:
-        source = cast_onnx_fp16(onnx_path, trt_dir / "model.fp16.onnx", opt.tensorrt.fp16_keep_fp32_op_types)
-    elif spec.onnx_source == OnnxSource.INT8_QDQ.value:
-        # TensorRT >= 11: explicit quantization; the calibrator choice becomes the QDQ calibration method.
-        int8 = opt.int8.model_copy(update={"ort_method": opt.int8.calibrator})
-        source = trt_dir / "model.int8.qdq.onnx"
-        quantize_int8(
-            onnx_path,
-            source,
-            calib.feeds,
-            int8,
-            for_tensorrt=True,
-            cache_path=trt_dir / "calibration.json",
-            work_dir=tmp,
-        )
-    prev = None
-    if previous_timing is not None:
-        prev = tmp / ".previous-timing.cache"
-        prev.write_bytes(previous_timing)
-    entry = build_engine(source, spec, trt_dir, calib.feeds if calib is not None else None, prev)
-    if prev is not None:
-        prev.unlink()
-    entry["file"] = f"{mf.TRT_DIR}/{entry['file']}"
-    entry.update(
-        {"backend": "tensorrt", "precision": precision, "timing_cache": f"{mf.TRT_DIR}/{TIMING_CACHE}"}
-    )
-    return entry
+        return optimize(opt, Path(model_dir), Path(data), Path(out), backend, precision, active)
 
 
 def main(argv: list[str] | None = None) -> None:

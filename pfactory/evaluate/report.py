@@ -10,6 +10,8 @@ Out: plain dicts / files, each written atomically:
     worst_frames(per_frame, n)    the n frames with the most errors (FP + FN), ties by frame id
     render_bev(path, ...)         BEV of one frame: points, GT (solid), predictions (dashed, with scores)
     mlflow_scalars(document, ...) `eval/...` metric names (docs/EVALUATE.md)
+    write_reports(...)            kpis.json, pr/, report/{pr_curves,per_frame}.json, pr.png, bev/ of one evaluation
+    write_timings(...)            report/timings.json: per task and per run
 matplotlib is imported inside the renderers (Agg canvas, no pyplot state).
 """
 
@@ -21,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from pfactory.fsutil import atomic_write_bytes, atomic_write_text
+from pfactory.evaluate.inputs import unit_points
+from pfactory.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 from pfactory.metrics.detection import DetectionKpis, FrameDetections
 
 TP_KEYS = ("ate", "ase", "aoe")
@@ -178,3 +181,65 @@ def mlflow_scalars(
         out["eval/throughput_fps"] = runs["optimized"]["throughput_fps"]
     out.update({f"time/{k}": v for k, v in timings.items()})
     return {k: float(v) for k, v in out.items() if v is not None and np.isfinite(v)}
+
+
+def write_reports(
+    ev: Any,
+    inputs: Any,
+    tmp: Path,
+    doc: dict,
+    kpis: Any,
+    ref: Any,
+    gt: list,
+    preds: dict,
+    results: dict,
+) -> None:
+    report = tmp / "report"
+    atomic_write_json(tmp / "kpis.json", doc)
+    tp_th = doc["params"]["dist_th_tp_m"]
+    th_key = next(k for k in next(iter(doc["classes"].values()))["ap"] if float(k) == tp_th)
+    write_pr_csv(tmp / "pr", kpis, th_key)
+    atomic_write_json(
+        report / "pr_curves.json",
+        {"optimized": kpis.pr_curves(), "reference": ref.pr_curves() if ref else None},
+    )
+    atomic_write_json(
+        report / "per_frame.json",
+        {
+            "optimized": kpis.per_frame,
+            "reference": ref.per_frame if ref else None,
+            "score_threshold": ev.frame_score_threshold,
+        },
+    )
+    render_pr_png(
+        report / "pr.png", kpis, f"{inputs.optimized.name}: mAP {doc['mAP']:.4f}, NDS* {doc['NDS']:.4f}"
+    )
+    worst = worst_frames(kpis.per_frame, ev.worst_frames)
+    if worst:
+        by_id = {f.frame_id: f for f in gt}
+        pred_by_id = {f.frame_id: f for f in preds["optimized"]}
+        unit_of = {fid: u for u, r in results["optimized"].items() for fid in r.frame_ids}
+        points = unit_points(inputs, [w["frame_id"] for w in worst], unit_of)
+        for rank, w in enumerate(worst):
+            fid = w["frame_id"]
+            title = f"frame {fid}: {w['tp']} TP, {w['fp']} FP, {w['fn']} FN (2 m, score >= {ev.frame_score_threshold})"
+            render_bev(report / "bev" / f"{rank:02d}_{fid}.png", points[fid], by_id[fid], pred_by_id[fid], title,
+                       ev.frame_score_threshold)  # fmt: skip
+
+
+def write_timings(tmp: Path, where: str, runs: dict, timings: dict, results: dict) -> None:
+    units = [
+        {"kind": kind, "unit": u, "frames": len(r.frame_ids), "worker": r.worker, "pid": r.pid,
+         **{k: round(v, 6) for k, v in r.timings.items()}}
+        for kind in ("optimized", "reference")
+        for u, r in sorted(results[kind].items())
+    ]  # fmt: skip
+    atomic_write_json(
+        tmp / "report" / "timings.json",
+        {
+            "cluster": where,
+            "runs": runs,
+            "timings_s": {k: round(v, 4) for k, v in timings.items()},
+            "units": units,
+        },
+    )

@@ -19,7 +19,6 @@ an engine, `tensorrt` imports and CUDA is present; ONNX Runtime otherwise) and c
 
 from __future__ import annotations
 
-import abc
 from pathlib import Path
 from typing import Any
 
@@ -28,73 +27,10 @@ import numpy as np
 from pfactory.inference.errors import ArtifactError, BackendUnavailable
 from pfactory.inference.export import INPUT_NAMES, OUTPUT_NAMES
 from pfactory.inference.manifest import find_artifact, read_manifest, verify_file
+from pfactory.inference.runner import Outputs, Runner, as_feed, split_run, valid_detections
 
-Outputs = dict[str, np.ndarray]
-_DTYPES = {"points": np.float32, "num_points": np.int64, "images": np.float32, "proj": np.float32}
-
-
-def as_feed(points: Any, num_points: Any, images: Any, proj: Any) -> dict[str, np.ndarray]:
-    """The four inputs as contiguous numpy arrays of the graph's dtypes (torch tensors accepted)."""
-    feed = {}
-    for name, value in zip(INPUT_NAMES, (points, num_points, images, proj)):
-        if hasattr(value, "detach"):  # a torch tensor
-            value = value.detach().cpu().numpy()
-        feed[name] = np.ascontiguousarray(value, dtype=_DTYPES[name])
-    b = feed["points"].shape[0]
-    for name in INPUT_NAMES[1:]:
-        if feed[name].shape[0] != b:
-            raise ValueError(f"{name} has batch {feed[name].shape[0]}, points has {b}")
-    return feed
-
-
-def valid_detections(out: Outputs, threshold: float) -> list[Outputs]:
-    """Per frame, the detections with score >= `threshold` (> 0, so padding entries never pass)."""
-    if threshold <= 0:
-        raise ValueError("threshold must be > 0: score-0 entries are padding, not detections")
-    frames = []
-    for b in range(out["scores"].shape[0]):
-        keep = out["scores"][b] >= threshold
-        frames.append({k: out[k][b][keep] for k in OUTPUT_NAMES})
-    return frames
-
-
-class Runner(abc.ABC):
-    """Base: `runner(points, num_points, images, proj) -> {"boxes", "scores", "labels"}` (module docstring)."""
-
-    backend: str = ""
-    precision: str = ""
-    device: str = "cpu"
-
-    def __call__(self, points: Any, num_points: Any, images: Any, proj: Any) -> Outputs:
-        return self.run(as_feed(points, num_points, images, proj))
-
-    @abc.abstractmethod
-    def run(self, feed: dict[str, np.ndarray]) -> Outputs:
-        """One forward pass on a prepared feed (`as_feed`) -> outputs."""
-
-    @property
-    def name(self) -> str:
-        return f"{self.backend}/{self.precision}"
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name}, device={self.device})"
-
-
-def _split_run(run_fixed: Any, feed: dict[str, np.ndarray], fixed_batch: int) -> Outputs:
-    """Run a graph exported with a fixed batch on any batch: chunks of `fixed_batch`, the last one padded
-    by repeating its final frame (outputs of the repeats dropped)."""
-    b = feed["points"].shape[0]
-    outs: list[Outputs] = []
-    for start in range(0, b, fixed_batch):
-        chunk = {k: v[start : start + fixed_batch] for k, v in feed.items()}
-        n = chunk["points"].shape[0]
-        if n < fixed_batch:
-            chunk = {
-                k: np.concatenate([v, np.repeat(v[-1:], fixed_batch - n, axis=0)]) for k, v in chunk.items()
-            }
-        out = run_fixed(chunk)
-        outs.append({k: v[:n] for k, v in out.items()})
-    return {k: np.concatenate([o[k] for o in outs]) for k in OUTPUT_NAMES}
+__all__ = ["OrtRunner", "Outputs", "Runner", "TorchRunner", "as_feed", "load_runner", "open_runner",
+           "resolve_backend", "tensorrt_usable", "valid_detections"]  # fmt: skip
 
 
 class OrtRunner(Runner):
@@ -129,7 +65,7 @@ class OrtRunner(Runner):
 
     def run(self, feed: dict[str, np.ndarray]) -> Outputs:
         if self.fixed_batch is not None and feed["points"].shape[0] != self.fixed_batch:
-            return _split_run(self._run_graph, feed, self.fixed_batch)
+            return split_run(self._run_graph, feed, self.fixed_batch)
         return self._run_graph(feed)
 
 
@@ -218,12 +154,25 @@ def load_runner(
         path = verify_file(optimized_dir, artifact["file"], artifact["sha256"])
     elif not path.is_file():
         raise ArtifactError(f"{path}: listed in backend.json but missing")
+    trt_device = "cuda" if device in ("auto", "cpu") else device
+    return open_runner(path, backend, artifact["precision"], device, intra_op_threads, trt_device=trt_device)
+
+
+def open_runner(
+    path: Path,
+    backend: str,
+    precision: str,
+    device: str = "cpu",
+    threads: int | None = None,
+    spin: bool = True,
+    trt_device: str = "cuda",
+) -> Runner:
+    """The runner of one artifact file: ONNX Runtime (`device`, `threads` intra-op, `spin`) or a TensorRT
+    engine (on `trt_device`). No manifest or hash check: `load_runner` does those for a directory."""
     if backend == "onnxruntime":
-        return OrtRunner(path, artifact["precision"], device, intra_op_threads)
+        return OrtRunner(path, precision, device, threads, spin=spin)
     if backend == "tensorrt":
         from pfactory.inference.tensorrt_backend import TensorRTRunner
 
-        return TensorRTRunner(
-            path, artifact["precision"], device="cuda" if device in ("auto", "cpu") else device
-        )
+        return TensorRTRunner(path, precision, device=trt_device)
     raise ValueError(f"unknown backend {backend!r}")

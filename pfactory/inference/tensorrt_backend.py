@@ -36,7 +36,7 @@ from pfactory.inference.calibration import pad_points as fix_points
 from pfactory.inference.errors import BackendUnavailable, OptimizeError
 from pfactory.inference.export import INPUT_NAMES, OUTPUT_NAMES, TensorSpec
 from pfactory.inference.params import OptimizeParams
-from pfactory.inference.runtime import Runner
+from pfactory.inference.runner import Runner
 
 Feed = dict[str, np.ndarray]
 PLAN = "model.{precision}.plan"

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pfactory.fsutil import atomic_write_json, atomic_write_text, sha256_file
+from pfactory.fsutil import atomic_directory, atomic_write_json, atomic_write_text, sha256_file
 
 CARD = "MODEL_CARD.md"
 RELEASE_JSON = "release.json"
@@ -159,3 +159,23 @@ def model_card(release: Mapping[str, Any], audit: Sequence[Mapping[str, Any]]) -
         "",
     ]
     return "\n".join(out)
+
+
+def write_empty_release(release: Path, prm: Any, result: Mapping[str, Any]) -> None:
+    """DVC requires a declared out to exist after its stage. When this run released nothing (refused, dry
+    run) the folder says which version is the champion (None before any promotion) and where its files
+    are: the champion's release was written by the run that promoted it, and the registry has its files."""
+    champion = result.get("champion_after")
+    with atomic_directory(release) as tmp:
+        atomic_write_json(
+            tmp / "release.json",
+            {
+                "model": prm.model_name,
+                "alias": prm.alias,
+                "version": champion,
+                "released_by_this_run": False,
+                "decision": result.get("decision"),
+                "reason": result.get("reason"),
+                "files": f"models:/{prm.model_name}@{prm.alias}" if champion is not None else None,
+            },
+        )

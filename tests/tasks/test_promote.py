@@ -271,7 +271,7 @@ def test_racing_promotions_exactly_one_wins(bench, tmp_path, registry) -> None:
 
 
 def test_default_reevaluation_runs_the_evaluate_stage(bench, tmp_path, registry) -> None:
-    """evaluate_fn=None: the champion's files, downloaded from the registry, go through tasks.evaluate."""
+    """evaluate_fn=None: the champion's files, downloaded from the registry, go through pfactory.evaluate (what the evaluate stage runs)."""
     from pfactory.config import Params
 
     base = H.promote_params(min_map=0.05, parity_map_tolerance=0.1).model_dump()

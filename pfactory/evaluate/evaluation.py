@@ -1,0 +1,178 @@
+"""One evaluation: an optimized detector (and its PyTorch checkpoint) over a prepared split on Dask -> KPIs.
+
+`evaluate(ev, optimized, model, data, out, address, progress, active)` plans the work
+(`inputs.resolve_inputs`), runs it on Dask (`distributed.run_units`: one task per unit of row groups,
+models loaded once per worker), writes each unit's predictions as it arrives, then scores
+(`scoring.score`) and writes the reports (`report.write_reports`), all inside `out` built in a
+temporary sibling and renamed into place on success. Files identical whatever the completion order
+or a worker's death. The files are listed in `tasks/evaluate.py` (the stage) and docs/EVALUATE.md.
+Metrics back: flat dict with mAP, NDS, reference_mAP, delta_mAP, frames, data_hash, kpis_path,
+throughput and the MLflow scalars (`eval/...`, `time/...`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pfactory.evaluate.params import EvaluateParams
+from pfactory.evaluate.scoring import KINDS, score
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int) -> Iterator[Callable[[str, int], None]]:
+    """`advance(kind, frames)`: a rich progress bar per model on stderr, or nothing."""
+    if not enabled:
+        yield lambda kind, n: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def advance(kind: str, n: int) -> None:
+            if kind not in tasks:
+                tasks[kind] = bar.add_task(f"evaluate {kind} (frames)", total=total)
+            bar.advance(tasks[kind], n)
+
+        yield advance
+
+
+def evaluate(
+    ev: EvaluateParams,
+    optimized: Path,
+    model: Path | None,
+    data: Path,
+    out: Path,
+    address: str | None,
+    progress: bool,
+    active: Any,
+) -> dict[str, Any]:
+    """Evaluate `optimized` (and `model`, the PyTorch reference, unless None) on `data`; build `out`.
+
+    `address`: a scheduler address, "local:N", or None (a LocalCluster of `ev.workers`). `progress`: a
+    rich bar per model on stderr. `active`: the MLflow run to log to (None: no tracking). Raises
+    `EvaluateInputError` on a bad input (before any work starts), `EvaluateTaskError` when a unit
+    fails on a worker.
+    """
+    from pfactory.evaluate.distributed import dask_client, run_units
+    from pfactory.evaluate.inputs import resolve_inputs
+    from pfactory.evaluate.predictions import PartWriter, write_kitti
+    from pfactory.evaluate.report import write_reports, write_timings
+    from pfactory.fsutil import atomic_directory
+
+    t_start = time.perf_counter()
+    timings: dict[str, float] = {}
+    inputs = resolve_inputs(
+        optimized, model if ev.reference else None, data, ev.split, ev.backend, ev.precision, ev.device,
+        ev.slice_frames, ev.batch_size, ev.score_threshold,
+    )  # fmt: skip
+    timings["plan_s"] = time.perf_counter() - t_start
+    results: dict[str, dict[int, Any]] = {k: {} for k in KINDS}
+    runs: dict[str, dict[str, Any]] = {}
+
+    with atomic_directory(out) as tmp:
+        report = tmp / "report"
+        parts = PartWriter(report)
+        with _progress(progress, inputs.frames) as advance:
+
+            def on_result(res: Any) -> None:
+                # Streamed: each unit's files are written as it lands (names depend only on frame ids).
+                results[res.kind][res.unit] = _Slim(res)
+                write_kitti(report / "kitti" / res.kind, res.pred)
+                parts.add(res.kind, res.unit, res.pred)
+                if res.kind == "optimized":
+                    write_kitti(report / "kitti" / "ground_truth", res.gt)
+                    parts.add("ground_truth", res.unit, res.gt)
+                advance(res.kind, len(res.frame_ids))
+
+            t0 = time.perf_counter()
+            with dask_client(address, ev.workers, ev.threads_per_worker) as (client, where):
+                timings["cluster_s"] = time.perf_counter() - t0
+                specs = [inputs.optimized] + ([inputs.reference] if inputs.reference else [])
+                for spec in specs:  # one model at a time: clean throughput figures per model
+                    stats = run_units(client, spec, inputs.data, inputs.units, on_result)
+                    runs[spec.kind] = stats.to_json()
+                    timings[f"{spec.kind}_s"] = stats.wall_s
+        t0 = time.perf_counter()
+        doc, kpis, ref_kpis, gt, preds = score(ev, inputs, results)
+        timings["kpi_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        write_reports(ev, inputs, tmp, doc, kpis, ref_kpis, gt, preds, results)
+        parts.finish(report / "predictions.parquet")
+        timings["report_s"] = time.perf_counter() - t0
+        timings["total_s"] = time.perf_counter() - t_start
+        write_timings(tmp, where, runs, timings, results)
+
+    from pfactory.evaluate.report import mlflow_scalars
+
+    scalars = mlflow_scalars(doc, {k: round(v, 3) for k, v in timings.items()}, runs)
+    metrics: dict[str, Any] = {
+        "mAP": doc["mAP"],
+        "NDS": doc["NDS"],
+        "frames": inputs.frames,
+        "data_hash": inputs.data_hash,
+        "split": ev.split,
+        "kpis_path": str(out / "kpis.json"),
+        "cluster": where,
+        "throughput_fps": runs["optimized"]["throughput_fps"],
+        **scalars,
+    }
+    if doc["reference"] is not None:
+        metrics.update(
+            reference_mAP=doc["reference"]["mAP"], reference_NDS=doc["reference"]["NDS"],
+            delta_mAP=doc["delta"]["mAP"], delta_NDS=doc["delta"]["NDS"],
+        )  # fmt: skip
+    if active is not None:
+        log_mlflow(out, scalars, inputs)
+        metrics["mlflow_run_id"] = active.info.run_id
+    return metrics
+
+
+class _Slim:
+    """What the driver keeps of a `UnitResult` (files are already written)."""
+
+    __slots__ = ("frame_ids", "gt", "kind", "pid", "pred", "timings", "unit", "worker")
+
+    def __init__(self, res: Any) -> None:
+        for k in self.__slots__:
+            setattr(self, k, getattr(res, k))
+
+
+def log_mlflow(out: Path, scalars: dict[str, float], inputs: Any) -> None:
+    """Metrics, kpis.json, plots, reports and the predictions table (the KITTI text files are left out:
+    predictions.parquet holds the same boxes, and thousands of small files slow the artifact store)."""
+    import mlflow
+
+    mlflow.log_metrics(scalars)
+    mlflow.set_tags({"eval.data_hash": inputs.data_hash, "eval.artifact": inputs.optimized.name})
+    mlflow.log_artifact(str(out / "kpis.json"), artifact_path="eval")
+    mlflow.log_artifacts(str(out / "pr"), artifact_path="eval/pr")
+    report = out / "report"
+    for p in sorted(report.iterdir()):
+        if p.is_file():
+            mlflow.log_artifact(str(p), artifact_path="eval/report")
+    if (report / "bev").is_dir():
+        mlflow.log_artifacts(str(report / "bev"), artifact_path="eval/report/bev")
+
+
+def evaluate_to_kpis(ev: EvaluateParams, optimized: Path, data: Path) -> dict[str, Any]:
+    """kpis.json of `optimized` on `data` without the PyTorch reference or MLflow, its files in a temporary
+    folder (promotion re-evaluating a champion). Same scale-out as the stage: `ev.dask_address` or a
+    LocalCluster of `ev.workers`."""
+    import json
+    import tempfile
+
+    from pfactory.tracking import configure_environment
+
+    configure_environment()  # Dask scratch inside the project, offline MLflow
+    with tempfile.TemporaryDirectory(prefix="pfactory-reeval-") as tmp:
+        out = Path(tmp) / "eval"
+        evaluate(ev, Path(optimized), None, Path(data), out, ev.dask_address, sys.stderr.isatty(), None)
+        return json.loads((out / "kpis.json").read_text())

@@ -1,0 +1,119 @@
+"""Candidates that are not the pipeline's own outputs: an MLflow run's candidate files or a registered version
+(`factory promote RUN_OR_VERSION`), and the champion's re-evaluation on the candidate's data (through
+`pfactory.evaluate`, the library the evaluate stage runs).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pfactory.registry.errors import RegistryError
+from pfactory.registry.params import PromoteParams
+from pfactory.section import section_of
+
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def champion_evaluator(params: Any) -> Callable[[Path, Path], dict]:
+    """`evaluate(optimized_dir, data_dir) -> kpis` with the project's `evaluate` params (no MLflow, output in
+    a temporary folder): how promotion re-evaluates a champion evaluated on other data."""
+    from pfactory.registry.params import PromoteParams
+
+    def evaluate(optimized_dir: Path, data_dir: Path) -> dict:
+        from pfactory.evaluate.evaluation import evaluate_to_kpis
+
+        if isinstance(params, PromoteParams):
+            raise TypeError(
+                "re-evaluating the champion needs the full project Params, not only PromoteParams"
+            )
+        return evaluate_to_kpis(params.evaluate, Path(optimized_dir), Path(data_dir))
+
+    return evaluate
+
+
+def _find_file(c: Any, run_id: str, filename: str, prefer: str, depth: int = 3) -> str | None:
+    """Artifact path of `filename` in run `run_id` (breadth-first, `prefer` folder first), or None."""
+    queue = [prefer, ""] if prefer else [""]
+    seen: set[str] = set()
+    while queue:
+        path = queue.pop(0)
+        if path in seen or path.count("/") >= depth:
+            continue
+        seen.add(path)
+        for a in c.list_artifacts(run_id, path or None):
+            if a.is_dir:
+                queue.append(a.path)
+            elif a.path.rsplit("/", 1)[-1] == filename:
+                return a.path
+    return None
+
+
+def run_candidate(c: Any, run_id: str, dst: Path) -> tuple[Path, Path]:
+    """Download a run's candidate (its `candidate/` folder, else its or its stage runs' `optimized/` and
+    kpis.json) into `dst`; returns (optimized dir, kpis.json)."""
+    import mlflow
+
+    run = c.get_run(run_id)
+    runs = [run_id] + [
+        r.info.run_id
+        for r in c.search_runs(
+            [run.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'", max_results=100
+        )
+    ]
+    found: dict[str, tuple[str, str]] = {}
+    for rid in runs:
+        for name, prefer in (("backend.json", "candidate/optimized"), ("kpis.json", "candidate/eval")):
+            if name not in found and (path := _find_file(c, rid, name, prefer)):
+                found[name] = (rid, path)
+    missing = [n for n in ("backend.json", "kpis.json") if n not in found]
+    if missing:
+        raise RegistryError(
+            f"run {run_id} (and its {len(runs) - 1} stage runs) has no {' or '.join(missing)} artifact: "
+            "not a candidate (it needs the optimize and evaluate stages' outputs)"
+        )
+    rid, path = found["backend.json"]
+    folder = path.rsplit("/", 1)[0] if "/" in path else ""
+    optimized = Path(mlflow.artifacts.download_artifacts(run_id=rid, artifact_path=folder or None,
+                                                         dst_path=str(dst / "optimized-dl")))  # fmt: skip
+    rid, path = found["kpis.json"]
+    kpis = Path(
+        mlflow.artifacts.download_artifacts(run_id=rid, artifact_path=path, dst_path=str(dst / "eval-dl"))
+    )
+    return optimized, kpis
+
+
+def promote_ref(
+    params: Any,
+    ref: str,
+    data: Path,
+    release: Path,
+    dry_run: bool = False,
+    evaluate_fn: Callable[[Path, Path], dict] | None = None,
+) -> dict:
+    """`factory promote RUN_OR_VERSION`: a registered version (`3`, `MODEL/3`, `MODEL@alias`) or an MLflow
+    run id (32 hex: its candidate files), through the same gates as the stage. Returns `promote`'s dict."""
+    from pfactory.registry import registry as reg
+    from pfactory.registry.promotion import Candidate, promote, resolve
+
+    prm = section_of(params, "promote", PromoteParams)
+    fn = evaluate_fn or champion_evaluator(params)
+    c = reg.client()
+    with tempfile.TemporaryDirectory(prefix="pfactory-promote-") as tmp:
+        if RUN_ID.match(ref):
+            optimized, kpis = run_candidate(c, ref, Path(tmp))
+            candidate = Candidate(optimized, kpis, ref)
+        else:
+            name, version = resolve(c, ref, prm.model_name, prm.alias)
+            if name != prm.model_name:
+                prm = prm.model_copy(update={"model_name": name})
+            files = reg.download_version(c, name, version, Path(tmp))
+            tags = reg.get_version(c, name, version).tags
+            candidate = Candidate(
+                files / "optimized", files / "eval" / "kpis.json", reg.get_version(c, name, version).run_id,
+                version, {"git_commit": tags.get("git.commit"), "git_dirty": tags.get("git.dirty")},
+            )  # fmt: skip
+        return promote(prm, candidate, Path(data), Path(release), dry_run, fn)
