@@ -50,8 +50,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests.conftest` builds the nuScenes tables around the real files
 
-from pfactory.config import PrepareParams  # noqa: E402
 from pfactory.data.camera import CameraPipeline, ResizeGeometry, pil_reference, resize_geometry  # noqa: E402
+from pfactory.data.params import PrepareParams  # noqa: E402
 
 TARGET_VS_BASELINE = 1.25
 TARGET_VS_CEILING = 0.80

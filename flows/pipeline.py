@@ -8,7 +8,7 @@ stages wrote (kpis.json, latency.json, promotion.json) to fill the MLflow parent
 
 One MLflow parent run per pipeline run (tag `pipeline=true`), every stage run nested under it through
 `PFACTORY_PARENT_RUN_ID`. The parent run carries (what `factory compare` reads):
-    params   the resolved params, flattened (`train.lr`, `data.frames`, ...)
+    params   the resolved params, flattened (`train.lr`, `synth.frames`, ...)
     metrics  eval/mAP, eval/NDS, eval/<Class>/{mean_ap, ap_<th>, ate, ase, aoe}, eval/<bucket>/mAP,
              eval/delta/mAP, eval/reference/mAP, latency/p50_ms, latency/p99_ms (batch 1, primary
              artifact), time/<stage>_s (wall per stage, DVC included), time/total_s,

@@ -1,8 +1,8 @@
-"""The optional `synth` source stage: params.data -> a synthetic raw dataset at paths.synth.
+"""The optional `synth` source stage: params.synth -> a synthetic raw dataset at paths.synth.
 
-Files in: none. Files out: `paths.synth` (KITTI layout, or nuScenes with `data.cameras > 1`),
+Files in: none. Files out: `paths.synth` (KITTI layout, or nuScenes with `synth.cameras > 1`),
 built in a temporary sibling and renamed into place, so an interrupted run leaves nothing.
-Run by DVC as `python -m tasks.synth [-S data.frames=...]`.
+Run by DVC as `python -m tasks.synth [-S synth.frames=...]`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pfactory.fsutil import atomic_directory
 
 
 def run(params: Params, out: Path) -> dict:
-    """Generate `params.data.frames` frames into `out`; returns the generator's summary."""
+    """Generate `params.synth.frames` frames into `out`; returns the generator's summary."""
     from pfactory.sensors.synth import generate_dataset
 
-    d = params.data
+    d = params.synth
     t0 = time.perf_counter()
     with atomic_directory(out) as tmp:
         summary = generate_dataset(tmp, frames=d.frames, seed=d.seed, cameras=d.cameras, workers=d.workers)

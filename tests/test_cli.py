@@ -33,7 +33,7 @@ def test_params_override_error_exits_2_and_names_the_key():
 
 
 def test_params_prints_resolved_values():
-    res = runner.invoke(app, ["params", "-S", "data.seed=42", "--params", str(ROOT / "params.yaml")])
+    res = runner.invoke(app, ["params", "-S", "synth.seed=42", "--params", str(ROOT / "params.yaml")])
     assert res.exit_code == 0, res.output
     assert "seed: 42" in res.output
 

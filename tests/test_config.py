@@ -1,5 +1,6 @@
 """params.yaml schema: defaults, overrides with DVC syntax, and refusals that name the key."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,10 @@ def test_every_schema_section_is_in_params_yaml():
     ("override", "key", "value"),
     [
         ("prepare.val_fraction=0.3", "prepare.val_fraction", 0.3),
-        ("params.yaml:data.seed=7", "data.seed", 7),
+        ("params.yaml:synth.seed=7", "synth.seed", 7),
         ("prepare.voxel_size=[0.1,0.1,0.2]", "prepare.voxel_size", [0.1, 0.1, 0.2]),
         ("prepare.voxel_size=null", "prepare.voxel_size", None),
-        ("data.name=night-drive", "data.name", "night-drive"),
+        ("synth.name=night-drive", "synth.name", "night-drive"),
     ],
 )
 def test_overrides_parse_yaml_values(override, key, value):
@@ -45,10 +46,10 @@ def test_overrides_parse_yaml_values(override, key, value):
         ("prepare.bogus=1", "prepare.bogus: unknown key"),
         ("nosuchsection.x=1", "nosuchsection: unknown key"),
         ("prepare.pc_range=[1,2]", "prepare.pc_range: expected 6 numbers"),
-        ("data.frames=0", "data.frames: expected greater than 0"),
+        ("synth.frames=0", "synth.frames: expected greater than 0"),
         ("prepare.class_map={Car: Truck}", "class_map targets ['Truck'] are not in classes"),
         ("prepare", "expected section.key=value"),
-        ("other.yaml:data.seed=1", "only params.yaml is supported"),
+        ("other.yaml:synth.seed=1", "only params.yaml is supported"),
     ],
 )
 def test_bad_values_are_refused_with_the_key(override, needle):
@@ -69,4 +70,29 @@ def test_bad_file_is_refused_with_its_name(tmp_path):
 
 def test_override_cannot_descend_into_a_value():
     with pytest.raises(ParamsError, match="is a value, not a section"):
-        apply_overrides({"data": {"seed": 1}}, ["data.seed.x=2"])
+        apply_overrides({"synth": {"seed": 1}}, ["synth.seed.x=2"])
+
+
+@pytest.mark.parametrize(
+    "override, home",
+    [
+        ("model.classes=[Car]", "prepare.classes"),
+        ("model.pc_range=[0, -40, -3, 70.4, 40, 1]", "prepare.pc_range"),
+        ("train.score_threshold=0.1", "evaluate.score_threshold"),
+        ("optimize.parity.score_threshold=0.1", "evaluate.score_threshold"),
+    ],
+)
+def test_a_shared_value_is_set_only_in_its_home(override, home):
+    with pytest.raises(ParamsError, match=rf"{re.escape(override.split('=')[0])} is not set here: it is {home}"):
+        load_params(None, [override])
+
+
+def test_shared_values_flow_from_their_home_and_round_trip():
+    from pfactory.config import params_to_yaml
+
+    p = load_params(None, ["evaluate.score_threshold=0.2", "prepare.pc_range=[0, -20, -3, 40, 20, 1]"])
+    assert p.train.score_threshold == p.optimize.parity.score_threshold == 0.2
+    assert p.model.pc_range == [0, -20, -3, 40, 20, 1] and p.model.classes == p.prepare.classes
+    again = Params.model_validate(yaml.safe_load(params_to_yaml(p)))  # a workspace's params.yaml
+    assert again.model_dump() == p.model_dump()
+    assert "score_threshold" not in yaml.safe_load(params_to_yaml(p))["train"]

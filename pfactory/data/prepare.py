@@ -45,10 +45,10 @@ from typing import Any
 
 import numpy as np
 
-from pfactory.config import PrepareParams
 from pfactory.data.camera import CameraBatchError, CameraPipeline, ResizeGeometry, resize_geometry
 from pfactory.data.errors import RejectFractionExceeded
 from pfactory.data.lidar import LidarResult, process_lidar, reference_transform
+from pfactory.data.params import PrepareParams
 from pfactory.data.shards import (
     MANIFEST,
     REJECTED,

@@ -13,10 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from pfactory.section import Section
-
-PositiveInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
+from pfactory.section import NonNegInt, PositiveInt, Section
 
 
 class EvaluateParams(Section):
@@ -44,7 +41,8 @@ class EvaluateParams(Section):
     batch_size: PositiveInt = 4
     """Frames per inference call inside a task (ORT's CPU throughput at batch 4 beats batch 1)."""
     score_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.05
-    """Detections scoring below this are dropped before scoring (same as train.score_threshold)."""
+    """Detections scoring below this are dropped before scoring. Declared here once: train's validation
+    and optimize's parity use the same value (`pfactory.config.SHARED`)."""
     reference: bool = True
     """Also evaluate the PyTorch checkpoint (when a model directory is given) and report the KPI delta."""
     range_edges_m: list[float] = Field(default_factory=lambda: [0.0, 20.0, 40.0])

@@ -15,12 +15,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from pfactory.section import Section
+from pfactory.section import Fraction, NonNegInt, PositiveFloat, PositiveInt, Section
 
-PositiveInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-Fraction = Annotated[float, Field(ge=0, le=1)]
 OptionalTol = Annotated[float, Field(ge=0)] | None
 
 
@@ -100,7 +96,7 @@ class ParityParams(Section):
     batch_size: PositiveInt = 1
     """Frames per runner call during the comparison."""
     score_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.05
-    """Detections scoring at or above this are compared (the train/evaluate stages' threshold)."""
+    """Detections scoring at or above this are compared (= `evaluate.score_threshold`)."""
     match_distance_m: PositiveFloat = 0.5
     """Max BEV centre distance for a candidate detection to match a reference one (same label)."""
     boxes_rel_floor: PositiveFloat = 1.0

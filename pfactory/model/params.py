@@ -1,6 +1,7 @@
-"""Parameters of the detector (`params.model`) and of its training loop (`params.train`).
+"""Parameters of the detector (`params.model`; the training loop's are in `pfactory/train/params.py`).
 
-In: the `model:` and `train:` sections of `params.yaml` (hooked into `pfactory.config.Params`).
+In: the `model:` section of `params.yaml` (assembled by `pfactory.config.Params`); `classes` and
+`pc_range` come from the prepared data (`prepare:` section, carried by its manifest).
 Out: validated pydantic models; `ModelParams` is also written next to the weights as
 `model_config.json`, so the optimize/evaluate stages rebuild the exact network from it.
 
@@ -16,21 +17,17 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pfactory.data.augment import AugmentParams
-from pfactory.section import Section, check_pc_range
-
-PositiveInt = Annotated[int, Field(gt=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
+from pfactory.section import PositiveFloat, PositiveInt, Section, check_pc_range
 
 
 class ModelParams(Section):
     """The camera-painted pillar detector with a center head (DESIGN.md §5, docs/MODEL.md)."""
 
     classes: list[str] = Field(default_factory=lambda: ["Car", "Pedestrian", "Cyclist"])
-    """Detected classes in label-index order; must equal the prepared data's (`prepare.classes`)."""
+    """Detected classes in label-index order: the prepared data's (`prepare.classes`, via its manifest)."""
     pc_range: list[float] = Field(default_factory=lambda: [0.0, -40.0, -3.0, 70.4, 40.0, 1.0])
-    """BEV region (x_min, y_min, z_min, x_max, y_max, z_max), metres, lidar frame; points outside are dropped."""
+    """BEV region (x_min, y_min, z_min, x_max, y_max, z_max), metres, lidar frame; points outside are dropped.
+    The prepared data's (`prepare.pc_range`, via its manifest)."""
     pillar_size_m: PositiveFloat = 0.4
     """Side of a square pillar (BEV cell of the pillar encoder), metres. (x, y) extents must be multiples."""
     camera: bool = True
@@ -123,66 +120,3 @@ class ModelParams(Section):
     def head_cell_m(self) -> float:
         """Side of a head cell, metres."""
         return self.pillar_size_m * self.head_stride
-
-
-class TrainParams(Section):
-    """The training loop (`factory train`, `pfactory/train/`)."""
-
-    epochs: PositiveInt = 15
-    """Passes over the train split (default: ~765 steps on ~200 frames, ~3 min on 2 CPU cores)."""
-    batch_size: PositiveInt = 4
-    """Global batch size (split across DDP processes, so the loss does not depend on their number)."""
-    lr: PositiveFloat = 3e-3
-    """Peak learning rate of AdamW."""
-    weight_decay: NonNegFloat = 0.01
-    """AdamW decoupled weight decay (not applied to norms and biases)."""
-    betas: tuple[float, float] = (0.9, 0.99)
-    """AdamW betas."""
-    schedule: Literal["cosine", "onecycle", "constant"] = "onecycle"
-    """Learning-rate shape after warm-up: cosine to `min_lr_ratio`, one-cycle (cosine up then down), constant."""
-    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
-    """Share of the total steps spent warming up linearly from `lr * min_lr_ratio`."""
-    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.01
-    """Final (and initial) learning rate as a fraction of `lr`."""
-    grad_clip: NonNegFloat = 10.0
-    """Max global gradient L2 norm (0 disables clipping)."""
-    heatmap_weight: NonNegFloat = 1.0
-    """Weight of the focal heatmap loss."""
-    reg_weight: NonNegFloat = 0.25
-    """Weight of the L1 regression loss (CenterPoint: 0.25)."""
-    reg_code_weights: list[NonNegFloat] = Field(
-        default_factory=lambda: [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
-    )
-    """Per-channel weights of the L1 terms: offset x, y; z; log l, w, h; sin, cos of yaw."""
-    seed: int = 0
-    """Seeds weights, data order and augmentation: same seed -> same loss curve on CPU."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """Where to train; auto = cuda when available."""
-    bf16: bool = True
-    """bf16 autocast on CUDA (ignored on CPU, where fp32 is faster and deterministic)."""
-    compile: bool = False
-    """`torch.compile` the model (first step pays ~20-60 s of compilation)."""
-    loader: Literal["auto", "dali", "torch"] = "auto"
-    """Batch loader (`pfactory.data.loader`), same batches either way: auto = the DALI pipeline on CUDA, its
-    PyTorch reference on CPU, where DALI's reader processes compete with training for the cores (2 cores:
-    DALI 16.1 samples/s, 11% data wait; PyTorch 18.0 samples/s, 6.5%)."""
-    num_threads: PositiveInt = 2
-    """DALI pipeline threads."""
-    loader_workers: PositiveInt = 2
-    """DALI reader processes (parallel `external_source`)."""
-    torch_threads: Annotated[int, Field(ge=0)] = 0
-    """Intra-op threads for torch on CPU (0 = leave torch's default)."""
-    checkpoint_every_steps: PositiveInt = 50
-    """Write `checkpoint.pt` every this many optimizer steps (and at the end)."""
-    log_every_steps: PositiveInt = 5
-    """Log step metrics to MLflow every this many steps."""
-    val_every_epochs: Annotated[int, Field(ge=0)] = 1
-    """Validate (KPIs on the val split) every this many epochs, and always after the last; 0 = only then.
-    ~0.7 s per validation of 48 frames on 2 cores: per-epoch KPIs cost ~10 s of the ~3 min default run."""
-    score_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.05
-    """Detections scoring below this are dropped before the KPIs."""
-    max_steps: PositiveInt | None = None
-    """Train for min(this, epochs x batches per epoch) optimizer steps; None = `epochs` passes."""
-    augment: AugmentParams | None = Field(default_factory=AugmentParams)
-    """Global flip/rotation/scaling applied consistently to points, boxes and camera projections
-    (`pfactory.data.augment`); null disables it. Never applied at validation."""

@@ -13,10 +13,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from pfactory.section import Section
-
-NonNegFloat = Annotated[float, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
+from pfactory.section import NonNegFloat, PositiveFloat, Section
 
 
 class PromoteParams(Section):

@@ -38,7 +38,6 @@ def problem(frame_id: str | None, file: str | Path, field: str, reason: str) -> 
     return {"frame_id": frame_id, "file": str(file), "field": field, "reason": reason}
 
 
-
 @dataclass
 class FrameCheck:
     """Result of checking one frame.

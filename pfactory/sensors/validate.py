@@ -79,6 +79,7 @@ __all__ = [
     "inspect_frame",
 ]
 
+
 @dataclass
 class CheckReport:
     """Outcome of `check_dataset`. `files` in problems are relative to `root` when inside it."""

@@ -12,8 +12,9 @@ import torch
 
 from pfactory.fsutil import atomic_write_bytes
 from pfactory.model.io import save_bytes
-from pfactory.model.params import ModelParams, TrainParams
+from pfactory.model.params import ModelParams
 from pfactory.train.data import DataInfo
+from pfactory.train.params import TrainParams
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_FORMAT = 1

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from pfactory.fsutil import sha256_file
-from pfactory.model.params import TrainParams
+from pfactory.train.params import TrainParams
 from pfactory.train.runtime import Runtime
 
 
@@ -25,6 +25,7 @@ class DataInfo:
     train_frames: int
     val_frames: int
     fingerprint: str  # sha256 of manifest.json: a resumed run must see the same data
+    pc_range: list[float] | None = None  # the prepare stage's crop (manifest params), lidar frame, m
 
 
 LoaderFactory = Callable[..., Any]
@@ -45,6 +46,7 @@ def data_info(data: Path) -> DataInfo:
         train_frames=ds.num_frames("train"),
         val_frames=ds.num_frames("val") if "val" in ds.manifest["splits"] else 0,
         fingerprint=sha256_file(Path(data) / "manifest.json"),
+        pc_range=ds.manifest.get("params", {}).get("pc_range"),
     )
 
 

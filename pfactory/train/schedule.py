@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from pfactory.model.params import TrainParams
+from pfactory.train.params import TrainParams
 
 
 def make_optimizer(model: nn.Module, tp: TrainParams) -> torch.optim.AdamW:

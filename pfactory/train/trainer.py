@@ -37,7 +37,7 @@ from pfactory.model.detector import PaintedPillarDetector, build_model
 from pfactory.model.inference import evaluate_kpis, kpi_scalars, predict
 from pfactory.model.io import save_model
 from pfactory.model.loss import detection_loss
-from pfactory.model.params import ModelParams, TrainParams
+from pfactory.model.params import ModelParams
 from pfactory.model.targets import build_targets
 from pfactory.train.checkpoint import (
     CHECKPOINT,
@@ -56,10 +56,21 @@ from pfactory.train.data import (
     rank_slice,
     to_device,
 )
+from pfactory.train.params import TrainParams
 from pfactory.train.rng import rng_state, seed_everything, set_rng_state
 from pfactory.train.runtime import Runtime, Timer, all_reduce_sum, peak_memory_mb, setup_runtime
 from pfactory.train.schedule import lr_factor, make_optimizer
 from pfactory.train.tracker import Tracker, progress_bar
+
+
+def model_for_data(mp: ModelParams, info: DataInfo) -> ModelParams:
+    """`mp` with the prepared data's classes and point-cloud range (validated against the pillar grid)."""
+    update: dict[str, Any] = {"classes": list(info.classes)}
+    if info.pc_range is not None:
+        update["pc_range"] = list(info.pc_range)
+    if all(getattr(mp, k) == v for k, v in update.items()):
+        return mp
+    return ModelParams.model_validate({**mp.model_dump(), **update})
 
 
 class Trainer:
@@ -91,11 +102,9 @@ class Trainer:
         if tp.torch_threads:
             torch.set_num_threads(tp.torch_threads)
         self.info = info = data_info(data)
-        if list(info.classes) != list(mp.classes):
-            raise ValueError(
-                f"model.classes {mp.classes} differ from the prepared data's classes {info.classes} "
-                "(prepare.classes): labels would mean different classes"
-            )
+        # The detector's classes and range are the prepared data's (prepare.classes / pc_range, carried
+        # by the manifest): labels always mean the classes the head predicts.
+        mp = self.mp = model_for_data(mp, info)
         self.factory = factory = loader_factory or make_loader_factory(tp)
         if tp.batch_size % rt.world_size:
             raise ValueError(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pfactory.config import PrepareParams
+from pfactory.data.params import PrepareParams
 
 # Tiny model input for tests: DALI's work scales with the *input* image, and 104x32 keeps
 # every shard small; the geometry is checked at this size too.

@@ -15,7 +15,7 @@ from tests.inference import helpers
 def build_eval_setup(root: Path, frames: int = 16) -> dict[str, Path]:
     """`{"prepared", "model", "optimized"}` under `root` (module docstring)."""
     import tasks.optimize
-    from pfactory.config import PrepareParams
+    from pfactory.data.params import PrepareParams
     from pfactory.data.prepare import prepare_dataset
     from pfactory.inference.params import OptimizeParams
     from pfactory.model.io import save_model

@@ -12,8 +12,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
-    "data.frames=12",
-    "data.workers=1",
+    "synth.frames=12",
+    "synth.workers=1",
     "prepare.val_fraction=0.3",
     "prepare.image_size=[104,32]",
     "train.epochs=1",

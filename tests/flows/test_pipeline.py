@@ -63,7 +63,7 @@ def test_factory_run_end_to_end(project: Path) -> None:
     assert set(lock["stages"]) == set(stages)
     # The workspace's params are the project's + the overrides.
     ws_params = yaml.safe_load((ws / "params.yaml").read_text())
-    assert ws_params["data"]["frames"] == 12 and ws_params["train"]["epochs"] == 1
+    assert ws_params["synth"]["frames"] == 12 and ws_params["train"]["epochs"] == 1
     # DVC's view of the workspace: everything up to date, outputs in the shared cache.
     st = dvc(ws, "status", "--json")
     assert st.returncode == 0 and _changed(st.stdout) == {}, st.stdout + st.stderr
@@ -80,7 +80,7 @@ def test_factory_run_end_to_end(project: Path) -> None:
     )
     assert {"git.dirty", "git.commit", "device", "version.torch", "version.dvc"} <= set(tags)
     assert any(k.startswith("data.artifacts/prepared") for k in tags), sorted(tags)
-    assert params["data.frames"] == "12" and params["train.epochs"] == "1"
+    assert params["synth.frames"] == "12" and params["train.epochs"] == "1"
     for s in stages:
         assert metrics[f"time/{s}_s"] > 0
     assert 0 < metrics["orchestration/fraction"] < 1

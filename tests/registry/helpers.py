@@ -40,7 +40,7 @@ def build_bench(root: Path) -> dict[str, Path]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (root / ".done").is_file():
             return paths
-        from pfactory.config import PrepareParams
+        from pfactory.data.params import PrepareParams
         from pfactory.data.prepare import prepare_dataset
         from pfactory.inference.params import OptimizeParams
         from pfactory.model.io import save_model

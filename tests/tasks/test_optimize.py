@@ -25,7 +25,7 @@ from tests.inference.helpers import IMAGE_SIZE, make_model  # noqa: E402
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> dict[str, Path]:
     """8 synthetic KITTI frames prepared at the tiny model's input size, and a random-init tiny model."""
-    from pfactory.config import PrepareParams
+    from pfactory.data.params import PrepareParams
     from pfactory.data.prepare import prepare_dataset
     from pfactory.model.io import save_model
     from pfactory.sensors.synth import generate_dataset

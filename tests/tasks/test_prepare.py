@@ -34,9 +34,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pfactory.config import Params, PrepareParams  # noqa: E402
+from pfactory.config import Params  # noqa: E402
 from pfactory.data.camera import pil_reference, resize_geometry  # noqa: E402
 from pfactory.data.errors import RejectFractionExceeded, SchemaError  # noqa: E402
+from pfactory.data.params import PrepareParams  # noqa: E402
 from pfactory.data.prepare import prepare_dataset, split_of  # noqa: E402
 from pfactory.data.shards import open_prepared  # noqa: E402
 from pfactory.geometry import quaternion_to_matrix  # noqa: E402
@@ -289,7 +290,7 @@ def test_killed_run_leaves_no_shard_and_rerun_is_identical(synth12: Path, tmp_pa
     raw = replicate_kitti(synth12, tmp_path / "raw", 48)  # ~36 frames still to go at the kill
     out = tmp_path / "out"
     code = (
-        "import sys; from pfactory.config import PrepareParams; from pfactory.data.prepare import prepare_dataset; "
+        "import sys; from pfactory.data.params import PrepareParams; from pfactory.data.prepare import prepare_dataset; "
         f"prepare_dataset(sys.argv[1], sys.argv[2], PrepareParams(**{SMALL!r}))"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(raw), str(out)], cwd=tmp_path)

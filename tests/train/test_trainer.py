@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # subprocess entry (python tests/train/test_trainer.py) imports tasks, kernels
     sys.path.insert(0, str(ROOT))
 
-from pfactory.model.params import ModelParams, TrainParams  # noqa: E402
+from pfactory.model.params import ModelParams  # noqa: E402
+from pfactory.train.params import TrainParams  # noqa: E402
 
 IMAGE_HW = (32, 64)
 CLASSES = ["Car", "Pedestrian", "Cyclist"]
@@ -309,9 +310,7 @@ def test_profile_writes_a_chrome_trace(tmp_path: Path, capsys) -> None:
     from pfactory.train.profile import profile_train
 
     data = fake_prepared(tmp_path / "prepared")
-    trace = profile_train(
-        tiny_params(), data, 2, tmp_path / "prof", loader_factory=fake_loader_factory
-    )
+    trace = profile_train(tiny_params(), data, 2, tmp_path / "prof", loader_factory=fake_loader_factory)
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e.get("name") for e in events}
     assert {"forward", "backward", "optimizer", "data"} <= names

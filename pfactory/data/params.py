@@ -1,0 +1,90 @@
+"""The `prepare:` section of params.yaml: raw dataset -> training-ready Parquet shards (`pfactory.data.prepare`).
+
+`classes` and `pc_range` are declared here once: they travel in the prepared manifest, from which the
+model takes them (`pfactory.train.data.data_info`), so the detector always matches its data.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pfactory.section import Fraction, PositiveInt, Section, check_pc_range
+
+DEFAULT_CLASS_MAP: dict[str, str] = {
+    # KITTI names
+    "Car": "Car",
+    "Pedestrian": "Pedestrian",
+    "Cyclist": "Cyclist",
+    # nuScenes category names
+    "vehicle.car": "Car",
+    "human.pedestrian.adult": "Pedestrian",
+    "human.pedestrian.child": "Pedestrian",
+    "human.pedestrian.construction_worker": "Pedestrian",
+    "human.pedestrian.police_officer": "Pedestrian",
+    "vehicle.bicycle": "Cyclist",
+}
+
+
+class PrepareParams(Section):
+    """Raw dataset -> training-ready Parquet shards (`factory prepare`)."""
+
+    classes: list[str] = Field(default_factory=lambda: ["Car", "Pedestrian", "Cyclist"])
+    """Training classes, in label-index order."""
+    class_map: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_CLASS_MAP))
+    """Dataset class name -> training class. Names not listed keep label -1 (kept, not trained on)."""
+    pc_range: list[float] = Field(default_factory=lambda: [0.0, -40.0, -3.0, 70.4, 40.0, 1.0])
+    """Lidar region of interest (x_min, y_min, z_min, x_max, y_max, z_max), metres, lidar frame."""
+    reference_frame: Literal["ego_axes", "lidar"] = "ego_axes"
+    """Frame of the prepared points/boxes: `ego_axes` = the lidar frame rotated onto the ego
+    vehicle's axes (x forward, y left, z up; origin kept at the lidar; nuScenes' LIDAR_TOP is
+    mounted x-right, KITTI's velodyne is already aligned), or `lidar` = the raw sensor frame."""
+    min_points: Annotated[int, Field(ge=1)] = 100
+    """Frames whose sweep has fewer points are refused (a stub or a broken dump, not a scan)."""
+    ego_radius_m: Annotated[float, Field(ge=0)] = 2.0
+    """Points closer than this to the sensor in BEV are ego-vehicle returns and removed."""
+    voxel_size: list[float] | None = Field(default_factory=lambda: [0.1, 0.1, 0.1])
+    """Voxel down-sampling (dx, dy, dz) metres: one point per occupied voxel; null keeps every point.
+    The default 0.1 m removes ~60% of a synthetic sweep (mostly near-range ground) and keeps every far
+    point: training fits the 4-minute CPU budget (docs/MODEL.md, "Sizing for 2 CPU cores")."""
+    image_size: list[int] = Field(default_factory=lambda: [416, 128])
+    """Model input (width, height): images are resized with aspect kept, then padded."""
+    image_mean: list[float] = Field(default_factory=lambda: [0.485, 0.456, 0.406])
+    image_std: list[float] = Field(default_factory=lambda: [0.229, 0.224, 0.225])
+    val_fraction: Fraction = 0.2
+    """Share of frames in the val split, chosen by a hash of the frame id (deterministic)."""
+    shard_max_frames: PositiveInt = 64
+    max_reject_fraction: Fraction = 0.1
+    """The stage fails when more than this share of frames is refused."""
+    batch_size: PositiveInt = 16
+    num_threads: PositiveInt = 2
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+
+    @field_validator("pc_range")
+    @classmethod
+    def _range(cls, v: list[float]) -> list[float]:
+        return check_pc_range(v)
+
+    @field_validator("image_size")
+    @classmethod
+    def _size(cls, v: list[int]) -> list[int]:
+        if len(v) != 2 or min(v) < 8:
+            raise ValueError("(width, height), each >= 8 pixels")
+        return v
+
+    @field_validator("voxel_size")
+    @classmethod
+    def _voxel(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and (len(v) != 3 or min(v) <= 0):
+            raise ValueError("null or three positive sizes (dx, dy, dz) in metres")
+        return v
+
+    @model_validator(mode="after")
+    def _classes(self) -> PrepareParams:
+        unknown = sorted({c for c in self.class_map.values() if c not in self.classes})
+        if unknown:
+            raise ValueError(f"class_map targets {unknown} are not in classes {self.classes}")
+        if len(self.image_mean) != 3 or len(self.image_std) != 3 or min(self.image_std) <= 0:
+            raise ValueError("image_mean and image_std need 3 values each, std > 0")
+        return self

@@ -1,0 +1,74 @@
+"""The `train:` section of params.yaml: the training loop (`pfactory.train`). The defaults are sized so
+that `factory run` trains in minutes on a 2-core CPU (docs/MODEL.md has the measurements)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from pfactory.data.augment import AugmentParams
+from pfactory.section import NonNegFloat, PositiveFloat, PositiveInt, Section
+
+
+class TrainParams(Section):
+    """The training loop (`factory train`, `pfactory/train/`)."""
+
+    epochs: PositiveInt = 15
+    """Passes over the train split (default: ~765 steps on ~200 frames, ~3 min on 2 CPU cores)."""
+    batch_size: PositiveInt = 4
+    """Global batch size (split across DDP processes, so the loss does not depend on their number)."""
+    lr: PositiveFloat = 3e-3
+    """Peak learning rate of AdamW."""
+    weight_decay: NonNegFloat = 0.01
+    """AdamW decoupled weight decay (not applied to norms and biases)."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    schedule: Literal["cosine", "onecycle", "constant"] = "onecycle"
+    """Learning-rate shape after warm-up: cosine to `min_lr_ratio`, one-cycle (cosine up then down), constant."""
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    """Share of the total steps spent warming up linearly from `lr * min_lr_ratio`."""
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.01
+    """Final (and initial) learning rate as a fraction of `lr`."""
+    grad_clip: NonNegFloat = 10.0
+    """Max global gradient L2 norm (0 disables clipping)."""
+    heatmap_weight: NonNegFloat = 1.0
+    """Weight of the focal heatmap loss."""
+    reg_weight: NonNegFloat = 0.25
+    """Weight of the L1 regression loss (CenterPoint: 0.25)."""
+    reg_code_weights: list[NonNegFloat] = Field(
+        default_factory=lambda: [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    )
+    """Per-channel weights of the L1 terms: offset x, y; z; log l, w, h; sin, cos of yaw."""
+    seed: int = 0
+    """Seeds weights, data order and augmentation: same seed -> same loss curve on CPU."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train; auto = cuda when available."""
+    bf16: bool = True
+    """bf16 autocast on CUDA (ignored on CPU, where fp32 is faster and deterministic)."""
+    compile: bool = False
+    """`torch.compile` the model (first step pays ~20-60 s of compilation)."""
+    loader: Literal["auto", "dali", "torch"] = "auto"
+    """Batch loader (`pfactory.data.loader`), same batches either way: auto = the DALI pipeline on CUDA, its
+    PyTorch reference on CPU, where DALI's reader processes compete with training for the cores (2 cores:
+    DALI 16.1 samples/s, 11% data wait; PyTorch 18.0 samples/s, 6.5%)."""
+    num_threads: PositiveInt = 2
+    """DALI pipeline threads."""
+    loader_workers: PositiveInt = 2
+    """DALI reader processes (parallel `external_source`)."""
+    torch_threads: Annotated[int, Field(ge=0)] = 0
+    """Intra-op threads for torch on CPU (0 = leave torch's default)."""
+    checkpoint_every_steps: PositiveInt = 50
+    """Write `checkpoint.pt` every this many optimizer steps (and at the end)."""
+    log_every_steps: PositiveInt = 5
+    """Log step metrics to MLflow every this many steps."""
+    val_every_epochs: Annotated[int, Field(ge=0)] = 1
+    """Validate (KPIs on the val split) every this many epochs, and always after the last; 0 = only then.
+    ~0.7 s per validation of 48 frames on 2 cores: per-epoch KPIs cost ~10 s of the ~3 min default run."""
+    score_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    """Detections scoring below this are dropped before the validation KPIs (= `evaluate.score_threshold`)."""
+    max_steps: PositiveInt | None = None
+    """Train for min(this, epochs x batches per epoch) optimizer steps; None = `epochs` passes."""
+    augment: AugmentParams | None = Field(default_factory=AugmentParams)
+    """Global flip/rotation/scaling applied consistently to points, boxes and camera projections
+    (`pfactory.data.augment`); null disables it. Never applied at validation."""
