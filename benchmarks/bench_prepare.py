@@ -75,7 +75,7 @@ def build_datasets(work: Path, frames: int) -> dict[str, Path]:
         base = build_nuscenes_tables(real / "nuscenes", work / "nuscenes_base")
         out["jpeg"] = replicate_nuscenes(base.root, work / "nuscenes", frames, samples=[DEMO_TOKEN])
     else:  # synthetic stand-ins with the real formats and sizes
-        from pfactory.sensors.synth import generate_dataset
+        from pfactory.sensors.synth.dataset import generate_dataset
 
         generate_dataset(work / "synth_kitti", frames=8, seed=0, cameras=1, image_size=(1242, 375))
         generate_dataset(work / "synth_nus", frames=4, seed=0, cameras=6, image_size=(1600, 900))
@@ -86,7 +86,7 @@ def build_datasets(work: Path, frames: int) -> dict[str, Path]:
 
 def camera_inputs(raw: Path, params: PrepareParams) -> tuple[list[bytes], list[ResizeGeometry], int]:
     """Encoded images of every (frame, camera) pair of `raw`, their geometry, and frames."""
-    from pfactory.sensors import open_dataset
+    from pfactory.sensors.datasets import open_dataset
 
     ds = open_dataset(raw)
     datas, geos = [], []
@@ -298,7 +298,7 @@ def lidar_transform_table(raw: Path, repeats: int = 5) -> dict:
     from nvidia.dali.pipeline import Pipeline
 
     from pfactory.data.lidar import transform_xyz
-    from pfactory.sensors import open_dataset
+    from pfactory.sensors.datasets import open_dataset
 
     ds = open_dataset(raw)
     sweeps = [ds.read(f, with_labels=False).points for f in ds.frame_ids()[:16]]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pfactory.sensors.synth import (
+from pfactory.sensors.synth.dataset import (
     camera_rig,
     encode_jpeg,
     encode_png,

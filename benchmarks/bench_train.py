@@ -208,7 +208,7 @@ def _train_and_score(params: Any, data: Path, out: Path, val_data: Path, backend
 
 
 def cmd_frames(args: argparse.Namespace) -> None:
-    from pfactory.sensors.synth import generate_dataset
+    from pfactory.sensors.synth.dataset import generate_dataset
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

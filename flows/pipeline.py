@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pfactory import artifacts as af
 from pfactory.tracking import configure_environment
 
 configure_environment()  # before Prefect is imported: PREFECT_HOME, analytics off
@@ -38,7 +39,7 @@ from prefect import flow, get_run_logger, task  # noqa: E402
 
 from flows.workspace import Workspace, create_workspace, new_run_id  # noqa: E402
 
-STAGES = ("synth", "prepare", "train", "optimize", "evaluate", "promote")
+STAGES = af.stage_names()  # declared once, in dvc.yaml
 # Stages whose failures can be transient (worker processes, a Dask cluster, a registry server): retried.
 # train and optimize are deterministic compute: a failure there is a bug or bad params, not transient.
 RETRIES = {"synth": 1, "prepare": 1, "train": 0, "optimize": 0, "evaluate": 2, "promote": 2}
@@ -71,24 +72,20 @@ def declared_stages(root: Path) -> list[str]:
     return [s for s in STAGES if s in declared]
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def primary_latency(optimized: Path) -> dict[str, float]:
     """p50/p99 (ms) at batch 1 of the primary artifact (backend.json's `primary`) from latency.json; empty
     when optimize has not written them (the same reading as the promote gate's, without its errors)."""
     from pfactory.registry.errors import EvidenceError
     from pfactory.registry.evidence import latency_summary
 
-    manifest = _read_json(optimized / "backend.json")
-    latency = _read_json(optimized / "latency.json")
+    manifest = af.backend_manifest(optimized)
+    latency = af.latency(optimized)
     if not manifest or not latency:
         return {}
     primary = manifest["primary"]
     runner = f"{primary['backend']}/{primary['precision']}"
     try:
-        stats = latency_summary(latency, runner, 1, str(optimized / "latency.json"))
+        stats = latency_summary(latency, runner, 1, str(optimized / af.LATENCY))
     except EvidenceError:
         return {}
     return {"latency/p50_ms": stats["p50_ms"], "latency/p99_ms": stats["p99_ms"]}
@@ -96,14 +93,12 @@ def primary_latency(optimized: Path) -> dict[str, float]:
 
 def collect_metrics(ws: Workspace) -> tuple[dict[str, float], dict[str, Any]]:
     """Parent-run metrics from the stages' files (module docstring), and the summary blocks."""
-    from pfactory.model.inference import kpi_scalars
-
     p = ws.params.paths
     metrics: dict[str, float] = {}
     summary: dict[str, Any] = {}
-    kpis = _read_json(ws.abs(p.eval) / "kpis.json")
+    kpis = af.kpis(ws.abs(p.eval))
     if kpis is not None:
-        metrics.update(kpi_scalars(kpis, prefix="eval/"))
+        metrics.update(af.kpi_scalars(kpis, prefix="eval/"))
         for key in ("reference", "delta"):
             if isinstance(kpis.get(key), dict) and kpis[key].get("mAP") is not None:
                 metrics[f"eval/{key}/mAP"] = float(kpis[key]["mAP"])
@@ -114,10 +109,10 @@ def collect_metrics(ws: Workspace) -> tuple[dict[str, float], dict[str, Any]]:
             "delta_mAP_vs_pytorch": (kpis.get("delta") or {}).get("mAP"),
         }
     metrics.update(primary_latency(ws.abs(p.optimized)))
-    parity = _read_json(ws.abs(p.optimized) / "parity.json")
+    parity = af.parity(ws.abs(p.optimized))
     if parity is not None:
         summary["parity_passed"] = parity.get("passed")
-    promotion = _read_json(ws.abs(p.artifacts) / "promotion.json")
+    promotion = af.promotion(ws.abs(p.artifacts))
     if promotion is not None:
         summary["promotion"] = promotion
     return metrics, summary

@@ -1,7 +1,20 @@
-"""Where each stage's outputs live: the `paths:` section of params.yaml (relative to the DVC project root:
-the repository for `dvc repro`, the run workspace for `factory run`)."""
+"""Where each stage's outputs live, what they are called, and the small readers of those files.
+
+- `PathsParams`: the `paths:` section of params.yaml, one directory per stage (relative to the DVC
+  project root: the repository for `dvc repro`, the run workspace for `factory run`);
+- the file names inside each stage's directory (`KPIS`, `BACKEND`, `WEIGHTS`, ...): every module that
+  writes or reads a stage's output names it through here;
+- `stage_names()`: the stages, read from `dvc.yaml` (their one declaration);
+- readers (`kpis`, `parity`, `latency`, `backend_manifest`, `promotion`, `kpi_scalars`) for the flow,
+  `factory compare` and the registry: JSON and arithmetic only, nothing heavy imported.
+"""
 
 from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
 
 from pfactory.section import Section
 
@@ -20,3 +33,104 @@ class PathsParams(Section):
     optimized: str = "artifacts/optimized"
     eval: str = "artifacts/eval"
     release: str = "artifacts/release"
+
+
+# --- each stage's output layout: file names inside its `paths.<stage>` directory ----------------------
+
+# prepare (`paths.prepared`)
+PREPARED_MANIFEST = "manifest.json"  # schema version, counts, content hashes (pfactory.data.shards)
+REJECTED = "rejected.jsonl"  # one refused frame per line
+# train (`paths.model`)
+WEIGHTS = "model.pt"  # state dict; torch.load(weights_only=True)
+MODEL_CONFIG = "model_config.json"  # ModelParams + image size + cameras: rebuilds the network
+CHECKPOINT = "checkpoint.pt"  # everything to resume (pfactory.train.checkpoint)
+CURVES = "curves.json"  # per step (DVC plots)
+VAL_CURVES = "val_curves.json"  # per validation (DVC plots)
+TRAIN_METRICS = "metrics.json"  # final summary (DVC metrics)
+# optimize (`paths.optimized`)
+BACKEND = "backend.json"  # the optimized directory's manifest: artifacts, sha256 of every file, I/O
+ONNX_FILE = "model.onnx"
+ORT_DIR = "onnxruntime"
+TRT_DIR = "tensorrt"
+PARITY = "parity.json"
+LATENCY = "latency.json"
+# evaluate (`paths.eval`)
+KPIS = "kpis.json"  # DVC metrics (layout: docs/EVALUATE.md)
+PR_DIR = "pr"  # <class>.csv, DVC plots
+REPORT_DIR = "report"  # predictions, per-frame counts, PNGs, timings
+# promote (`paths.release`; the decision record under `paths.artifacts`)
+PROMOTION = "promotion.json"
+RELEASE_JSON = "release.json"
+MODEL_CARD = "MODEL_CARD.md"
+AUDIT_LOG = "audit.jsonl"
+
+
+# --- the stage DAG: declared once, in dvc.yaml --------------------------------------------------------
+
+
+def stage_names(project: Path | None = None) -> tuple[str, ...]:
+    """The stages `dvc.yaml` declares, in its order (the project's, or the one in `project`)."""
+    import yaml
+
+    path = Path(project) / "dvc.yaml" if project is not None else _PROJECT_DVC_YAML
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; the stage DAG is declared there")
+    stages = (yaml.safe_load(path.read_text()) or {}).get("stages") or {}
+    return tuple(stages)
+
+
+_PROJECT_DVC_YAML = Path(__file__).resolve().parents[1] / "dvc.yaml"
+
+
+# --- small readers of the stage outputs (no heavy imports: flows and compare use them) ---------------
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A stage's JSON output, or None when the stage has not written it."""
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def kpis(eval_dir: Path) -> dict[str, Any] | None:
+    """evaluate's kpis.json, or None."""
+    return read_json(Path(eval_dir) / KPIS)
+
+
+def parity(optimized: Path) -> dict[str, Any] | None:
+    """optimize's parity.json, or None."""
+    return read_json(Path(optimized) / PARITY)
+
+
+def latency(optimized: Path) -> dict[str, Any] | None:
+    """optimize's latency.json, or None."""
+    return read_json(Path(optimized) / LATENCY)
+
+
+def backend_manifest(optimized: Path) -> dict[str, Any] | None:
+    """optimize's backend.json, or None."""
+    return read_json(Path(optimized) / BACKEND)
+
+
+def promotion(artifacts: Path) -> dict[str, Any] | None:
+    """promote's decision record (promotion.json under `paths.artifacts`), or None."""
+    return read_json(Path(artifacts) / PROMOTION)
+
+
+def kpi_scalars(metrics: dict[str, Any], prefix: str = "val/") -> dict[str, float]:
+    """Flatten a KPI summary (kpis.json, or train's validation KPIs) to MLflow scalars: `val/mAP`,
+    `val/Car/ap_2.0`, `val/40-inf/Car/ap_2.0`, ... (non-finite and missing values left out)."""
+    out: dict[str, float] = {f"{prefix}mAP": metrics["mAP"], f"{prefix}NDS": metrics["NDS"]}
+
+    def classes(block: dict[str, Any], pre: str) -> None:
+        for name, c in block["classes"].items():
+            for th, ap in c["ap"].items():
+                out[f"{pre}{name}/ap_{th}"] = ap
+            out[f"{pre}{name}/mean_ap"] = c["mean_ap"]
+            for k in ("ate", "ase", "aoe"):
+                out[f"{pre}{name}/{k}"] = c[k]
+
+    classes(metrics, prefix)
+    for bucket, block in metrics.get("by_range", {}).items():
+        key = bucket.replace("+", "-inf")  # MLflow names allow no "+": "40+" -> "40-inf"
+        out[f"{prefix}{key}/mAP"] = block["mAP"]
+        classes(block, f"{prefix}{key}/")
+    return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}

@@ -32,9 +32,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pfactory.artifacts import stage_names
 from pfactory.tracking import EXPERIMENT
 
-STAGES = ("synth", "prepare", "train", "optimize", "evaluate", "promote")
+STAGES = stage_names()  # declared once, in dvc.yaml
 HEADLINE_KPIS = ("eval/mAP", "eval/NDS")
 TP_ERRORS = ("ate", "ase", "aoe")
 LATENCY_KEYS = ("latency/p50_ms", "latency/p99_ms")

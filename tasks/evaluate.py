@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pfactory import artifacts as af
 from pfactory.evaluate.params import EvaluateParams
 from pfactory.section import section_of
 
@@ -73,24 +74,50 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    from pfactory.cli_stage import stage_main
+    """`python -m tasks.evaluate [--model OPTIMIZED] [--data DIR] [--out DIR] [--reference MODEL | --no-reference]
+    [--dask ADDRESS|local:N] [--no-track]` (= `factory evaluate`; directories default to paths.*)."""
+    import argparse
 
-    def body(p: Any) -> dict:
-        from pfactory.evaluate.distributed import EvaluateTaskError
-        from pfactory.evaluate.inputs import EvaluateInputError
+    from pfactory.evaluate.distributed import EvaluateTaskError
+    from pfactory.evaluate.inputs import EvaluateInputError
+    from tasks._stage import stage_main
 
-        try:
-            return run(
-                p, Path(p.paths.optimized), Path(p.paths.model), Path(p.paths.prepared), Path(p.paths.eval)
-            )
-        except EvaluateInputError as e:  # bad inputs: usage error, nothing ran
-            print(f"evaluate: {e}", file=sys.stderr)
-            sys.exit(2)
-        except (EvaluateTaskError, ConnectionError) as e:  # it ran and failed
-            print(f"evaluate: {e}", file=sys.stderr)
-            sys.exit(1)
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--model", type=Path, default=None, help="optimized model (default: paths.optimized)"
+        )
+        parser.add_argument(
+            "--data", type=Path, default=None, help="prepared shards (default: paths.prepared)"
+        )
+        parser.add_argument("--out", type=Path, default=None, help="output (default: paths.eval)")
+        parser.add_argument("--reference", type=Path, default=None,
+                            help="PyTorch model for the KPI delta (default: paths.model, if it holds one)")  # fmt: skip
+        parser.add_argument("--no-reference", action="store_true", help="skip the PyTorch reference")
+        parser.add_argument(
+            "--dask", default=None, help="scheduler address or local:N (default: evaluate.dask_address)"
+        )
+        parser.add_argument("--no-track", action="store_true", help="do not open an MLflow run")
+        parser.add_argument("--summary", action="store_true", help="print the KPI table on stderr")
 
-    stage_main(STAGE, argv, body)
+    def body(p: Any, args: argparse.Namespace) -> dict:
+        ref = None if args.no_reference else args.reference or Path(p.paths.model)
+        if ref is not None and args.reference is None and not (ref / af.WEIGHTS).is_file():
+            ref = None  # the default reference is optional; an explicit --reference must exist
+        metrics = run(
+            p, args.model or Path(p.paths.optimized), ref, args.data or Path(p.paths.prepared),
+            args.out or Path(p.paths.eval), dask_address=args.dask, track=not args.no_track,
+        )  # fmt: skip
+        if args.summary:
+            import json
+
+            from pfactory.metrics.kpi_cli import format_kpi_table
+
+            print(format_kpi_table(json.loads(Path(metrics["kpis_path"]).read_text())), file=sys.stderr)
+        return metrics
+
+    # Bad inputs: a usage error, nothing ran. A unit failed on a worker, or no scheduler: it ran and failed.
+    failures = {EvaluateInputError: 2, EvaluateTaskError: 1, ConnectionError: 1}
+    stage_main(STAGE, argv, body, add_arguments, failures=failures)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ The work: `pfactory.inference.optimize`.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,20 +56,36 @@ def run(
         return optimize(opt, Path(model_dir), Path(data), Path(out), backend, precision, active)
 
 
+# The parity gate failed: exit 1 (DVC marks the stage failed); asked for what this machine cannot build: 2.
+FAILURES = {ParityError: 1, BackendUnavailable: 2}
+
+
 def main(argv: list[str] | None = None) -> None:
-    from pfactory.cli_stage import stage_main
+    """`python -m tasks.optimize [--model DIR] [--data DIR] [--out DIR] [--backend B] [--precision P]`
+    (= `factory optimize`; directories default to paths.*, backend/precision to the optimize section)."""
+    import argparse
 
-    def body(p: Any) -> dict:
-        try:
-            return run(p, Path(p.paths.model), Path(p.paths.prepared), Path(p.paths.optimized))
-        except ParityError as e:  # the gate failed: exit 1 (DVC marks the stage failed)
-            print(f"optimize: {e}", file=sys.stderr)
-            sys.exit(1)
-        except BackendUnavailable as e:  # asked for what this machine cannot build: usage error
-            print(f"optimize: {e}", file=sys.stderr)
-            sys.exit(2)
+    from tasks._stage import stage_main
 
-    stage_main(STAGE, argv, body)
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--model", type=Path, default=None, help="trained model (default: paths.model)")
+        parser.add_argument(
+            "--data", type=Path, default=None, help="prepared shards (default: paths.prepared)"
+        )
+        parser.add_argument("--out", type=Path, default=None, help="output (default: paths.optimized)")
+        parser.add_argument("--backend", default="auto", help="auto | onnxruntime | tensorrt")
+        parser.add_argument(
+            "--precision", default=None, help="fp32 | fp16 | int8 (default: optimize.precision)"
+        )
+
+    def body(p: Any, args: argparse.Namespace) -> dict:
+        paths = p.paths
+        return run(
+            p, args.model or Path(paths.model), args.data or Path(paths.prepared), args.out or Path(paths.optimized),
+            backend=args.backend, precision=args.precision,
+        )  # fmt: skip
+
+    stage_main(STAGE, argv, body, add_arguments, failures=FAILURES)
 
 
 if __name__ == "__main__":

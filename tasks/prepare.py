@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pfactory import artifacts as af
 from pfactory.config import Params
 from pfactory.data.errors import RejectFractionExceeded
 from pfactory.data.prepare import PrepareResult, prepare_dataset
@@ -62,8 +63,8 @@ def _log(result: PrepareResult, raw: Path) -> None:
         }
     )
     mlflow.log_metrics({f"prepare.{k}": float(v) for k, v in result.metrics.items()})
-    mlflow.log_artifact(str(result.out / "manifest.json"), artifact_path="prepare")
-    mlflow.log_artifact(str(result.out / "rejected.jsonl"), artifact_path="prepare")
+    mlflow.log_artifact(str(result.out / af.PREPARED_MANIFEST), artifact_path="prepare")
+    mlflow.log_artifact(str(result.out / af.REJECTED), artifact_path="prepare")
 
 
 def run(
@@ -105,16 +106,23 @@ def _metrics(result: PrepareResult) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from pfactory.cli_stage import stage_main
-    from pfactory.sensors.errors import DatasetError
+    """`python -m tasks.prepare [--raw DIR] [--out DIR] [-S k=v ...]` (= `factory prepare`; defaults: paths.*)."""
+    import argparse
 
-    try:
-        stage_main(
-            "prepare", argv, lambda params: run(params, Path(params.paths.raw), Path(params.paths.prepared))
+    from pfactory.sensors.errors import DatasetError
+    from tasks._stage import stage_main
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--raw", type=Path, default=None, help="raw dataset (default: paths.raw)")
+        parser.add_argument(
+            "--out", type=Path, default=None, help="shards directory (default: paths.prepared)"
         )
-    except (RejectFractionExceeded, DatasetError) as e:
-        print(f"prepare failed: {e}", file=sys.stderr)
-        sys.exit(1)
+
+    def body(params: Params, args: argparse.Namespace) -> dict[str, Any]:
+        return run(params, args.raw or Path(params.paths.raw), args.out or Path(params.paths.prepared))
+
+    # Too many refused frames (the output is still written) or not a dataset: the stage failed.
+    stage_main("prepare", argv, body, add_arguments, failures={RejectFractionExceeded: 1, DatasetError: 1})
 
 
 if __name__ == "__main__":

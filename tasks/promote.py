@@ -19,16 +19,16 @@ params.yaml; run id default: $PFACTORY_PARENT_RUN_ID) or `factory promote RUN_OR
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pfactory import artifacts as af
 from pfactory.registry.params import PromoteParams
 from pfactory.section import section_of
 
 STAGE = "promote"
-PROMOTION_FILE = "promotion.json"
+PROMOTION_FILE = af.PROMOTION
 
 
 def _log_result(result: dict[str, Any]) -> None:
@@ -75,11 +75,11 @@ def run(
     if not track:
         if run_id is None and not dry_run:
             raise ValueError("run(track=False) needs run_id: the candidate's files are logged to that run")
-        return promote(prm, Candidate(optimized, eval_dir / "kpis.json", run_id), data, release, dry_run, fn)
+        return promote(prm, Candidate(optimized, eval_dir / af.KPIS, run_id), data, release, dry_run, fn)
     from pfactory.tracking import stage_run
 
     with stage_run(STAGE, prm.model_dump(mode="json")) as active:
-        candidate = Candidate(optimized, eval_dir / "kpis.json", run_id or active.info.run_id)
+        candidate = Candidate(optimized, eval_dir / af.KPIS, run_id or active.info.run_id)
         result = promote(prm, candidate, data, release, dry_run, fn)
         _log_result(result)
         result["mlflow_run_id"] = active.info.run_id
@@ -89,11 +89,11 @@ def run(
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    from pfactory.cli_stage import stage_main
     from pfactory.fsutil import atomic_write_json
     from pfactory.registry import EvidenceError, RegistryError
     from pfactory.registry.release import write_empty_release
     from pfactory.tracking import PARENT_ENV
+    from tasks._stage import stage_main
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--optimized", type=Path, default=None, help="default: paths.optimized")
@@ -108,26 +108,23 @@ def main(argv: list[str] | None = None) -> None:
 
     def body(p: Any, args: argparse.Namespace) -> dict:
         release = args.release or Path(p.paths.release)
-        try:
-            result = run(
-                p,
-                args.optimized or Path(p.paths.optimized),
-                args.eval_dir or Path(p.paths.eval),
-                args.data or Path(p.paths.prepared),
-                release,
-                run_id=args.run_id,
-                dry_run=args.dry_run,
-            )
-        except (EvidenceError, RegistryError) as e:
-            print(f"promote: {e}", file=sys.stderr)
-            sys.exit(1)
+        result = run(
+            p,
+            args.optimized or Path(p.paths.optimized),
+            args.eval_dir or Path(p.paths.eval),
+            args.data or Path(p.paths.prepared),
+            release,
+            run_id=args.run_id,
+            dry_run=args.dry_run,
+        )
         if not release.exists():
             write_empty_release(release, p.promote, result)
         # The decision record the pipeline flow reads (dvc.yaml: a metrics file of this stage).
         atomic_write_json(Path(p.paths.artifacts) / PROMOTION_FILE, result)
         return result
 
-    stage_main(STAGE, argv, body, add_arguments)
+    # Missing or unreadable evidence, or the registry refused: the stage failed (a refused gate is not).
+    stage_main(STAGE, argv, body, add_arguments, failures={EvidenceError: 1, RegistryError: 1})
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pfactory.fsutil import atomic_directory
 
 def run(params: Params, out: Path) -> dict:
     """Generate `params.synth.frames` frames into `out`; returns the generator's summary."""
-    from pfactory.sensors.synth import generate_dataset
+    from pfactory.sensors.synth.dataset import generate_dataset
 
     d = params.synth
     t0 = time.perf_counter()
@@ -28,7 +28,7 @@ def run(params: Params, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from pfactory.cli_stage import stage_main
+    from tasks._stage import stage_main
 
     stage_main("synth", argv, lambda params: run(params, Path(params.paths.synth)))
 

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m tasks.train [--data DIR] [--out DIR] [-S k=v ...] [--params FILE]` (defaults: paths.*)."""
     import argparse
 
-    from pfactory.cli_stage import stage_main
+    from tasks._stage import stage_main
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(

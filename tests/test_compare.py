@@ -14,7 +14,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from pfactory.cli import app
+from flows.cli import app
 from pfactory.compare import CompareError, NoRunsError, compare_runs, render_table, write_chart
 from pfactory.tracking import EXPERIMENT, flatten
 

@@ -48,11 +48,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pfactory import artifacts as af
 from pfactory.data.errors import SchemaError
 
 SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
-REJECTED = "rejected.jsonl"
+MANIFEST = af.PREPARED_MANIFEST
+REJECTED = af.REJECTED
 SPLITS = ("train", "val")
 META_VERSION = b"pfactory.schema_version"
 META_IMAGE = b"pfactory.image_shape"

@@ -1,8 +1,6 @@
 """The evaluate stage's library: params, input checks and work units, Dask batch inference, prediction files,
-reports. The stage itself is `tasks/evaluate.py`; docs/EVALUATE.md has the layout and the metric names."""
-
-from pfactory.evaluate.distributed import EvaluateTaskError
-from pfactory.evaluate.inputs import EvaluateInputError
-from pfactory.evaluate.params import EvaluateParams
-
-__all__ = ["EvaluateInputError", "EvaluateParams", "EvaluateTaskError"]
+scoring, reports, and `evaluation.evaluate` which runs them. The stage itself is `tasks/evaluate.py`;
+docs/EVALUATE.md has the layout and the metric names. Nothing heavy is imported here (`pfactory.config`
+reads `params`): import the module you need (`pfactory.evaluate.inputs.EvaluateInputError`,
+`pfactory.evaluate.distributed.EvaluateTaskError`, ...).
+"""

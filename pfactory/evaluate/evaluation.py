@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pfactory import artifacts as af
 from pfactory.evaluate.params import EvaluateParams
 from pfactory.evaluate.scoring import KINDS, score
 
@@ -119,7 +120,7 @@ def evaluate(
         "frames": inputs.frames,
         "data_hash": inputs.data_hash,
         "split": ev.split,
-        "kpis_path": str(out / "kpis.json"),
+        "kpis_path": str(out / af.KPIS),
         "cluster": where,
         "throughput_fps": runs["optimized"]["throughput_fps"],
         **scalars,
@@ -152,7 +153,7 @@ def log_mlflow(out: Path, scalars: dict[str, float], inputs: Any) -> None:
 
     mlflow.log_metrics(scalars)
     mlflow.set_tags({"eval.data_hash": inputs.data_hash, "eval.artifact": inputs.optimized.name})
-    mlflow.log_artifact(str(out / "kpis.json"), artifact_path="eval")
+    mlflow.log_artifact(str(out / af.KPIS), artifact_path="eval")
     mlflow.log_artifacts(str(out / "pr"), artifact_path="eval/pr")
     report = out / "report"
     for p in sorted(report.iterdir()):
@@ -166,7 +167,6 @@ def evaluate_to_kpis(ev: EvaluateParams, optimized: Path, data: Path) -> dict[st
     """kpis.json of `optimized` on `data` without the PyTorch reference or MLflow, its files in a temporary
     folder (promotion re-evaluating a champion). Same scale-out as the stage: `ev.dask_address` or a
     LocalCluster of `ev.workers`."""
-    import json
     import tempfile
 
     from pfactory.tracking import configure_environment
@@ -175,4 +175,4 @@ def evaluate_to_kpis(ev: EvaluateParams, optimized: Path, data: Path) -> dict[st
     with tempfile.TemporaryDirectory(prefix="pfactory-reeval-") as tmp:
         out = Path(tmp) / "eval"
         evaluate(ev, Path(optimized), None, Path(data), out, ev.dask_address, sys.stderr.isatty(), None)
-        return json.loads((out / "kpis.json").read_text())
+        return af.kpis(out)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pfactory import artifacts as af
 from pfactory.fsutil import sha256_bytes, sha256_file
 
 
@@ -199,7 +200,7 @@ def resolve_inputs(
         ds = open_prepared(data)
     except (SchemaError, json.JSONDecodeError) as e:
         raise EvaluateInputError(str(e)) from e
-    where = data / "manifest.json"
+    where = data / af.PREPARED_MANIFEST
     splits = ds.manifest.get("splits", {})
     if split not in splits:
         raise EvaluateInputError(f"{where}: splits: a split {split!r} (evaluate.split); has {sorted(splits)}")
@@ -234,7 +235,7 @@ def resolve_inputs(
         )
 
     latency = None
-    lat_path = optimized / "latency.json"
+    lat_path = optimized / af.LATENCY
     if lat_path.is_file():
         latency = _latency_summary(json.loads(lat_path.read_text()), spec.name)
     model_info = {

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from pfactory import artifacts as af
 from pfactory.evaluate.inputs import unit_points
 from pfactory.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 from pfactory.metrics.detection import DetectionKpis, FrameDetections
@@ -159,7 +160,7 @@ def mlflow_scalars(
     document: dict[str, Any], timings: dict[str, float], runs: dict[str, Any]
 ) -> dict[str, float]:
     """MLflow metrics of the stage (names in docs/EVALUATE.md)."""
-    from pfactory.model.inference import kpi_scalars
+    from pfactory.artifacts import kpi_scalars
 
     out = kpi_scalars(document, prefix="eval/")
     if document.get("reference") is not None:
@@ -195,7 +196,7 @@ def write_reports(
     results: dict,
 ) -> None:
     report = tmp / "report"
-    atomic_write_json(tmp / "kpis.json", doc)
+    atomic_write_json(tmp / af.KPIS, doc)
     tp_th = doc["params"]["dist_th_tp_m"]
     th_key = next(k for k in next(iter(doc["classes"].values()))["ap"] if float(k) == tp_th)
     write_pr_csv(tmp / "pr", kpis, th_key)

@@ -23,16 +23,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pfactory import artifacts as af
 from pfactory.fsutil import sha256_file
 from pfactory.inference.errors import ArtifactError
 
-MANIFEST = "backend.json"
+# File names: pfactory/artifacts.py (the one home of every stage's output layout).
+MANIFEST = af.BACKEND
 FORMAT = 1
-ONNX_FILE = "model.onnx"
-ORT_DIR = "onnxruntime"
-TRT_DIR = "tensorrt"
-PARITY = "parity.json"
-LATENCY = "latency.json"
+ONNX_FILE = af.ONNX_FILE
+ORT_DIR = af.ORT_DIR
+TRT_DIR = af.TRT_DIR
+PARITY = af.PARITY
+LATENCY = af.LATENCY
 
 OUTPUT_CONTRACT = (
     "K = max_detections entries per frame, always (static shape). Entries are sorted by descending score; "

@@ -92,21 +92,3 @@ def evaluate_kpis(
     return evaluate_detections(gts, preds, KpiParams(classes=tuple(classes)))
 
 
-def kpi_scalars(metrics: dict[str, Any], prefix: str = "val/") -> dict[str, float]:
-    """Flatten the KPI summary to MLflow scalars: `val/mAP`, `val/Car/ap_2.0`, `val/40-inf/Car/ap_2.0`, ..."""
-    out: dict[str, float] = {f"{prefix}mAP": metrics["mAP"], f"{prefix}NDS": metrics["NDS"]}
-
-    def classes(block: dict[str, Any], pre: str) -> None:
-        for name, c in block["classes"].items():
-            for th, ap in c["ap"].items():
-                out[f"{pre}{name}/ap_{th}"] = ap
-            out[f"{pre}{name}/mean_ap"] = c["mean_ap"]
-            for k in ("ate", "ase", "aoe"):
-                out[f"{pre}{name}/{k}"] = c[k]
-
-    classes(metrics, prefix)
-    for bucket, block in metrics.get("by_range", {}).items():
-        key = bucket.replace("+", "-inf")  # MLflow names allow no "+": "40+" -> "40-inf"
-        out[f"{prefix}{key}/mAP"] = block["mAP"]
-        classes(block, f"{prefix}{key}/")
-    return {k: float(v) for k, v in out.items() if v is not None and np.isfinite(v)}

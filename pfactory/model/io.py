@@ -15,13 +15,14 @@ from typing import Any
 
 import torch
 
+from pfactory import artifacts as af
 from pfactory.fsutil import atomic_write_bytes, atomic_write_json
 from pfactory.model.detector import PaintedPillarDetector, build_model
 from pfactory.model.params import ModelParams
 
 CONFIG_FORMAT = 1
-WEIGHTS = "model.pt"
-CONFIG = "model_config.json"
+WEIGHTS = af.WEIGHTS
+CONFIG = af.MODEL_CONFIG
 
 
 def save_bytes(obj: Any) -> bytes:

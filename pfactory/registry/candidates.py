@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pfactory import artifacts as af
 from pfactory.registry.errors import RegistryError
 from pfactory.registry.params import PromoteParams
 from pfactory.section import section_of
@@ -66,20 +67,20 @@ def run_candidate(c: Any, run_id: str, dst: Path) -> tuple[Path, Path]:
     ]
     found: dict[str, tuple[str, str]] = {}
     for rid in runs:
-        for name, prefer in (("backend.json", "candidate/optimized"), ("kpis.json", "candidate/eval")):
+        for name, prefer in ((af.BACKEND, "candidate/optimized"), (af.KPIS, "candidate/eval")):
             if name not in found and (path := _find_file(c, rid, name, prefer)):
                 found[name] = (rid, path)
-    missing = [n for n in ("backend.json", "kpis.json") if n not in found]
+    missing = [n for n in (af.BACKEND, af.KPIS) if n not in found]
     if missing:
         raise RegistryError(
             f"run {run_id} (and its {len(runs) - 1} stage runs) has no {' or '.join(missing)} artifact: "
             "not a candidate (it needs the optimize and evaluate stages' outputs)"
         )
-    rid, path = found["backend.json"]
+    rid, path = found[af.BACKEND]
     folder = path.rsplit("/", 1)[0] if "/" in path else ""
     optimized = Path(mlflow.artifacts.download_artifacts(run_id=rid, artifact_path=folder or None,
                                                          dst_path=str(dst / "optimized-dl")))  # fmt: skip
-    rid, path = found["kpis.json"]
+    rid, path = found[af.KPIS]
     kpis = Path(
         mlflow.artifacts.download_artifacts(run_id=rid, artifact_path=path, dst_path=str(dst / "eval-dl"))
     )
@@ -113,7 +114,7 @@ def promote_ref(
             files = reg.download_version(c, name, version, Path(tmp))
             tags = reg.get_version(c, name, version).tags
             candidate = Candidate(
-                files / "optimized", files / "eval" / "kpis.json", reg.get_version(c, name, version).run_id,
+                files / "optimized", files / "eval" / af.KPIS, reg.get_version(c, name, version).run_id,
                 version, {"git_commit": tags.get("git.commit"), "git_dirty": tags.get("git.dirty")},
             )  # fmt: skip
         return promote(prm, candidate, Path(data), Path(release), dry_run, fn)

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pfactory import artifacts as af
 from pfactory.registry.errors import EvidenceError
 
-KPIS = "kpis.json"
-MANIFEST = "backend.json"
-PARITY = "parity.json"
-LATENCY = "latency.json"
+KPIS = af.KPIS
+MANIFEST = af.BACKEND
+PARITY = af.PARITY
+LATENCY = af.LATENCY
 SUMMARY_TAG = "kpis.summary"  # JSON of `kpi_summary`, what the gates read back for a champion
 
 
@@ -271,7 +272,7 @@ def prepared_lineage(prepared: Path) -> dict[str, str]:
     """sha256 of a prepared directory's manifest.json and the raw-input digest it records (empty if absent)."""
     from pfactory.fsutil import sha256_file
 
-    path = Path(prepared) / "manifest.json"
+    path = Path(prepared) / af.PREPARED_MANIFEST
     if not path.is_file():
         return {}
     out = {"manifest_sha256": sha256_file(path)}

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pfactory import artifacts as af
 from pfactory.fsutil import atomic_directory
 from pfactory.registry import registry as reg
 from pfactory.registry.errors import EvidenceError, RegistryError
@@ -348,9 +349,9 @@ def rollback(
         reg.get_version(c, name, to)
         with tempfile.TemporaryDirectory(prefix="pfactory-rollback-") as tmp:
             files = reg.download_version(c, name, to, Path(tmp))
-            ev = read_evidence(files / "optimized", files / "eval" / "kpis.json", params.latency_batch)
+            ev = read_evidence(files / "optimized", files / "eval" / af.KPIS, params.latency_batch)
             record = _publish(
-                c, params, to, current, (files / "optimized", files / "eval" / "kpis.json"), ev, [], "rollback",
+                c, params, to, current, (files / "optimized", files / "eval" / af.KPIS), ev, [], "rollback",
                 why, release, _version_lineage(c, name, to),
             )  # fmt: skip
     return {

@@ -20,11 +20,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pfactory import artifacts as af
 from pfactory.fsutil import atomic_directory, atomic_write_json, atomic_write_text, sha256_file
 
-CARD = "MODEL_CARD.md"
-RELEASE_JSON = "release.json"
-AUDIT_LOG = "audit.jsonl"
+CARD = af.MODEL_CARD
+RELEASE_JSON = af.RELEASE_JSON
+AUDIT_LOG = af.AUDIT_LOG
 
 
 def merged_audit(previous_log: Path, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -50,7 +51,7 @@ def fill_release(
 ) -> None:
     """Write the release folder's contents into `tmp` (the temporary sibling of `previous`)."""
     shutil.copytree(optimized, tmp / "optimized", ignore=shutil.ignore_patterns(".*"))
-    shutil.copy2(kpis_file, tmp / "kpis.json")
+    shutil.copy2(kpis_file, tmp / af.KPIS)
     files = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     release = {**info, "files": files}
     atomic_write_json(tmp / RELEASE_JSON, release)
@@ -168,7 +169,7 @@ def write_empty_release(release: Path, prm: Any, result: Mapping[str, Any]) -> N
     champion = result.get("champion_after")
     with atomic_directory(release) as tmp:
         atomic_write_json(
-            tmp / "release.json",
+            tmp / af.RELEASE_JSON,
             {
                 "model": prm.model_name,
                 "alias": prm.alias,

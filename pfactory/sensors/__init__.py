@@ -6,10 +6,7 @@ lidar-frame convention. Bottom up: `errors` (DatasetError), `io` (point files, i
 `reader` (the protocol), `checks` (shared strict checks), `kitti` / `nuscenes` (one reader each,
 with its own strict inspection), `datasets` (`open_dataset`), `validate` (`factory data check`),
 `show` (renders), `synth/` (the synthetic source).
+
+Nothing is imported here (loading params must not load the readers): import from the module,
+e.g. `from pfactory.sensors.datasets import open_dataset`.
 """
-
-from pfactory.sensors.datasets import open_dataset
-from pfactory.sensors.errors import DatasetError
-from pfactory.sensors.frame import Boxes3D, CameraView, Frame
-
-__all__ = ["Boxes3D", "CameraView", "DatasetError", "Frame", "open_dataset"]

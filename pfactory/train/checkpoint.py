@@ -10,13 +10,14 @@ from typing import Any
 
 import torch
 
+from pfactory import artifacts as af
 from pfactory.fsutil import atomic_write_bytes
 from pfactory.model.io import save_bytes
 from pfactory.model.params import ModelParams
 from pfactory.train.data import DataInfo
 from pfactory.train.params import TrainParams
 
-CHECKPOINT = "checkpoint.pt"
+CHECKPOINT = af.CHECKPOINT
 CHECKPOINT_FORMAT = 1
 # Train params that do not change the trajectory: a checkpoint written with other values resumes.
 _RESUME_IGNORED = {

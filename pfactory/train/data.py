@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from pfactory import artifacts as af
 from pfactory.fsutil import sha256_file
 from pfactory.train.params import TrainParams
 from pfactory.train.runtime import Runtime
@@ -45,7 +46,7 @@ def data_info(data: Path) -> DataInfo:
         image_size=(w, h),
         train_frames=ds.num_frames("train"),
         val_frames=ds.num_frames("val") if "val" in ds.manifest["splits"] else 0,
-        fingerprint=sha256_file(Path(data) / "manifest.json"),
+        fingerprint=sha256_file(Path(data) / af.PREPARED_MANIFEST),
         pc_range=ds.manifest.get("params", {}).get("pc_range"),
     )
 

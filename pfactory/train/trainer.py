@@ -32,9 +32,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pfactory import artifacts as af
+from pfactory.artifacts import kpi_scalars
 from pfactory.fsutil import atomic_write_json
 from pfactory.model.detector import PaintedPillarDetector, build_model
-from pfactory.model.inference import evaluate_kpis, kpi_scalars, predict
+from pfactory.model.inference import evaluate_kpis, predict
 from pfactory.model.io import save_model
 from pfactory.model.loss import detection_loss
 from pfactory.model.params import ModelParams
@@ -376,9 +378,9 @@ def finish(
 ) -> dict[str, Any]:
     """Write model.pt, model_config.json, curves, metrics; log them; return the summary."""
     paths = save_model(out, model, info.image_size, info.cameras)
-    atomic_write_json(out / "curves.json", curves)
+    atomic_write_json(out / af.CURVES, curves)
     atomic_write_json(
-        out / "val_curves.json", [{k: v for k, v in r.items() if k != "kpis"} for r in val_curves]
+        out / af.VAL_CURVES, [{k: v for k, v in r.items() if k != "kpis"} for r in val_curves]
     )
     final = val_curves[-1] if val_curves else {}
     steps = len(curves)
@@ -398,7 +400,7 @@ def finish(
         "val": final.get("kpis"),
         "mlflow_run_id": tracker.run_id,
     }
-    atomic_write_json(out / "metrics.json", summary)
+    atomic_write_json(out / af.TRAIN_METRICS, summary)
     tracker.metrics(
         {
             "train/seconds": summary["train_seconds"],
@@ -409,6 +411,6 @@ def finish(
         },
         steps,
     )
-    for p in (out / CHECKPOINT, paths["weights"], paths["config"], out / "curves.json", out / "metrics.json"):
+    for p in (out / CHECKPOINT, paths["weights"], paths["config"], out / af.CURVES, out / af.TRAIN_METRICS):
         tracker.artifact(p, "model")
     return summary

@@ -32,7 +32,7 @@ def small_params(**overrides) -> PrepareParams:
 @pytest.fixture(scope="session")
 def synth_kitti(tmp_path_factory) -> Path:
     """10 synthetic frames in the KITTI layout (images 208x64)."""
-    from pfactory.sensors.synth import generate_dataset
+    from pfactory.sensors.synth.dataset import generate_dataset
 
     out = tmp_path_factory.mktemp("synth") / "kitti"
     generate_dataset(out, frames=10, seed=3, cameras=1, image_size=(208, 64))
@@ -42,7 +42,7 @@ def synth_kitti(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def synth_nuscenes(tmp_path_factory) -> Path:
     """6 synthetic frames in the nuScenes layout with 3 cameras (images 208x64)."""
-    from pfactory.sensors.synth import generate_dataset
+    from pfactory.sensors.synth.dataset import generate_dataset
 
     out = tmp_path_factory.mktemp("synth") / "nuscenes"
     generate_dataset(out, frames=6, seed=5, cameras=3, image_size=(208, 64))

@@ -11,7 +11,7 @@ from pfactory.data.lidar import (
     voxel_downsample,
 )
 from pfactory.geometry import box_corners, make_transform, rot_z
-from pfactory.sensors import open_dataset
+from pfactory.sensors.datasets import open_dataset
 from pfactory.sensors.frame import Boxes3D
 
 RANGE = [0.0, -40.0, -3.0, 70.4, 40.0, 1.0]

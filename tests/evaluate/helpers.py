@@ -19,7 +19,7 @@ def build_eval_setup(root: Path, frames: int = 16) -> dict[str, Path]:
     from pfactory.data.prepare import prepare_dataset
     from pfactory.inference.params import OptimizeParams
     from pfactory.model.io import save_model
-    from pfactory.sensors.synth import generate_dataset
+    from pfactory.sensors.synth.dataset import generate_dataset
 
     generate_dataset(root / "raw", frames=frames, seed=5, cameras=1, image_size=(208, 64))
     prepare_dataset(

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from flows.cli import app
 from flows.deploy import DeployError, load_flow, make_spec, validate_cron
-from pfactory.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = "tests/flows/tiny_flow.py:tiny_pipeline"

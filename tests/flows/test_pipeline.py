@@ -133,7 +133,7 @@ def test_two_runs_at_the_same_moment_do_not_clobber(project: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "pfactory.cli",
+                "flows.cli",
                 "run",
                 *tiny_args(),
                 "-S",

@@ -44,7 +44,7 @@ def build_bench(root: Path) -> dict[str, Path]:
         from pfactory.data.prepare import prepare_dataset
         from pfactory.inference.params import OptimizeParams
         from pfactory.model.io import save_model
-        from pfactory.sensors.synth import generate_dataset
+        from pfactory.sensors.synth.dataset import generate_dataset
 
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
@@ -188,7 +188,7 @@ def promote_params(**over: Any):
 
 def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     """`factory ...` in a subprocess (the real console entry), text output captured."""
-    code = "from pfactory.cli import main; main()"
+    code = "from flows.cli import main; main()"
     return subprocess.run(
         [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )

@@ -10,7 +10,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from pfactory.cli import app
+from flows.cli import app
 
 from .helpers import candidate, promote_params
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from pfactory.geometry import box_corners, points_in_boxes, project_to_image
-from pfactory.sensors import DatasetError, open_dataset
+from pfactory.sensors.datasets import open_dataset
+from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.kitti import (
     KittiDataset,
     kitti_difficulty,

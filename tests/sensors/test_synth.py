@@ -15,7 +15,7 @@ import pytest
 
 from pfactory.fsutil import sha256_file
 from pfactory.geometry import box_to_image_rect, points_in_boxes, project_to_image
-from pfactory.sensors import open_dataset
+from pfactory.sensors.datasets import open_dataset
 from pfactory.sensors.kitti import KittiDataset
 from pfactory.sensors.nuscenes import CAMERA_CHANNELS, NuScenesDataset
 from pfactory.sensors.synth.dataset import (

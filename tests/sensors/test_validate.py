@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pfactory.sensors import open_dataset
+from pfactory.sensors.datasets import open_dataset
 from pfactory.sensors.validate import (
     MIN_POINTS,
     CheckReport,

@@ -169,7 +169,7 @@ def test_one_worker_and_a_killed_worker_reproduce_the_files(setup, baseline, tmp
     from typer.testing import CliRunner
 
     import tasks.evaluate
-    from pfactory.cli import app
+    from flows.cli import app
 
     monkeypatch.chdir(tmp_path)
     expected = _tree(baseline["out"])
@@ -236,8 +236,8 @@ def test_bad_inputs_are_refused_before_any_work(setup, tmp_path, monkeypatch) ->
     from typer.testing import CliRunner
 
     import tasks.evaluate
-    from pfactory.cli import app
-    from pfactory.evaluate import EvaluateInputError
+    from flows.cli import app
+    from pfactory.evaluate.inputs import EvaluateInputError
 
     monkeypatch.chdir(tmp_path)
     opt, model, data = setup["optimized"], setup["model"], setup["prepared"]

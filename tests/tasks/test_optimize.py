@@ -28,7 +28,7 @@ def dataset(tmp_path_factory) -> dict[str, Path]:
     from pfactory.data.params import PrepareParams
     from pfactory.data.prepare import prepare_dataset
     from pfactory.model.io import save_model
-    from pfactory.sensors.synth import generate_dataset
+    from pfactory.sensors.synth.dataset import generate_dataset
 
     root = tmp_path_factory.mktemp("optimize")
     generate_dataset(root / "raw", frames=8, seed=3, cameras=1, image_size=(208, 64))

@@ -41,7 +41,7 @@ from pfactory.data.params import PrepareParams  # noqa: E402
 from pfactory.data.prepare import prepare_dataset, split_of  # noqa: E402
 from pfactory.data.shards import open_prepared  # noqa: E402
 from pfactory.geometry import quaternion_to_matrix  # noqa: E402
-from pfactory.sensors import open_dataset  # noqa: E402
+from pfactory.sensors.datasets import open_dataset  # noqa: E402
 
 GREY = 1.0 / (255.0 * 0.229)  # one grey level in normalized units (largest channel step)
 SMALL = {"image_size": [104, 32], "batch_size": 4, "shard_max_frames": 4}
@@ -176,7 +176,7 @@ def test_real_nuscenes_files_prepare_correctly(nuscenes_tables, tmp_path: Path) 
 @pytest.fixture(scope="module")
 def synth12(tmp_path_factory) -> Path:
     """12 synthetic KITTI frames (208x64 images)."""
-    from pfactory.sensors.synth import generate_dataset
+    from pfactory.sensors.synth.dataset import generate_dataset
 
     out = tmp_path_factory.mktemp("raw") / "synth"
     generate_dataset(out, frames=12, seed=9, cameras=1, image_size=(208, 64))

@@ -16,7 +16,7 @@ def prepared_synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real prepared directory: 15 synthetic frames (KITTI layout) through the prepare stage."""
     import tasks.prepare
     from pfactory.config import Params
-    from pfactory.sensors.synth import generate_dataset
+    from pfactory.sensors.synth.dataset import generate_dataset
 
     root = tmp_path_factory.mktemp("synth")
     generate_dataset(root / "raw", frames=15, seed=3, workers=1)  # frame ids 13 and 14 hash into val

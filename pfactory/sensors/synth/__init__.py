@@ -12,31 +12,8 @@ One module per job, bottom up:
 - `scene`: `sample_scene` (layout + clutter + road users + light) -> `Scene`;
 - `raycast`: analytic primitives and the ray caster both sensors share;
 - `sensors`: the spinning multi-beam lidar and the pinhole camera render;
-- `dataset`: frames (labels, occlusion, truncation), encoders and `generate_dataset`.
+- `dataset`: frames (labels, occlusion, truncation), encoders and `generate_dataset`;
+- `params`: the `synth:` section of params.yaml.
+
+Nothing is imported here: `pfactory.config` reads `params` without loading the generator.
 """
-
-from pfactory.sensors.synth.dataset import (
-    KITTI_TO_NUSCENES,
-    SynthFrame,
-    camera_rig,
-    encode_jpeg,
-    encode_png,
-    generate_dataset,
-    generate_frame,
-    in_view,
-    kitti_camera,
-    progress_printer,
-)
-
-__all__ = [
-    "KITTI_TO_NUSCENES",
-    "SynthFrame",
-    "camera_rig",
-    "encode_jpeg",
-    "encode_png",
-    "generate_dataset",
-    "generate_frame",
-    "in_view",
-    "kitti_camera",
-    "progress_printer",
-]

@@ -1,4 +1,8 @@
-"""The `factory` command line (Typer). Every heavy import happens inside a command.
+"""The `factory` command line (Typer), the top of the stack (cli -> flows -> tasks -> pfactory -> kernels).
+
+Every heavy import happens inside a command. The stage commands (`prepare`, `train`, `optimize`,
+`evaluate`) pass their options to the stage's own `main` (`tasks/<stage>.py`), which decides the
+default paths, what is printed and the exit code, exactly as `python -m tasks.<stage>` (dvc.yaml) does.
 
 `factory --help` must answer in well under a second (DESIGN.md §2), so this module imports
 only Typer and the standard library at import time; each command imports what it needs.
@@ -47,6 +51,21 @@ def _params(params_file: Path, overrides: list[str] | None):
         _fail(str(e), code=2)
 
 
+def _stage_argv(params_file: Path, overrides: list[str] | None, **options: object) -> list[str]:
+    """The arguments of `python -m tasks.<stage>` for a `factory <stage>` command: the stage's own entry
+    (`tasks/_stage.py`) decides default paths, output and exit codes for both."""
+    argv = ["--params", str(params_file)]
+    for o in overrides or []:
+        argv += ["-S", o]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value not in (None, False):
+            argv += [flag, str(value)]
+    return argv
+
+
 def _fail(message: str, code: int = 1) -> typer.Exit:
     typer.secho(message, fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
@@ -83,7 +102,7 @@ def data_synth(
     """
     from rich.progress import Progress
 
-    from pfactory.sensors.synth import generate_dataset
+    from pfactory.sensors.synth.dataset import generate_dataset
 
     with Progress(console=_console(), transient=True) as bar:
         task = bar.add_task("synth", total=frames)
@@ -133,7 +152,8 @@ def data_show(
 
     Example: factory data show ../shared/data/real/kitti 000001 --out frame.png
     """
-    from pfactory.sensors import DatasetError, open_dataset
+    from pfactory.sensors.datasets import open_dataset
+    from pfactory.sensors.errors import DatasetError
     from pfactory.sensors.show import render_frame
 
     try:
@@ -202,19 +222,9 @@ def prepare_cmd(
     Exit 1 when more than prepare.max_reject_fraction of the frames are refused.
     Example: factory prepare --raw ../shared/data/real/kitti --out /tmp/prepared
     """
-    params = _params(params_file, set_param)
-    from pfactory.tracking import configure_environment
-
-    configure_environment()
     import tasks.prepare
-    from pfactory.data.errors import RejectFractionExceeded
-    from pfactory.sensors.errors import DatasetError
 
-    try:
-        metrics = tasks.prepare.run(params, raw or Path(params.paths.raw), out or Path(params.paths.prepared))
-    except (DatasetError, RejectFractionExceeded) as e:
-        _fail(str(e))
-    typer.echo(json.dumps(metrics, indent=2, sort_keys=True, default=str))
+    tasks.prepare.main(_stage_argv(params_file, set_param, raw=raw, out=out))
 
 
 @app.command("train")
@@ -231,16 +241,9 @@ def train_cmd(
 
     Example: factory train --data artifacts/prepared --out artifacts/model -S train.epochs=2
     """
-    params = _params(params_file, set_param)
-    from pfactory.tracking import configure_environment
-
-    configure_environment()
     import tasks.train
 
-    summary = tasks.train.run(params, data or Path(params.paths.prepared), out or Path(params.paths.model))
-    typer.echo(
-        json.dumps({k: v for k, v in summary.items() if k != "val"}, indent=2, sort_keys=True, default=str)
-    )
+    tasks.train.main(_stage_argv(params_file, set_param, data=data, out=out))
 
 
 @app.command("profile")
@@ -286,27 +289,12 @@ def optimize_cmd(
 
     Exit 1 when parity is outside optimize.parity. Example: factory optimize --backend onnxruntime --precision int8
     """
-    params = _params(params_file, set_param)
-    from pfactory.tracking import configure_environment
-
-    configure_environment()
     import tasks.optimize
-    from pfactory.inference import BackendUnavailable, ParityError
 
-    try:
-        metrics = tasks.optimize.run(
-            params,
-            model or Path(params.paths.model),
-            data or Path(params.paths.prepared),
-            out or Path(params.paths.optimized),
-            backend=backend,
-            precision=precision,
-        )
-    except ParityError as e:
-        _fail(f"optimize: {e}")
-    except BackendUnavailable as e:
-        _fail(f"optimize: {e}", code=2)
-    typer.echo(json.dumps(metrics, indent=2, sort_keys=True, default=str))
+    argv = _stage_argv(
+        params_file, set_param, model=model, data=data, out=out, backend=backend, precision=precision
+    )
+    tasks.optimize.main(argv)
 
 
 @app.command("evaluate")
@@ -338,36 +326,13 @@ def evaluate_cmd(
     Exit 1 when a work unit fails or the scheduler cannot be reached, 2 on bad inputs.
     Example: factory evaluate --model artifacts/optimized --data artifacts/prepared --out artifacts/eval --dask local:2
     """
-    params = _params(params_file, set_param)
-    from pfactory.tracking import configure_environment
-
-    configure_environment()
     import tasks.evaluate
-    from pfactory.evaluate import EvaluateInputError, EvaluateTaskError
 
-    ref = None if no_reference else reference or Path(params.paths.model)
-    if ref is not None and reference is None and not (ref / "model.pt").is_file():
-        ref = None  # the default reference is optional; an explicit --reference must exist
-    try:
-        metrics = tasks.evaluate.run(
-            params,
-            model or Path(params.paths.optimized),
-            ref,
-            data or Path(params.paths.prepared),
-            out or Path(params.paths.eval),
-            dask_address=dask,
-            track=not no_track,
-        )
-    except EvaluateInputError as e:
-        _fail(f"evaluate: {e}", code=2)
-    except (EvaluateTaskError, ConnectionError) as e:
-        _fail(f"evaluate: {e}")
-    from pfactory.metrics.kpi_cli import format_kpi_table
-
-    doc = json.loads(Path(metrics["kpis_path"]).read_text())
-    _console().print(format_kpi_table(doc), markup=False, highlight=False)
-    keys = ("mAP", "NDS", "reference_mAP", "delta_mAP", "frames", "throughput_fps", "data_hash", "kpis_path")
-    typer.echo(json.dumps({k: metrics[k] for k in keys if k in metrics}, indent=2, sort_keys=True))
+    argv = _stage_argv(
+        params_file, set_param, model=model, data=data, out=out, reference=reference, no_reference=no_reference,
+        dask=dask, no_track=no_track, summary=True,
+    )  # fmt: skip
+    tasks.evaluate.main(argv)
 
 
 @app.command("kpi")

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from pfactory.cli import app
+from flows.cli import app
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_help_lists_the_commands():
@@ -21,7 +21,7 @@ def test_help_lists_the_commands():
 
 def test_cli_module_imports_nothing_heavy():
     # `factory --help` speed comes from lazy imports; guard the import graph, not a timing.
-    code = "import sys, pfactory.cli; heavy = [m for m in ('torch', 'numpy', 'mlflow', 'prefect', 'dvc', 'nvidia.dali', 'pyarrow') if m in sys.modules]; print(heavy)"
+    code = "import sys, flows.cli; heavy = [m for m in ('torch', 'numpy', 'mlflow', 'prefect', 'dvc', 'nvidia.dali', 'pyarrow') if m in sys.modules]; print(heavy)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
