@@ -89,11 +89,6 @@ def triton_module(name: str) -> ModuleType:
     return module
 
 
-def on_device(device: torch.device) -> contextlib.AbstractContextManager:
-    """Triton launches on the *current* CUDA device: make it the tensors' device for the launch."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-
-
 def checks_enabled() -> bool:
     """False while tracing for torch.compile or ONNX export: value checks there would need `.item()`."""
     return not (torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export())

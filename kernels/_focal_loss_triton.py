@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._dispatch import on_device
+from kernels._device import on_device
 
 # Not yet tuned on a GPU (docs/KERNELS.md, "Tuning"): 1024 elements per chunk = 8 per thread at 4
 # warps; 1024 programs is ~8 per SM on an H200 (132 SMs), enough to saturate HBM for a stream.

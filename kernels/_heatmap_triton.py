@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._dispatch import on_device
+from kernels._device import on_device
 
 # Tile and object-block sizes: chosen by reasoning, not yet measured on a GPU (docs/KERNELS.md,
 # "Tuning"). 16 x 32 = 512 cells = 4 fp32 per thread at 4 warps; a CenterPoint radius (2-10 cells)

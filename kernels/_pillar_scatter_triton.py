@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._dispatch import on_device
+from kernels._device import on_device
 
 # Tuning constants: chosen from the layout, not yet measured on a GPU (docs/KERNELS.md, "Tuning").
 # 1024 elements per program = 8 fp32 per thread at 4 warps; a 64-channel row is one 256 B segment.
