@@ -100,3 +100,25 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
 def sha256_bytes(data: bytes) -> str:
     """Hex sha256 of `data`."""
     return hashlib.sha256(data).hexdigest()
+
+
+def check_listed_file(
+    path: Path,
+    sha256: str,
+    listed_in: str,
+    error: type[Exception] = ValueError,
+    *,
+    hashed_in: str | None = None,
+    hint: str = "",
+    what: str = "",
+) -> str:
+    """`path`'s sha256 when the file exists and matches the `sha256` a manifest (`listed_in`) gives for it;
+    else `error` naming the file, where it is listed and both hashes (corrupt or swapped files)."""
+    if not path.is_file():
+        raise error(f"{path}: {what}listed in {listed_in} but missing")
+    got = sha256_file(path)
+    if got != sha256:
+        raise error(
+            f"{path}: sha256 {got[:12]}... does not match {hashed_in or listed_in} ({sha256[:12]}...){hint}"
+        )
+    return got

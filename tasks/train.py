@@ -13,31 +13,19 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pfactory.train.data import LoaderFactory
+from typing import Any
 
 
-def run(
-    params: Any,
-    data: Path,
-    out: Path,
-    track: bool = True,
-    max_steps: int | None = None,
-    *,
-    loader_factory: LoaderFactory | None = None,
-    progress: bool | None = None,
-) -> dict[str, Any]:
+def run(params: Any, data: Path, out: Path, track: bool = True, **options: Any) -> dict[str, Any]:
     """Train `params.model` with `params.train` on `data`, writing into `out`; returns the summary.
 
-    `max_steps` overrides `train.max_steps`. `loader_factory` replaces the shard loader (tests).
-    `progress`: show the rich bar (default: when stderr is a terminal).
+    `options` go to `pfactory.train.trainer.Trainer`: `max_steps` (overrides `train.max_steps`),
+    `loader_factory` (replaces the shard loader: tests), `progress` (the rich bar; default: when
+    stderr is a terminal).
     """
     from pfactory.train.trainer import Trainer
 
-    trainer = Trainer(params, data, out, track, max_steps, loader_factory=loader_factory, progress=progress)
-    return trainer.train()
+    return Trainer(params, data, out, track, **options).train()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -60,6 +60,7 @@ from pfactory.data.shards import (
     arrow_schema,
 )
 from pfactory.fsutil import sha256_bytes, sha256_file
+from pfactory.sensors.checks import rel_path
 from pfactory.sensors.datasets import open_dataset
 from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.frame import Frame
@@ -171,13 +172,6 @@ def frame_files(dataset: Any, frame_id: str) -> list[tuple[str, Path]]:
             with contextlib.suppress(DatasetError):
                 named.append((str(sd.get("filename")), dataset.resolve(sd.get("filename"), "filename")))
     return [(name, p) for name, p in named if p.is_file()]
-
-
-def _rel(path: Path | str, root: Path) -> str:
-    try:
-        return Path(path).resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return str(path)
 
 
 def hash_frame(files: list[tuple[str, Path]], known: dict[Path, bytes] | None = None) -> str:
@@ -326,7 +320,7 @@ class _Run:
     def _problem(self, p: _Pending, file: Path, field_: str, reason: str) -> dict[str, str]:
         return {
             "frame_id": p.frame.frame_id,
-            "file": _rel(file, self.root),
+            "file": rel_path(file, self.root, resolve=True),
             "reason": f"{field_}: expected {reason}",
         }
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
-from pfactory.fsutil import sha256_bytes, sha256_file
+from pfactory.fsutil import check_listed_file, sha256_bytes, sha256_file
 
 
 class EvaluateInputError(ValueError):
@@ -113,16 +113,10 @@ def plan_units(root: Path, shards: list[dict[str, Any]], slice_frames: int) -> l
 
 
 def _checked_file(path: Path, sha256: str, listed_in: str, hashed_in: str, hint: str, what: str = "") -> str:
-    """`path`'s sha256 when the file exists and matches the `sha256` its manifest lists; else an
-    EvaluateInputError naming the file, where it is listed and both hashes."""
-    if not path.is_file():
-        raise EvaluateInputError(f"{path}: {what}listed in {listed_in} but missing")
-    got = sha256_file(path)
-    if got != sha256:
-        raise EvaluateInputError(
-            f"{path}: sha256 {got[:12]}... does not match {hashed_in} ({sha256[:12]}...){hint}"
-        )
-    return got
+    """`path`'s sha256 when it exists and matches its manifest; else an EvaluateInputError (fsutil)."""
+    return check_listed_file(
+        path, sha256, listed_in, EvaluateInputError, hashed_in=hashed_in, hint=hint, what=what
+    )
 
 
 def _optimized_spec(

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
-from pfactory.fsutil import sha256_file
+from pfactory.fsutil import check_listed_file, sha256_file
 from pfactory.inference.errors import ArtifactError
 
 # File names: pfactory/artifacts.py (the one home of every stage's output layout).
@@ -92,11 +92,5 @@ def find_artifact(manifest: dict[str, Any], backend: str, precision: str | None)
 def verify_file(optimized_dir: str | Path, relpath: str, expected_sha256: str) -> Path:
     """The path of `relpath`, after checking its sha256 against the manifest (corrupt/swapped files)."""
     path = Path(optimized_dir) / relpath
-    if not path.is_file():
-        raise ArtifactError(f"{path}: listed in {MANIFEST} but missing")
-    got = sha256_file(path)
-    if got != expected_sha256:
-        raise ArtifactError(
-            f"{path}: sha256 {got[:12]}... does not match {MANIFEST} ({expected_sha256[:12]}...)"
-        )
+    check_listed_file(path, expected_sha256, MANIFEST, ArtifactError)
     return path

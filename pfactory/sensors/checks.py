@@ -34,6 +34,17 @@ INTENSITY_RANGE = {"kitti": (0.0, 1.0), "nuscenes": (0.0, 255.0)}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
+class Problems(list):
+    """The problems of one frame: `add(path, field, reason)` records one, the path relative to `root`."""
+
+    def __init__(self, frame_id: str, root: Path) -> None:
+        super().__init__()
+        self.frame_id, self.root = frame_id, root
+
+    def add(self, path: Path | str, field: str, reason: str) -> None:
+        self.append(problem(self.frame_id, rel_path(path, self.root), field, reason))
+
+
 def problem(frame_id: str | None, file: str | Path, field: str, reason: str) -> Problem:
     return {"frame_id": frame_id, "file": str(file), "field": field, "reason": reason}
 
@@ -165,10 +176,13 @@ def orthonormal(R: np.ndarray) -> bool:
     return bool(np.abs(R @ R.T - np.eye(3)).max() < ORTHONORMAL_TOL and np.linalg.det(R) > 0)
 
 
-def rel_path(path: Path | str, root: Path) -> str:
-    """`path` relative to `root` when inside it (posix), else as given."""
+def rel_path(path: Path | str, root: Path, resolve: bool = False) -> str:
+    """`path` relative to `root` when inside it (posix), else as given. `resolve`: compare the two
+    after resolving links and `..` (a dataset reached through a symlink)."""
     p = Path(path)
     try:
+        if resolve:
+            return p.resolve().relative_to(Path(root).resolve()).as_posix()
         return p.relative_to(root).as_posix()
     except ValueError:
         return str(p)

@@ -24,12 +24,12 @@ from pfactory.sensors.checks import (
     IMAGE_SUFFIXES,
     FrameCheck,
     Problem,
+    Problems,
     check_points_bytes,
     check_principal_point,
     decode_image_checked,
     finish_check,
     orthonormal,
-    problem,
     rel_path,
 )
 from pfactory.sensors.errors import DatasetError
@@ -531,10 +531,8 @@ def _inspect_kitti(
     ds: KittiDataset, frame_id: str, min_points: int, keep_images: bool, decode: bool = True
 ) -> FrameCheck:
     root = ds.root
-    probs: list[Problem] = []
-
-    def add(path: Path | str, field: str, reason: str) -> None:
-        probs.append(problem(frame_id, rel_path(path, root), field, reason))
+    probs = Problems(frame_id, root)
+    add = probs.add
 
     idx = _kitti_index(ds)
     key = _kitti_key(frame_id)

@@ -35,6 +35,7 @@ from pfactory.geometry import (
 from pfactory.sensors.checks import (
     FrameCheck,
     Problem,
+    Problems,
     check_points_bytes,
     check_principal_point,
     decode_image_checked,
@@ -511,11 +512,9 @@ def _inspect_nuscenes(
     ds: NuScenesDataset, frame_id: str, min_points: int, keep_images: bool, decode: bool = True
 ) -> FrameCheck:
     root = ds.root
-    probs: list[Problem] = []
+    probs = Problems(frame_id, root)
+    add = probs.add
     tdir = ds.table_dir
-
-    def add(path: Path | str, field: str, reason: str) -> None:
-        probs.append(problem(frame_id, rel_path(path, root), field, reason))
 
     if frame_id not in ds.tables["sample"]:
         add(tdir / "sample.json", "token", f"a sample with token {frame_id!r}")
