@@ -15,7 +15,7 @@ assembles them:
 Values more than one stage uses are declared once (`SHARED`) and flow to the others: the training
 classes and point-cloud range live in `prepare` (the model takes them from the prepared manifest),
 the detection score threshold in `evaluate` (train's validation and optimize's parity use it).
-Setting one of them in a second place is an error that names the one home.
+Setting one of them in a second place to another value is an error that names the one home.
 
 `load_params(path, overrides)` reads the YAML, applies DVC-style overrides
 (`-S section.key=value`, value parsed as YAML, optional `params.yaml:` prefix) and validates
@@ -80,12 +80,20 @@ class Params(Section):
     @model_validator(mode="before")
     @classmethod
     def _shared_set_once(cls, data: Any) -> Any:
+        # A copy that repeats its home's value is harmless (a dumped section written back); a copy that
+        # differs would silently lose to the home: refuse it, naming both.
         if isinstance(data, dict):
             for used, home in SHARED.items():
-                if _get(data, used) is not None:
+                value = _get(data, used)
+                if value is None:
+                    continue
+                expected = _get(data, home)
+                if expected is None:
+                    expected = _get(cls.model_fields[home[0]].default_factory(), home[1:])
+                if value != expected:
                     raise ValueError(
-                        f"{'.'.join(used)} is not set here: it is {'.'.join(home)} (declared once, "
-                        "shared by the stages that use it)"
+                        f"{'.'.join(used)} = {value!r} is not set here: it is {'.'.join(home)} = {expected!r} "
+                        "(declared once, shared by the stages that use it)"
                     )
         return data
 
