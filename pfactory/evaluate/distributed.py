@@ -3,10 +3,10 @@
 Driver side (the stage's process):
     with dask_client(address, workers, threads) as (client, where):
         stats = run_units(client, spec, data, units, on_result)   # on_result(UnitResult) as each unit lands
-`dask_client` opens a `LocalCluster` (worker processes with a nanny each, `host=127.0.0.1`, no dashboard,
-scratch under `DASK_TEMPORARY_DIRECTORY`) for `address` None or "local:N", or connects to a scheduler
-address. `run_units` submits every unit, streams results back with `as_completed` and hands each one to
-`on_result` in *completion* order; callers make their files order-independent (pfactory.evaluate.predictions).
+`dask_client` and the loop under `run_units` are `pfactory.cluster`'s (shared with the prepare stage): a
+`LocalCluster` for `address` None or "local:N", else a connection to that scheduler; every unit submitted,
+results streamed back and handed to `on_result` in *completion* order; callers make their files
+order-independent (pfactory.evaluate.predictions).
 
 Worker side: `infer_unit(spec, data, unit)` reads the unit's rows with the loader's reader and batching
 (`BatchSource` + `collate` + `batch_to_feed`: exactly the feeds optimize's parity check used), runs the
@@ -21,17 +21,15 @@ workers; a unit is a pure function of (model file, shard rows), so the redone re
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pfactory import cluster
 from pfactory.evaluate.inputs import DataSpec, RunnerSpec, WorkUnit
 
 _MODELS: dict[tuple, Any] = {}
@@ -95,50 +93,12 @@ class RunStats:
 
 
 # ------------------------------------------------------------------------------------------------
-# Cluster
+# Cluster (pfactory.cluster: shared with the prepare stage)
 
 
-@contextlib.contextmanager
-def dask_client(address: str | None, workers: int, threads_per_worker: int) -> Iterator[tuple[Any, str]]:
-    """`(Client, description)` for `address`: None / "local:N" -> a LocalCluster of `workers` / N worker
-    processes (closed on exit); anything else -> a connection to that scheduler (left running)."""
-    from distributed import Client, LocalCluster
-
-    if address is None or address.startswith("local:"):
-        n = workers if address is None else int(address.removeprefix("local:"))
-        scratch = os.environ.get("DASK_TEMPORARY_DIRECTORY")  # configure_environment: inside the project
-        cluster = LocalCluster(
-            n_workers=n,
-            threads_per_worker=threads_per_worker,
-            processes=True,  # one GIL and one ORT/PyTorch pool per worker
-            host="127.0.0.1",
-            dashboard_address=None,
-            local_directory=scratch,
-            # Task errors reach the driver as exceptions; what the workers log at close (heartbeats
-            # racing the scheduler's shutdown: CommClosedError tracebacks) is noise.
-            silence_logs=logging.CRITICAL,
-        )
-        try:
-            with Client(cluster) as client:
-                yield client, f"local:{n}"
-        finally:
-            cluster.close()
-    else:
-        import dask
-
-        try:  # connect timeout: Dask's `distributed.comm.timeouts.connect` (30 s by default)
-            client = Client(address, timeout=dask.config.get("distributed.comm.timeouts.connect"))
-        except OSError as e:
-            raise ConnectionError(
-                f"evaluate.dask_address {address!r}: no Dask scheduler answered ({e})"
-            ) from e
-        with client:
-            yield client, address
-
-
-def cluster_slots(client: Any) -> int:
-    """Worker threads of the cluster (sum of nthreads)."""
-    return sum(client.nthreads().values()) or 1
+def dask_client(address: str | None, workers: int, threads_per_worker: int) -> Any:
+    """`pfactory.cluster.dask_client` for evaluate (errors name `evaluate.dask_address`)."""
+    return cluster.dask_client(address, workers, threads_per_worker, "evaluate.dask_address")
 
 
 def preload(client: Any, spec: RunnerSpec, data: DataSpec) -> dict[str, float]:
@@ -151,27 +111,13 @@ def _preload(spec: RunnerSpec, data: DataSpec) -> float:
     t0 = time.perf_counter()
     import torch  # noqa: F401  (what infer_unit imports first)
 
-    _load_model(spec, _worker_threads())
+    _load_model(spec, cluster.worker_threads())
     _source(data)
     return time.perf_counter() - t0
 
 
-def worker_pids(client: Any) -> dict[str, int]:
-    """Process id of every worker (`{address: pid}`)."""
-    return client.run(os.getpid)
-
-
 # ------------------------------------------------------------------------------------------------
 # Worker side
-
-
-def _worker_threads() -> int:
-    try:
-        from distributed import get_worker
-
-        return int(get_worker().state.nthreads)
-    except (ImportError, ValueError, AttributeError):  # not inside a Dask worker (direct call, tests)
-        return 1
 
 
 def _load_model(spec: RunnerSpec, threads: int) -> tuple[Any, float]:
@@ -227,7 +173,7 @@ def infer_unit(spec: RunnerSpec, data: DataSpec, unit: WorkUnit) -> UnitResult:
     from pfactory.inference.calibration import batch_to_feed
     from pfactory.model.inference import frames_from_batch
 
-    threads = _worker_threads()
+    threads = cluster.worker_threads()
     try:
         runner, load_s = _load_model(spec, threads)
         source = _source(data)
@@ -271,12 +217,7 @@ def infer_unit(spec: RunnerSpec, data: DataSpec, unit: WorkUnit) -> UnitResult:
         ) from e
     compute_s = time.perf_counter() - t_start
     timings = {"load_s": load_s, "read_s": read_s, "infer_s": infer_s, "compute_s": compute_s}
-    worker = ""
-    with contextlib.suppress(ImportError, ValueError):
-        from distributed import get_worker
-
-        worker = get_worker().address
-    return UnitResult(unit.index, spec.kind, ids, gts, preds, timings, worker, os.getpid())
+    return UnitResult(unit.index, spec.kind, ids, gts, preds, timings, cluster.worker_address(), os.getpid())
 
 
 def _group_of(source: Any, row: int) -> int:
@@ -298,34 +239,22 @@ def run_units(
 ) -> RunStats:
     """Submit one task per unit, call `on_result` for each as it completes; returns the run's figures.
 
-    A task that raises cancels the rest and raises `EvaluateTaskError` with the worker's message.
+    A task that raises cancels the rest and raises `EvaluateTaskError` with the worker's message
+    (`pfactory.cluster.run_tasks`).
     """
-    from distributed import as_completed
-
-    slots = cluster_slots(client)
-    tag = uuid.uuid4().hex[:8]  # keys unique per run: a shared scheduler may hold an older run's keys
-    t0 = time.perf_counter()
-    futures = [
-        client.submit(infer_unit, spec, data, u, key=f"evaluate-{spec.kind}-{tag}-{u.index:05d}", pure=False)
-        for u in units
-    ]
-    compute = load = 0.0
+    load = 0.0
     frames = 0
     used: set[str] = set()
-    try:
-        for fut in as_completed(futures):
-            try:
-                res: UnitResult = fut.result()
-            except EvaluateTaskError:
-                raise
-            except Exception as e:  # KilledWorker (a unit killed its workers 3 times), lost scheduler, ...
-                raise EvaluateTaskError(f"{spec.name}: task {fut.key} failed: {type(e).__name__}: {e}") from e
-            compute += res.timings["compute_s"]
-            load += res.timings["load_s"]
-            frames += len(res.frame_ids)
-            used.add(res.worker)
-            on_result(res)
-    except BaseException:
-        client.cancel(futures)
-        raise
-    return RunStats(time.perf_counter() - t0, len(units), frames, slots, compute, load, sorted(used))
+
+    def got(_: cluster.Task, res: UnitResult) -> None:
+        nonlocal load, frames
+        load += res.timings["load_s"]
+        frames += len(res.frame_ids)
+        used.add(res.worker)
+        on_result(res)
+
+    tasks = [cluster.Task(f"evaluate-{spec.kind}", u.index, infer_unit, (spec, data, u)) for u in units]
+    loop = cluster.run_tasks(
+        client, tasks, got, EvaluateTaskError, spec.name, lambda r: r.timings["compute_s"]
+    )
+    return RunStats(loop.wall_s, len(units), frames, loop.slots, loop.compute_s, load, sorted(used))

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
+from pfactory.cluster import check_address
 from pfactory.section import NonNegInt, PositiveInt, Section
 
 
@@ -67,11 +68,7 @@ class EvaluateParams(Section):
     @field_validator("dask_address")
     @classmethod
     def _address(cls, v: str | None) -> str | None:
-        if v is not None and v.startswith("local:"):
-            n = v.removeprefix("local:")
-            if not n.isdigit() or int(n) < 1:
-                raise ValueError(f"'local:N' with N >= 1 workers, got {v!r}")
-        return v
+        return check_address(v)
 
     @property
     def range_buckets_m(self) -> tuple[tuple[float, float], ...]:
