@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from pfactory.cluster import check_address
 from pfactory.section import Fraction, PositiveInt, Section, check_pc_range
 
 DEFAULT_CLASS_MAP: dict[str, str] = {
@@ -25,6 +26,10 @@ DEFAULT_CLASS_MAP: dict[str, str] = {
     "human.pedestrian.police_officer": "Pedestrian",
     "vehicle.bicycle": "Cyclist",
 }
+
+
+SCALE_OUT = ("dask_address", "workers", "threads_per_worker", "unit_frames")
+"""PrepareParams fields that say where the work runs, not what it computes (not in the manifest)."""
 
 
 class PrepareParams(Section):
@@ -59,7 +64,26 @@ class PrepareParams(Section):
     """The stage fails when more than this share of frames is refused."""
     batch_size: PositiveInt = 16
     num_threads: PositiveInt = 2
+    """DALI and read threads of a run in one process (on Dask: `threads_per_worker`)."""
     device: Literal["auto", "cpu", "gpu"] = "auto"
+    # Scale-out (docs/DATA.md, "Preparing on a Dask cluster"). None of these changes a byte of the output,
+    # so they are left out of the manifest's params (SCALE_OUT): 1 worker and N workers write the same files.
+    dask_address: str | None = None
+    """Scheduler address (`tcp://host:8786`) of an existing Dask cluster, or `local:N` for a LocalCluster of
+    N workers; null = this process (today's single-machine path) when `workers` is 1, else a LocalCluster of
+    `workers`. Remote workers must reach the raw data and the output (object storage, or the same paths)."""
+    workers: PositiveInt = 1
+    """LocalCluster worker processes when `dask_address` is null (1 = no cluster: prepare in this process)."""
+    threads_per_worker: PositiveInt = 1
+    """Dask threads per worker = DALI + read threads of each work unit on it."""
+    unit_frames: PositiveInt = 16
+    """A work unit: this many consecutive frame ids (never one frame). 16 frames = one DALI batch, ~0.5-1 s
+    on one core for the default sizes, against Dask's ~1 ms per task; memory per worker is bounded by it."""
+
+    @field_validator("dask_address")
+    @classmethod
+    def _address(cls, v: str | None) -> str | None:
+        return check_address(v)
 
     @field_validator("pc_range")
     @classmethod

@@ -48,7 +48,7 @@ import numpy as np
 from pfactory.data.camera import CameraBatchError, CameraPipeline, ResizeGeometry, resize_geometry
 from pfactory.data.errors import RejectFractionExceeded
 from pfactory.data.lidar import LidarResult, process_lidar, reference_transform
-from pfactory.data.params import PrepareParams
+from pfactory.data.params import SCALE_OUT, PrepareParams
 from pfactory.data.shards import (
     MANIFEST,
     REJECTED,
@@ -462,13 +462,78 @@ class _ReadResult:
     lidar: LidarResult | None = None
 
 
+def new_run(dataset: Any, params: PrepareParams, staging: Path | None, writers: dict, threads: int) -> _Run:
+    """A `_Run` over `dataset` whose frames go to `writers` (split -> an object with `add(PreparedFrame)`):
+    the shards' `SplitWriter`s in one process, a unit's piece writers on a Dask worker."""
+    camera = camera_pipeline(params, threads)
+    return _Run(dataset, Path(dataset.root), params, staging, camera, writers)  # type: ignore[arg-type]
+
+
+_CAMERAS: dict[tuple, CameraPipeline] = {}
+
+
+def camera_pipeline(params: PrepareParams, threads: int) -> CameraPipeline:
+    """The DALI camera pipeline of `params` with `threads` threads, built once per process (a Dask worker
+    runs many units: the pipeline is built at its first batch and reused)."""
+    key = (
+        tuple(params.image_size), tuple(params.image_mean), tuple(params.image_std),
+        params.batch_size, threads, params.device,
+    )  # fmt: skip
+    if key not in _CAMERAS:
+        W, H = params.image_size
+        _CAMERAS[key] = CameraPipeline(
+            (W, H), params.image_mean, params.image_std, params.batch_size, threads, params.device
+        )
+    return _CAMERAS[key]
+
+
+def stream_frames(
+    run: _Run,
+    ids: list[str],
+    first_index: int,
+    threads: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[str]:
+    """Run frames `ids` (global indices `first_index`, ...) through `run`: checks + read + lidar on
+    `threads` read workers, camera on DALI, rows to `run.writers` in dataset order. Returns the
+    `frame_id \t input sha256` lines of the frames, in order (the manifest's source digest)."""
+    digests = []
+    # Read-ahead: at most `read_ahead` frames are being read/checked by the workers, so memory
+    # stays bounded; results are taken in dataset order.
+    read_ahead = 2 * threads
+    trim = _malloc_trim()
+    B = run.params.batch_size
+    with ThreadPoolExecutor(threads, thread_name_prefix="prepare-read") as pool:
+        futures: deque[Future[_ReadResult]] = deque()
+        next_id = 0
+        for i in range(len(ids)):
+            while next_id < len(ids) and len(futures) < read_ahead:
+                futures.append(pool.submit(run.read_frame, first_index + next_id, ids[next_id]))
+                next_id += 1
+            t0 = time.perf_counter()
+            rr = futures.popleft().result()
+            run.seconds["read_wait"] += time.perf_counter() - t0
+            digests.append(f"{rr.frame_id}\t{rr.digest}")
+            run.accept(rr)
+            run.pump()
+            if trim is not None and i % B == B - 1:
+                trim()  # keep the resident set flat (see `_malloc_trim`)
+            if progress is not None:
+                progress(i + 1, len(ids))
+    run.pump(drain=True)
+    run.flush()
+    assert not run.pending and not run.queue, "frames left behind in the camera queue"
+    return digests
+
+
 def prepare_dataset(
     raw: str | Path,
     out: str | Path,
     params: PrepareParams,
     progress: Callable[[int, int], None] | None = None,
 ) -> PrepareResult:
-    """Prepare `raw` into `out` (see the module docstring); returns the manifest and metrics.
+    """Prepare `raw` into `out` in this process (see the module docstring); returns the manifest and
+    metrics. `pfactory.data.scaleout` is the same work in units on a Dask cluster, same bytes.
 
     Raises DatasetError when `raw` is not a dataset, and RejectFractionExceeded (after
     writing everything, with `"passed": false` in the manifest) when too many frames are refused.
@@ -483,91 +548,99 @@ def prepare_dataset(
         raise DatasetError(raw, "frames", "at least one frame, found none")
     W, H = params.image_size
     schema = arrow_schema((3, H, W))
-    camera = CameraPipeline(
-        (W, H), params.image_mean, params.image_std, params.batch_size, params.num_threads, params.device
-    )
     with staging_directory(out) as tmp:
         writers = {s: SplitWriter(tmp, s, schema, params.shard_max_frames, params.batch_size) for s in SPLITS}
-        run = _Run(dataset, Path(dataset.root), params, tmp, camera, writers)
-        digests = []
-        # Read-ahead: at most `read_ahead` frames are being read/checked by the workers, so
-        # memory stays bounded; results are taken in dataset order.
-        read_ahead = 2 * params.num_threads
-        trim = _malloc_trim()
-        with ThreadPoolExecutor(params.num_threads, thread_name_prefix="prepare-read") as pool:
-            futures: deque[Future[_ReadResult]] = deque()
-            next_id = 0
-            for i in range(len(ids)):
-                while next_id < len(ids) and len(futures) < read_ahead:
-                    futures.append(pool.submit(run.read_frame, next_id, ids[next_id]))
-                    next_id += 1
-                t0 = time.perf_counter()
-                rr = futures.popleft().result()
-                run.seconds["read_wait"] += time.perf_counter() - t0
-                digests.append(f"{rr.frame_id}\t{rr.digest}")
-                run.accept(rr)
-                run.pump()
-                if trim is not None and i % params.batch_size == params.batch_size - 1:
-                    trim()  # keep the resident set flat (see `_malloc_trim`)
-                if progress is not None:
-                    progress(i + 1, len(ids))
-        run.pump(drain=True)
-        run.flush()
-        assert not run.pending and not run.queue, "frames left behind in the camera queue"
+        run = new_run(dataset, params, tmp, writers, params.num_threads)
+        digests = stream_frames(run, ids, 0, params.num_threads, progress)
         t0 = time.perf_counter()
         shards = {s: w.close() for s, w in writers.items()}
         run.seconds["write"] += time.perf_counter() - t0
-
         t0 = time.perf_counter()
-        rejected = [r for _, r in sorted(run.rejected, key=lambda x: x[0])]
-        (tmp / REJECTED).write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rejected))
         for infos in shards.values():
             for s in infos:
                 s.bytes = (tmp / s.file).stat().st_size
                 s.sha256 = sha256_file(tmp / s.file)
-        run.seconds["hash"] += time.perf_counter() - t0
-
-        n_ok = sum(s.frames for infos in shards.values() for s in infos)
-        passed = len(rejected) <= params.max_reject_fraction * len(ids)
-        input_digest = sha256_bytes(("\n".join(digests) + f"\ntables\t{tables_digest(dataset)}").encode())
-        manifest = _manifest(
+        manifest, rejected = write_outputs(
+            tmp,
             params,
-            dataset,
+            dataset.layout,
             ids,
-            input_digest,
+            digests,
+            tables_digest(dataset),
             shards,
-            rejected,
-            sha256_file(tmp / REJECTED),
-            sorted(run.cameras),
-            passed,
+            run.rejected,
+            run.cameras,
         )
-        assert n_ok + len(rejected) == len(ids), "every frame is either in a shard or refused"
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        run.seconds["hash"] += time.perf_counter() - t0
+    counts = {"images": run.images, "points_in": run.points_in, "points_out": run.points_out}
+    return finish(out, manifest, rejected, ids, params, counts, run.seconds, time.perf_counter() - t_start)
 
-    total = time.perf_counter() - t_start
+
+def write_outputs(
+    tmp: Any,
+    params: PrepareParams,
+    layout: str,
+    ids: list[str],
+    digests: list[str],
+    tables: str | None,
+    shards: dict[str, list[ShardInfo]],
+    rejected_at: list[tuple[int, dict[str, str]]],
+    cameras: set[str],
+) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """Write `rejected.jsonl`, then `manifest.json` (last: its presence marks a complete output) into the
+    build directory `tmp` (a Path, or anything with `write_bytes(rel, data)`: `pfactory.data.storage`).
+
+    `rejected_at`: (global frame index, refusal) pairs in any order; `digests`: `frame_id \t sha256`
+    lines in dataset order; `shards` with their bytes and sha256 filled in."""
+    rejected = [r for _, r in sorted(rejected_at, key=lambda x: x[0])]
+    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejected).encode()
+    put = tmp.write_bytes if not isinstance(tmp, Path) else (lambda rel, b: (tmp / rel).write_bytes(b))
+    put(REJECTED, data)
+    n_ok = sum(s.frames for infos in shards.values() for s in infos)
+    passed = len(rejected) <= params.max_reject_fraction * len(ids)
+    input_digest = sha256_bytes(("\n".join(digests) + f"\ntables\t{tables}").encode())
+    manifest = _manifest(
+        params, layout, ids, input_digest, shards, rejected, sha256_bytes(data), sorted(cameras), passed
+    )
+    assert n_ok + len(rejected) == len(ids), "every frame is either in a shard or refused"
+    put(MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    return manifest, rejected
+
+
+def finish(
+    out: Any,
+    manifest: dict[str, Any],
+    rejected: list[dict[str, str]],
+    ids: list[str],
+    params: PrepareParams,
+    counts: dict[str, int],
+    seconds: dict[str, float],
+    total: float,
+    extra: dict[str, float] | None = None,
+) -> PrepareResult:
+    """The run's `PrepareResult` (metrics), or RejectFractionExceeded when it did not pass."""
     metrics = {
         "frames_total": len(ids),
         "frames_train": manifest["counts"]["train"],
         "frames_val": manifest["counts"]["val"],
         "frames_rejected": len(rejected),
-        "images": run.images,
-        "points_in": run.points_in,
-        "points_out": run.points_out,
+        **counts,
         "seconds_total": total,
         "frames_per_s": len(ids) / total if total > 0 else 0.0,
-        **{f"seconds_{k}": v for k, v in run.seconds.items()},
+        **{f"seconds_{k}": v for k, v in seconds.items()},
+        **(extra or {}),
     }
     result = PrepareResult(out, manifest, rejected, metrics)
-    if not passed:
+    if not manifest["passed"]:
         raise RejectFractionExceeded(
-            len(rejected), len(ids), params.max_reject_fraction, str(out / REJECTED), result
+            len(rejected), len(ids), params.max_reject_fraction, f"{out}/{REJECTED}", result
         )
     return result
 
 
 def _manifest(
     params: PrepareParams,
-    dataset: Any,
+    layout: str,
     ids: list[str],
     input_digest: str,
     shards: dict[str, list[ShardInfo]],
@@ -586,7 +659,7 @@ def _manifest(
         "schema_version": SCHEMA_VERSION,
         "passed": passed,
         "counts": {**counts, "rejected": len(rejected), "total": len(ids)},
-        "source": {"layout": dataset.layout, "frames": len(ids), "sha256": input_digest},
+        "source": {"layout": layout, "frames": len(ids), "sha256": input_digest},
         "image": {
             "shape": [3, H, W],
             "dtype": "float16",
@@ -615,7 +688,7 @@ def _manifest(
             for s in SPLITS
         },
         "rejected": {"file": REJECTED, "count": len(rejected), "sha256": rejected_sha},
-        "params": params.model_dump(mode="json"),
+        "params": params.model_dump(mode="json", exclude=set(SCALE_OUT)),
         "versions": versions,
     }
     if not passed:

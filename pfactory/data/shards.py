@@ -316,6 +316,7 @@ class SplitWriter:
     schema: pa.Schema
     max_frames: int
     row_group_frames: int
+    first_shard: int = 0  # number of the first shard written (a Dask shard task writes shard k alone)
     shards: list[ShardInfo] = field(default_factory=list)
     _buffer: list[PreparedFrame] = field(default_factory=list)
     _writer: pq.ParquetWriter | None = None
@@ -337,7 +338,7 @@ class SplitWriter:
             return
         t0 = time.perf_counter()
         if self._writer is None:
-            rel = f"{self.split}/shard-{len(self.shards):05d}.parquet"
+            rel = f"{self.split}/shard-{self.first_shard + len(self.shards):05d}.parquet"
             (self.root / self.split).mkdir(parents=True, exist_ok=True)
             self._writer = pq.ParquetWriter(
                 self.root / rel, self.schema, compression=COMPRESSION, compression_level=COMPRESSION_LEVEL

@@ -409,31 +409,55 @@ def _kitti_key(stem: str) -> str:
     return str(int(s)) if s.isdigit() else s
 
 
+def kitti_names_index(names: dict[str, list[str]]) -> dict[str, dict[str, list[str]]]:
+    """part -> frame key -> the file names in that part that name that frame, from the file names of each
+    part folder (a directory listing, or an object-store listing: `pfactory.data.storage`)."""
+    idx: dict[str, dict[str, list[str]]] = {}
+    for part, ext in KITTI_PARTS.items():
+        suffixes = IMAGE_SUFFIXES if part == "image_2" else (ext,)
+        by_key: dict[str, list[str]] = {}
+        for n in sorted(names.get(part, [])):
+            p = Path(n)
+            if p.suffix.lower() in suffixes:
+                by_key.setdefault(_kitti_key(p.stem), []).append(n)
+        idx[part] = by_key
+    return idx
+
+
+def kitti_ids_from_names(names: dict[str, list[str]]) -> list[str]:
+    """Frame ids of a KITTI split from the file names of its part folders: the ids the reader sees (names
+    with the part's extension) plus the stems of files it would not read (`000001.PNG`)."""
+    ids = {
+        n[: -len(ext)] for part, ext in KITTI_PARTS.items() for n in names.get(part, []) if n.endswith(ext)
+    }
+    for by_key in kitti_names_index(names).values():
+        for files in by_key.values():
+            ids.update(Path(n).stem for n in files)
+    return sorted(ids)
+
+
+def _kitti_file_names(ds: KittiDataset) -> dict[str, list[str]]:
+    return {
+        part: [p.name for p in (ds.root / part).iterdir() if p.is_file()] if (ds.root / part).is_dir() else []
+        for part in KITTI_PARTS
+    }
+
+
 def _kitti_index(ds: KittiDataset) -> dict[str, dict[str, list[Path]]]:
     """part -> frame key -> every file in that part that names that frame."""
     idx = ds._check_index
     if idx is None:
-        idx = {}
-        for part, ext in KITTI_PARTS.items():
-            by_key: dict[str, list[Path]] = {}
-            d = ds.root / part
-            suffixes = IMAGE_SUFFIXES if part == "image_2" else (ext,)
-            if d.is_dir():
-                for p in sorted(d.iterdir()):
-                    if p.suffix.lower() in suffixes and p.is_file():
-                        by_key.setdefault(_kitti_key(p.stem), []).append(p)
-            idx[part] = by_key
+        idx = {
+            part: {k: [ds.root / part / n for n in files] for k, files in by_key.items()}
+            for part, by_key in kitti_names_index(_kitti_file_names(ds)).items()
+        }
         ds._check_index = idx
     return idx
 
 
 def kitti_frame_ids(ds: KittiDataset) -> list[str]:
     """Every frame id the reader sees, plus stems of files it would not read (`000001.PNG`)."""
-    ids = set(ds.frame_ids())
-    for by_key in _kitti_index(ds).values():
-        for files in by_key.values():
-            ids.update(p.stem for p in files)
-    return sorted(ids)
+    return sorted(set(ds.frame_ids()) | set(kitti_ids_from_names(_kitti_file_names(ds))))
 
 
 def calib_problems(text: str) -> tuple[list[tuple[str, str]], dict[str, np.ndarray]]:

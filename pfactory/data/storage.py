@@ -1,0 +1,409 @@
+"""Where the prepare stage reads and writes: local paths or fsspec URLs (`s3://bucket/prefix`, ...).
+
+- `Location`: a directory, local or on object storage; relative names always use `/`. Every write lands
+  atomically: a local file through a temporary sibling + rename, an object through one PUT (an object
+  appears whole or not at all).
+- `build_output(out)`: the build directory of a prepare run, published only when complete. Local: a
+  staging sibling renamed over `out` (`pfactory.data.prepare.staging_directory`, as before). URL: a staging
+  prefix `<parent>/.<name>.partial-<host>-<pid>-<hex>` beside `out`; on success the previous output is
+  unpublished (its manifest.json removed first, then the files it lists), the new files are copied in
+  (server-side copies) and **manifest.json is copied last**: readers require it (`open_prepared`,
+  `fetch_prepared`), so a prefix without one is never read. While a publish runs, the marker
+  `.pfactory-publishing` says the prefix is ours. A prefix that holds objects but neither a manifest nor
+  that marker is refused: prepare does not overwrite data it did not write.
+- `RawSource`: the raw dataset: its layout, frame ids and, on a Dask worker, the files of one work unit. A
+  local directory is read in place (workers need the same path); a URL is listed once by the driver, and
+  each worker downloads only its unit's files into its scratch directory (bounded by the unit size) and
+  runs the same readers and checks on that copy, so a frame refused from a local copy is refused the same
+  way from the bucket, with the same `file` in rejected.jsonl.
+- `fetch_prepared(url, dest)`: a verified local copy of a published prepared prefix (manifest first, every
+  listed file's sha256 checked) for the stages that read shards (train).
+
+Credentials and endpoints come from the environment, as for any fsspec / boto client: `AWS_ACCESS_KEY_ID`,
+`AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL` (an S3-compatible server: MinIO, Ceph, ...), or fsspec's
+`FSSPEC_S3_<OPTION>` variables. Dask workers need the same environment (docs/OPERATIONS.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+PUBLISHING = ".pfactory-publishing"
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """True for fsspec URLs (`s3://...`, `gs://...`, `memory://...`); False for local paths and `file://`."""
+    s = os.fspath(path)
+    return "://" in s and not s.startswith("file://")
+
+
+def scratch_dir() -> Path:
+    """Where downloads and uploads are staged on this machine (Dask's scratch when set, else the temp dir)."""
+    d = Path(os.environ.get("DASK_TEMPORARY_DIRECTORY") or tempfile.gettempdir()) / "pfactory-storage"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+class Location:
+    """A directory: a local path or an fsspec URL. Picklable (the filesystem is re-opened in each process)."""
+
+    def __init__(self, url: str | os.PathLike[str]):
+        s = os.fspath(url)
+        self.url = s.rstrip("/") if is_url(s) else str(Path(s.removeprefix("file://")).absolute())
+        self._fs: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "_fs": None}
+
+    def __repr__(self) -> str:
+        return f"Location({self.url!r})"
+
+    @property
+    def remote(self) -> bool:
+        return is_url(self.url)
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            import fsspec
+
+            self._fs = fsspec.core.url_to_fs(self.url)[0] if self.remote else fsspec.filesystem("file")
+        return self._fs
+
+    def path(self, rel: str = "") -> str:
+        """The filesystem path of `rel` (bucket/key for URLs, an absolute path locally)."""
+        base = self.fs._strip_protocol(self.url) if self.remote else self.url
+        return f"{base}/{rel}" if rel else base
+
+    def child(self, rel: str) -> Location:
+        return Location(f"{self.url}/{rel}")
+
+    def local_path(self, rel: str = "") -> Path:
+        assert not self.remote, self.url
+        return Path(self.path(rel))
+
+    # -- reading --------------------------------------------------------------------------------
+    def exists(self, rel: str = "") -> bool:
+        return bool(self.fs.exists(self.path(rel)))
+
+    def read_bytes(self, rel: str) -> bytes:
+        return bytes(self.fs.cat_file(self.path(rel)))
+
+    def open(self, rel: str, mode: str = "rb") -> Any:
+        return self.fs.open(self.path(rel), mode)
+
+    def files(self, rel: str = "") -> list[str]:
+        """Every file under `rel`, relative to this location, sorted ([] when there is none)."""
+        if self.remote:
+            self.fs.invalidate_cache()
+        base = self.path(rel).rstrip("/")
+        try:
+            found = self.fs.find(base)
+        except FileNotFoundError:
+            return []
+        root = self.path().rstrip("/")
+        return sorted(str(PurePosixPath(p).relative_to(root)) for p in found if p != base)
+
+    def names(self, rel: str) -> list[str]:
+        """Names of the files directly in folder `rel` (sorted; [] when it does not exist)."""
+        if self.remote:
+            self.fs.invalidate_cache()
+        try:
+            entries = self.fs.ls(self.path(rel), detail=True)
+        except FileNotFoundError:
+            return []
+        return sorted(PurePosixPath(e["name"]).name for e in entries if e["type"] == "file")
+
+    def is_dir(self, rel: str) -> bool:
+        return bool(self.fs.isdir(self.path(rel)))
+
+    # -- writing --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def landing(self, rel: str) -> Iterator[Path]:
+        """A local file path to write `rel` to; on exit it lands at `rel` atomically (nothing on error)."""
+        if not self.remote:
+            dest = self.local_path(rel)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}")
+        else:
+            tmp = scratch_dir() / f"up-{os.getpid()}-{os.urandom(6).hex()}-{PurePosixPath(rel).name}"
+        try:
+            yield tmp
+            if self.remote:
+                self.fs.put_file(str(tmp), self.path(rel))
+            else:
+                os.replace(tmp, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        if self.remote:
+            self.fs.pipe_file(self.path(rel), data)
+        else:
+            from pfactory.fsutil import atomic_write_bytes
+
+            atomic_write_bytes(self.local_path(rel), data)
+
+    def remove(self, rel: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self.path(rel))
+
+    def remove_tree(self, rel: str = "") -> None:
+        if not self.remote:
+            shutil.rmtree(self.local_path(rel), ignore_errors=True)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.path(rel), recursive=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Output: build, then publish
+
+
+class OutputError(ValueError):
+    """The output location cannot be written (names it and why)."""
+
+
+def check_output(out: str) -> Location:
+    """The output URL as a Location, refused when it is a bucket root or holds foreign objects."""
+    from pfactory.data.shards import MANIFEST
+
+    target = Location(out)
+    if "/" not in target.path().strip("/"):
+        raise OutputError(
+            f"{out}: output: a prefix inside a bucket (s3://bucket/prepared), not a bucket root"
+        )
+    files = target.files()
+    if files and MANIFEST not in files and PUBLISHING not in files:
+        raise OutputError(
+            f"{out}: output: an empty prefix or a prepared output (with {MANIFEST}); it holds "
+            f"{len(files)} objects that prepare did not write (e.g. {files[0]}): choose another --out"
+        )
+    return target
+
+
+def _remove_stale_remote(parent: Location, name: str) -> None:
+    """Remove `.<name>.partial-<this host>-<pid>-*` prefixes left by dead runs on this machine."""
+    from pfactory.data.prepare import _pid_alive
+
+    host = socket.gethostname()
+    mark = f".{name}.partial-{host}-"
+    with contextlib.suppress(FileNotFoundError):
+        for entry in parent.fs.ls(parent.path(), detail=False):
+            base = PurePosixPath(entry).name
+            if not base.startswith(mark):
+                continue
+            pid = base.removeprefix(mark).split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                parent.remove_tree(base)
+
+
+@contextlib.contextmanager
+def build_output(out: str | os.PathLike[str]) -> Iterator[Location]:
+    """The build directory of `out` (see the module docstring); published when the body completes."""
+    if not is_url(out):
+        from pfactory.data.prepare import staging_directory
+
+        with staging_directory(Path(out)) as tmp:
+            yield Location(tmp)
+        return
+    target = check_output(os.fspath(out))
+    parent_url, name = target.url.rsplit("/", 1)
+    parent = Location(parent_url)
+    _remove_stale_remote(parent, name)
+    staging = parent.child(f".{name}.partial-{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        yield staging
+    except BaseException:
+        staging.remove_tree()
+        raise
+    publish(staging, target)
+
+
+def publish(staging: Location, target: Location) -> None:
+    """Move a complete build at `staging` to `target`, manifest.json last (module docstring)."""
+    from pfactory.data.shards import MANIFEST, REJECTED
+
+    files = staging.files()
+    if MANIFEST not in files:
+        raise OutputError(f"{staging.url}: no {MANIFEST}: the build is not complete, nothing published")
+    target.write_bytes(
+        PUBLISHING, b"a prepare run is publishing this prefix; incomplete until manifest.json\n"
+    )
+    if target.exists(MANIFEST):
+        old = json.loads(target.read_bytes(MANIFEST))
+        target.remove(MANIFEST)  # unpublished first: no reader sees old and new files mixed
+        listed = [s["file"] for split in old.get("splits", {}).values() for s in split.get("shards", [])]
+        for rel in {*listed, REJECTED} - set(files):
+            target.remove(rel)
+    for rel in files:
+        if rel != MANIFEST:
+            target.fs.copy(staging.path(rel), target.path(rel))
+    target.fs.copy(staging.path(MANIFEST), target.path(MANIFEST))
+    target.remove(PUBLISHING)
+    staging.remove_tree()
+
+
+def fetch_prepared(url: str, dest: Path) -> Path:
+    """A local copy of the published prepared output at `url` in `dest`, every file checked against the
+    manifest's sha256 (a copy already there with the same manifest is reused). Raises SchemaError when
+    `url` holds no manifest (not published, or still publishing) or a file does not match it."""
+    from pfactory.data.errors import SchemaError
+    from pfactory.data.shards import MANIFEST, REJECTED, check_schema_version
+    from pfactory.fsutil import atomic_directory, sha256_file
+
+    src = Location(url)
+    if not src.exists(MANIFEST):
+        raise SchemaError(f"{url}: no {MANIFEST}; not a published prepared output (run `factory prepare`)")
+    raw = src.read_bytes(MANIFEST)
+    manifest = json.loads(raw)
+    check_schema_version(manifest.get("schema_version"), f"{url}/{MANIFEST}")
+    if (dest / MANIFEST).is_file() and (dest / MANIFEST).read_bytes() == raw:
+        return dest
+    listed = [(s["file"], s["sha256"]) for split in manifest["splits"].values() for s in split["shards"]]
+    listed.append((REJECTED, manifest["rejected"]["sha256"]))
+    with atomic_directory(dest) as tmp:
+        for rel, want in listed:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            src.fs.get_file(src.path(rel), str(tmp / rel))
+            got = sha256_file(tmp / rel)
+            if got != want:
+                raise SchemaError(f"{url}/{rel}: sha256 {got} does not match {want} in its {MANIFEST}")
+        (tmp / MANIFEST).write_bytes(raw)
+    return dest
+
+
+def local_prepared(data: str | os.PathLike[str], cache: Path) -> Path:
+    """`data` itself when local, else its verified copy under `cache/<name>-<hash of the URL>`."""
+    if not is_url(data):
+        return Path(data)
+    from pfactory.fsutil import sha256_bytes
+
+    url = os.fspath(data).rstrip("/")
+    return fetch_prepared(url, cache / f"{PurePosixPath(url).name}-{sha256_bytes(url.encode())[:12]}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Raw data
+
+
+@dataclass
+class RawSpec:
+    """What a worker needs to open the raw data of its units (picklable)."""
+
+    url: str  # local directory or URL of the dataset root
+    layout: str  # "kitti" | "nuscenes"
+    split_rel: str = ""  # KITTI: the folder holding the parts ("training" or "")
+    dirs: list[str] = field(default_factory=list)  # KITTI over a URL: part folders that exist
+
+    @property
+    def remote(self) -> bool:
+        return is_url(self.url)
+
+
+class RawSource:
+    """The raw dataset of a run, opened by the driver: layout, frame ids, tables digest, unit files."""
+
+    def __init__(self, raw: str | os.PathLike[str]):
+        from pfactory.sensors.errors import DatasetError
+
+        self.url = os.fspath(raw)
+        self.loc = Location(self.url)
+        self._names: dict[str, list[str]] = {}
+        self._index: dict[str, dict[str, list[str]]] = {}
+        if not self.loc.remote:
+            from pfactory.data.prepare import tables_digest
+            from pfactory.sensors.datasets import open_dataset
+            from pfactory.sensors.validate import dataset_frame_ids
+
+            self.dataset = open_dataset(Path(self.url))
+            self.spec = RawSpec(self.loc.url, self.dataset.layout)
+            self.frame_ids = dataset_frame_ids(self.dataset)
+            self.tables = tables_digest(self.dataset)
+            return
+        if not self.loc.is_dir(""):
+            raise DatasetError(self.url, "dataset root", "an existing prefix with objects under it")
+        self._open_remote_kitti()
+
+    @property
+    def layout(self) -> str:
+        return self.spec.layout
+
+    def _open_remote_kitti(self) -> None:
+        from pfactory.sensors.errors import DatasetError
+        from pfactory.sensors.kitti import KITTI_PARTS, kitti_ids_from_names, kitti_names_index
+
+        for cand in ("training", ""):
+            pre = f"{cand}/" if cand else ""
+            if all(self.loc.is_dir(f"{pre}{p}") for p in ("velodyne", "calib", "image_2")):
+                split = cand
+                break
+        else:
+            nuscenes = any(n.startswith("v1.0-") for n in self.loc.fs.ls(self.loc.path(), detail=False))
+            raise DatasetError(
+                self.url,
+                "layout",
+                "a KITTI object layout (training/velodyne, image_2, calib, label_2)"
+                + (" (the nuScenes layout is read from local directories only)" if nuscenes else ""),
+            )
+        pre = f"{split}/" if split else ""
+        self._names = {p: self.loc.names(f"{pre}{p}") for p in KITTI_PARTS}
+        self._index = kitti_names_index(self._names)
+        dirs = [f"{pre}{p}" for p in KITTI_PARTS if self.loc.is_dir(f"{pre}{p}")]
+        self.spec = RawSpec(self.loc.url, "kitti", split, dirs)
+        self.frame_ids = kitti_ids_from_names(self._names)
+        self.tables = None
+
+    def unit_files(self, ids: list[str]) -> list[str]:
+        """Files (relative to the root) a worker downloads for frames `ids` ([] for a local dataset):
+        every file of each part that names one of the frames, so duplicate names are caught as locally."""
+        if not self.loc.remote:
+            return []
+        from pfactory.sensors.kitti import _kitti_key
+
+        pre = f"{self.spec.split_rel}/" if self.spec.split_rel else ""
+        out: set[str] = set()
+        for fid in ids:
+            key = _kitti_key(fid)
+            for part, by_key in self._index.items():
+                out.update(f"{pre}{part}/{n}" for n in by_key.get(key, []))
+        return sorted(out)
+
+
+_DATASETS: dict[tuple[str, str], Any] = {}
+
+
+@contextlib.contextmanager
+def open_unit(spec: RawSpec, run_tag: str, unit: int, files: list[str]) -> Iterator[Any]:
+    """The dataset a worker reads unit `unit` from: the local dataset (opened once per process and run), or
+    a scratch copy of the unit's `files` from the URL (removed afterwards)."""
+    from pfactory.sensors.datasets import open_dataset
+
+    if not spec.remote:
+        key = (spec.url, run_tag)
+        if key not in _DATASETS:
+            _DATASETS.clear()  # one run at a time per worker process keeps one dataset
+            _DATASETS[key] = open_dataset(Path(spec.url))
+        yield _DATASETS[key]
+        return
+    root = scratch_dir() / f"raw-{run_tag}-{unit:05d}-{os.getpid()}"
+    shutil.rmtree(root, ignore_errors=True)
+    try:
+        for d in spec.dirs:
+            (root / d).mkdir(parents=True, exist_ok=True)
+        loc = Location(spec.url)
+        if files:
+            loc.fs.get([loc.path(f) for f in files], [str(root / f) for f in files])
+        yield open_dataset(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
