@@ -209,27 +209,44 @@ def run_cmd(
 @app.command("prepare")
 def prepare_cmd(
     raw: Annotated[
-        Path | None, typer.Option(help="Raw dataset (KITTI or nuScenes layout). Default: paths.raw.")
+        str | None,
+        typer.Option(
+            help="Raw dataset (KITTI or nuScenes layout): a directory or s3://bucket/prefix. Default: paths.raw."
+        ),
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="Output directory for shards. Default: paths.prepared.")
+        str | None,
+        typer.Option(help="Output for shards: a directory or s3://bucket/prefix. Default: paths.prepared."),
+    ] = None,
+    dask: Annotated[
+        str | None,
+        typer.Option(
+            "--dask",
+            help="Run on Dask: local:N (a LocalCluster) or tcp://host:8786. Default: prepare.dask_address.",
+        ),
     ] = None,
     set_param: SetOpt = None,
     params_file: ParamsOpt = Path("params.yaml"),
 ) -> None:
     """Prepare a raw dataset into Parquet shards (+ manifest.json, rejected.jsonl).
 
-    Exit 1 when more than prepare.max_reject_fraction of the frames are refused.
+    With --dask (or prepare.workers > 1) the frames are prepared in units on a Dask cluster; the files are
+    the same bytes as one process writes. Exit 1 when more than prepare.max_reject_fraction of the frames
+    are refused, a task fails on a worker or the scheduler cannot be reached.
     Example: factory prepare --raw ../shared/data/real/kitti --out /tmp/prepared
+    Example: factory prepare --raw s3://bucket/raw/kitti --out s3://bucket/prepared --dask local:2
     """
     import tasks.prepare
 
-    tasks.prepare.main(_stage_argv(params_file, set_param, raw=raw, out=out))
+    tasks.prepare.main(_stage_argv(params_file, set_param, raw=raw, out=out, dask=dask))
 
 
 @app.command("train")
 def train_cmd(
-    data: Annotated[Path | None, typer.Option(help="Prepared shards. Default: paths.prepared.")] = None,
+    data: Annotated[
+        str | None,
+        typer.Option(help="Prepared shards: a directory or s3://bucket/prefix. Default: paths.prepared."),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Model output directory (resumes from its checkpoint). Default: paths.model."),

@@ -8,7 +8,9 @@ raw directory's name, digest = the first 32 hex digits of its content sha256, th
 in the input's tags), the prepared data's hash, the counts and the timings.
 
 Run: `python -m tasks.prepare [-S prepare.key=value ...]` (what dvc.yaml calls) or
-`factory prepare --raw DIR --out DIR`. Exit status 1 when more than
+`factory prepare --raw DIR|URL --out DIR|URL [--dask local:N|tcp://HOST:PORT]`: `raw`/`out` may be fsspec
+URLs (`s3://bucket/prefix`, `pfactory.data.storage`); with a cluster (`--dask`, `prepare.dask_address`, or
+`prepare.workers` > 1) the work runs in units on Dask (`pfactory.data.scaleout`), same bytes. Exit status 1 when more than
 `prepare.max_reject_fraction` of the frames are refused (the output is still written, with
 `"passed": false` in its manifest, so the refusals can be read).
 """
@@ -16,83 +18,45 @@ Run: `python -m tasks.prepare [-S prepare.key=value ...]` (what dvc.yaml calls) 
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pfactory import artifacts as af
 from pfactory.config import Params
 from pfactory.data.errors import RejectFractionExceeded
-from pfactory.data.prepare import PrepareResult, prepare_dataset
-from pfactory.fsutil import sha256_bytes
-
-
-def prepared_digest(manifest: dict[str, Any]) -> str:
-    """sha256 of the prepared output: over its shard hashes and the rejected list's hash."""
-    lines = [f"{s['file']}\t{s['sha256']}" for split in manifest["splits"].values() for s in split["shards"]]
-    lines.append(f"{manifest['rejected']['file']}\t{manifest['rejected']['sha256']}")
-    return sha256_bytes("\n".join(lines).encode())
-
-
-def _log(result: PrepareResult, raw: Path) -> None:
-    """MLflow: the raw dataset as an input, metrics, the manifest and refusals as artifacts."""
-    import mlflow
-    from mlflow.data.dataset_source_registry import get_registered_sources
-    from mlflow.data.meta_dataset import MetaDataset
-
-    m = result.manifest
-    src_sha = m["source"]["sha256"]
-    local = next(s for s in get_registered_sources() if s.__name__ == "LocalArtifactDatasetSource")
-    with warnings.catch_warnings():  # MLflow registers two identical local sources and says so
-        warnings.simplefilter("ignore")
-        dataset = MetaDataset(
-            local(str(Path(raw).resolve())), name=Path(raw).resolve().name, digest=src_sha[:32]
-        )
-    mlflow.log_input(
-        dataset,
-        context="prepare",
-        tags={"sha256": src_sha, "layout": m["source"]["layout"], "frames": str(m["source"]["frames"])},
-    )
-    out_sha = prepared_digest(m)
-    mlflow.set_tags(
-        {
-            "prepare.raw_sha256": src_sha,
-            "prepare.prepared_sha256": out_sha,
-            "prepare.passed": str(m["passed"]),
-        }
-    )
-    mlflow.log_metrics({f"prepare.{k}": float(v) for k, v in result.metrics.items()})
-    mlflow.log_artifact(str(result.out / af.PREPARED_MANIFEST), artifact_path="prepare")
-    mlflow.log_artifact(str(result.out / af.REJECTED), artifact_path="prepare")
+from pfactory.data.lineage import log_mlflow, prepared_digest
+from pfactory.data.prepare import PrepareResult
+from pfactory.data.scaleout import prepare_data
 
 
 def run(
     params: Params,
-    raw: Path,
-    out: Path,
+    raw: str | Path,
+    out: str | Path,
     track: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    dask_address: str | None = None,
 ) -> dict[str, Any]:
     """Prepare `raw` into `out` with `params.prepare`; returns the metrics.
 
-    `track=False` skips MLflow (benchmarks). Raises RejectFractionExceeded (after writing the
-    output and, when tracking, logging the run as FAILED with its metrics) and DatasetError
-    (`raw` is not a dataset).
+    `dask_address` ("local:N" or a scheduler address) overrides `prepare.dask_address`. `track=False` skips
+    MLflow (benchmarks). Raises RejectFractionExceeded (after writing the output and, when tracking, logging
+    the run as FAILED with its metrics), DatasetError (`raw` is not a dataset), OutputError (`out` cannot be
+    written), ConnectionError (no scheduler answers) and PrepareTaskError (a task failed on a worker).
     """
     p = params.prepare
     if not track:
-        return _metrics(prepare_dataset(raw, out, p, progress))
+        return _metrics(prepare_data(raw, out, p, dask_address, progress))
     from pfactory.tracking import stage_run
 
     with stage_run("prepare", p.model_dump(mode="json")):
         try:
-            result = prepare_dataset(raw, out, p, progress)
+            result = prepare_data(raw, out, p, dask_address, progress)
         except RejectFractionExceeded as e:
             if e.result is not None:
-                _log(e.result, raw)
+                log_mlflow(e.result, raw)
             raise
-        _log(result, raw)
+        log_mlflow(result, raw)
     return _metrics(result)
 
 
@@ -106,23 +70,35 @@ def _metrics(result: PrepareResult) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m tasks.prepare [--raw DIR] [--out DIR] [-S k=v ...]` (= `factory prepare`; defaults: paths.*)."""
+    """`python -m tasks.prepare [--raw R] [--out O] [--dask A] [-S k=v ...]` (= `factory prepare`; defaults:
+    paths.*, prepare.dask_address)."""
     import argparse
 
+    from pfactory.data.scaleout import PrepareTaskError
+    from pfactory.data.storage import OutputError
     from pfactory.sensors.errors import DatasetError
     from tasks._stage import stage_main
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--raw", type=Path, default=None, help="raw dataset (default: paths.raw)")
-        parser.add_argument(
-            "--out", type=Path, default=None, help="shards directory (default: paths.prepared)"
-        )
+        parser.add_argument("--raw", default=None, help="raw dataset: a directory or s3://bucket/prefix")
+        parser.add_argument("--out", default=None, help="shards: a directory or s3://bucket/prefix")
+        parser.add_argument("--dask", default=None, help="local:N (a LocalCluster) or tcp://host:8786")
 
     def body(params: Params, args: argparse.Namespace) -> dict[str, Any]:
-        return run(params, args.raw or Path(params.paths.raw), args.out or Path(params.paths.prepared))
+        return run(
+            params, args.raw or params.paths.raw, args.out or params.paths.prepared, dask_address=args.dask
+        )
 
-    # Too many refused frames (the output is still written) or not a dataset: the stage failed.
-    stage_main("prepare", argv, body, add_arguments, failures={RejectFractionExceeded: 1, DatasetError: 1})
+    # Too many refused frames (the output is still written), not a dataset, an output that cannot be
+    # written, a task that failed on a worker, no scheduler: the stage failed.
+    failures = {
+        RejectFractionExceeded: 1,
+        DatasetError: 1,
+        OutputError: 1,
+        PrepareTaskError: 1,
+        ConnectionError: 1,
+    }
+    stage_main("prepare", argv, body, add_arguments, failures=failures)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,19 @@ from pathlib import Path
 from typing import Any
 
 
-def run(params: Any, data: Path, out: Path, track: bool = True, **options: Any) -> dict[str, Any]:
+def run(params: Any, data: str | Path, out: Path, track: bool = True, **options: Any) -> dict[str, Any]:
     """Train `params.model` with `params.train` on `data`, writing into `out`; returns the summary.
 
-    `options` go to `pfactory.train.trainer.Trainer`: `max_steps` (overrides `train.max_steps`),
-    `loader_factory` (replaces the shard loader: tests), `progress` (the rich bar; default: when
-    stderr is a terminal).
+    `data` may be an `s3://` prepared output: training reads a verified local copy of it (manifest first,
+    every file's sha256 checked) under `paths.artifacts/.state/prepared`. `options` go to
+    `pfactory.train.trainer.Trainer`: `max_steps` (overrides `train.max_steps`), `loader_factory` (replaces
+    the shard loader: tests), `progress` (the rich bar; default: when stderr is a terminal).
     """
+    from pfactory.data.storage import is_url, local_prepared
     from pfactory.train.trainer import Trainer
 
+    if is_url(data):
+        data = local_prepared(data, Path(params.paths.artifacts) / ".state" / "prepared")
     return Trainer(params, data, out, track, **options).train()
 
 
@@ -36,13 +40,13 @@ def main(argv: list[str] | None = None) -> None:
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "--data", type=Path, default=None, help="prepared directory (default: paths.prepared)"
+            "--data", default=None, help="prepared directory or s3://bucket/prefix (default: paths.prepared)"
         )
         parser.add_argument("--out", type=Path, default=None, help="output directory (default: paths.model)")
         parser.add_argument("--no-track", action="store_true", help="do not log to MLflow")
 
     def body(params: Any, args: argparse.Namespace) -> dict | None:
-        data = args.data or Path(params.paths.prepared)
+        data = args.data or params.paths.prepared
         out = args.out or Path(params.paths.model)
         summary = run(params, data, out, track=not args.no_track)
         if int(os.environ.get("RANK", "0")) != 0:
