@@ -26,7 +26,8 @@ Out: printed tables (and `--json FILE`):
 Targets (2 cores): DALI >= 1.25x the 2-thread baseline, >= 80 % of the decode-only ceiling.
 
 Run: `python benchmarks/bench_prepare.py [--frames 200] [--formats png,jpeg] [--rss] [--json out.json]`
-(also `factory bench prepare`, via `main(argv)`).
+(also `factory bench prepare`, via `main(argv)`). `--dask`: the scale-out benchmark instead, 1 vs N Dask
+workers on the same frames (benchmarks/prepare_scaleout.py, its own options).
 """
 
 from __future__ import annotations
@@ -446,6 +447,12 @@ def _print(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--dask" in argv:  # the scale-out benchmark (benchmarks/prepare_scaleout.py)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import prepare_scaleout
+
+        return prepare_scaleout.main([a for a in argv if a != "--dask"])
     ap = argparse.ArgumentParser(prog="bench_prepare", description=__doc__.split("\n")[0])
     ap.add_argument("--frames", type=int, default=200, help="frames per format (>= 200 for the targets)")
     ap.add_argument("--threads", type=int, default=2)

@@ -49,6 +49,8 @@ def test_overrides_parse_yaml_values(override, key, value):
         ("synth.frames=0", "synth.frames: expected greater than 0"),
         ("prepare.class_map={Car: Truck}", "class_map targets ['Truck'] are not in classes"),
         ("prepare", "expected section.key=value"),
+        ("prepare.dask_address=local:0", "prepare.dask_address: expected 'local:N' with N >= 1 workers"),
+        ("prepare.unit_frames=0", "prepare.unit_frames: expected greater than 0"),
         ("other.yaml:synth.seed=1", "only params.yaml is supported"),
     ],
 )
