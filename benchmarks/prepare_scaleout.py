@@ -94,6 +94,26 @@ def noop_round_trip_ms(client: Any, n: int = 200) -> float:
     return 1000 * (time.perf_counter() - t0) / n
 
 
+def rss_vs_frames(work: Path, sizes: list[int], params: Any) -> dict[str, float]:
+    """Peak RSS (MiB) of a fresh 1-worker cluster preparing each frame count: flat = bounded by the unit."""
+    from distributed import Client, LocalCluster
+
+    from pfactory.data.scaleout import prepare_scaled
+
+    out = {}
+    for n in sizes:
+        raw = build_raw(work / f"rss-{n}", n)
+        with (
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
+                         local_directory=str(work / "dask"), silence_logs=logging.CRITICAL) as cluster,
+            Client(cluster),
+        ):  # fmt: skip
+            res = prepare_scaled(raw, work / f"rss-out-{n}", params, cluster.scheduler_address)
+        out[str(n)] = round(res.metrics["peak_rss_worker_mb"], 1)
+        shutil.rmtree(work / f"rss-out-{n}", ignore_errors=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(prog="bench_prepare --dask", description=__doc__.split("\n")[0])
     ap.add_argument("--frames", type=int, default=192, help="frames per run (160+; a multiple of 2 units)")
@@ -101,6 +121,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--unit-frames", type=int, default=16)
     ap.add_argument("--no-inprocess", action="store_true", help="skip the single-process reference runs")
+    ap.add_argument(
+        "--rss-sizes", type=int, nargs="*", default=[],
+        help="also: peak RSS of one fresh worker preparing each of these frame counts (memory vs dataset size)",
+    )  # fmt: skip
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--work", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -151,6 +175,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 inproc.append({"wall_s": time.perf_counter() - t1, "hashes": output_hashes(out)})
                 shutil.rmtree(out, ignore_errors=True)
         report["load_after"] = round(os.getloadavg()[0], 2)
+        if args.rss_sizes:
+            report["rss_vs_frames"] = rss_vs_frames(work, args.rss_sizes, params)
     finally:
         for cluster, client in clusters.values():
             client.close()
@@ -215,6 +241,8 @@ def _print(report: dict[str, Any]) -> None:
         print(
             f"  in one process ({ip['threads']} threads, today's default): {ip['frames_per_s_median']:.2f} frames/s"
         )
+    if "rss_vs_frames" in report:
+        print(f"  peak RSS of one worker vs frames prepared (MiB): {report['rss_vs_frames']}")
     print(f"  shards + rejected.jsonl byte-identical across every run: {report['identical_outputs']} "
           f"({report['files_hashed']} files)")  # fmt: skip
 

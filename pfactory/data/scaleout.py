@@ -331,13 +331,30 @@ def prepare_scaled(
     Raises DatasetError (`raw` is not a dataset), OutputError (`out` cannot be written), ConnectionError (no
     scheduler), PrepareTaskError (a task failed on a worker: nothing is published) and, after publishing,
     RejectFractionExceeded -- as `prepare_dataset` does."""
-    from pfactory import cluster
-    from pfactory.data.prepare import finish, write_outputs
-    from pfactory.data.storage import RawSource, build_output
-    from pfactory.sensors.errors import DatasetError
+    from pfactory.data.storage import RawSource
 
     t_start = time.perf_counter()
     source = RawSource(raw)
+    try:
+        return _prepare_scaled(source, raw, out, params, address, progress, t_start)
+    finally:
+        source.close()
+
+
+def _prepare_scaled(
+    source: Any,
+    raw: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    params: PrepareParams,
+    address: str | None,
+    progress: Callable[[int, int], None] | None,
+    t_start: float,
+) -> Any:
+    from pfactory import cluster
+    from pfactory.data.prepare import finish, write_outputs
+    from pfactory.data.storage import build_output
+    from pfactory.sensors.errors import DatasetError
+
     ids = source.frame_ids
     if not ids:
         raise DatasetError(str(raw), "frames", "at least one frame, found none")

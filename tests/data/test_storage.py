@@ -164,6 +164,19 @@ def test_s3_raw_to_s3_shards_on_dask_then_train_reads_them(s3, raw_local, tmp_pa
     assert tree(next((tmp_path / "artifacts" / ".state" / "prepared").iterdir())) == tree(tmp_path / "local")
 
 
+def test_nuscenes_layout_from_s3(s3, synth_nuscenes, tmp_path) -> None:
+    """A nuScenes-layout dataset (3 cameras) on the bucket: the same bytes as from the local directory."""
+    from pfactory.data.prepare import prepare_dataset
+    from pfactory.data.scaleout import prepare_data
+
+    _upload(synth_nuscenes, f"s3://{BUCKET}/raw/nuscenes")
+    prepare_dataset(synth_nuscenes, tmp_path / "local", small_params())
+    out = f"s3://{BUCKET}/prepared/nuscenes"
+    result = prepare_data(f"s3://{BUCKET}/raw/nuscenes", out, small_params(unit_frames=2), "local:2")
+    assert result.metrics["frames_total"] == 6 and result.metrics["images"] == 18
+    assert _remote_tree(out) == tree(tmp_path / "local")
+
+
 def test_publish_protocol_on_s3(s3, raw_local, tmp_path) -> None:
     from pfactory.data.errors import SchemaError
     from pfactory.data.scaleout import prepare_data
