@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from distributed import Client, LocalCluster
 
-    from pfactory.config import PrepareParams
+    from pfactory.data.params import PrepareParams
     from pfactory.data.prepare import prepare_dataset
     from pfactory.data.scaleout import prepare_scaled
 

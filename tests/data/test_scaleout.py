@@ -10,12 +10,7 @@
 from __future__ import annotations
 
 import hashlib
-import logging
-import os
 import random
-import signal
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -89,42 +84,17 @@ def test_one_and_two_workers_write_the_bytes_of_one_process(planted, expected, t
 
 
 def test_a_worker_killed_mid_unit_is_redone_and_the_output_is_identical(planted, expected, tmp_path) -> None:
-    from distributed import Client, LocalCluster
-
     from pfactory.data.scaleout import prepare_data
+    from tests.cluster_helpers import killing_a_worker, local_cluster
 
+    # The victim's first unit imports DALI and builds its pipeline (seconds): it is surely mid-unit.
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
-                     local_directory=str(tmp_path / "dask"), silence_logs=logging.ERROR) as cluster,
-        Client(cluster) as client,
-    ):  # fmt: skip
-        pids = client.run(os.getpid)
-        victim = sorted(pids)[0]
-        killed: dict[str, list[str]] = {}
-        stop = threading.Event()
-
-        def executing(dask_worker) -> list[str]:
-            return [str(ts.key) for ts in dask_worker.state.executing]
-
-        def killer() -> None:
-            # The victim's first unit imports DALI and builds its pipeline (seconds): it is surely mid-unit.
-            while not stop.is_set():
-                keys = [k for k in client.run(executing, workers=[victim]).get(victim, []) if "unit" in k]
-                if keys:
-                    os.kill(pids[victim], signal.SIGKILL)
-                    killed["keys"] = keys
-                    return
-                time.sleep(0.01)
-
-        thread = threading.Thread(target=killer, daemon=True)
-        thread.start()
-        try:
-            result = prepare_data(
-                planted[0], tmp_path / "killed", small_params(unit_frames=4), cluster.scheduler_address
-            )
-        finally:
-            stop.set()
-            thread.join(timeout=10)
+        local_cluster(tmp_path / "dask") as (cluster, client),
+        killing_a_worker(client, lambda k: "unit" in k) as killed,
+    ):
+        result = prepare_data(
+            planted[0], tmp_path / "killed", small_params(unit_frames=4), cluster.scheduler_address
+        )
     assert killed.get("keys"), "the victim never ran a unit: the kill did not happen mid-run"
     assert tree(tmp_path / "killed") == expected
     assert result.metrics["units"] == 6

@@ -67,21 +67,17 @@ def s3(tmp_path_factory) -> Iterator[str]:
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_ENDPOINT_URL": endpoint,
     }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     import fsspec
 
-    fsspec.filesystem("s3").mkdir(BUCKET)
-    try:
-        yield endpoint
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        proc.terminate()
-        proc.wait(timeout=10)
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        fsspec.filesystem("s3").mkdir(BUCKET)
+        try:
+            yield endpoint
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
 
 
 @pytest.fixture(autouse=True)

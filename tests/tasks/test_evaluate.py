@@ -5,12 +5,7 @@ mid-run, and bad inputs refused with clear errors and exit codes."""
 from __future__ import annotations
 
 import json
-import logging
-import os
-import signal
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -165,11 +160,11 @@ def test_one_worker_and_a_killed_worker_reproduce_the_files(setup, baseline, tmp
     """1 worker (through `factory evaluate`), and 2 workers with one SIGKILLed while it runs a unit: the same
     kpis.json, predictions and KITTI files as the undisturbed 2-worker run; the killed unit ran elsewhere."""
     import yaml
-    from distributed import Client, LocalCluster
     from typer.testing import CliRunner
 
     import tasks.evaluate
     from flows.cli import app
+    from tests.cluster_helpers import killing_a_worker, local_cluster
 
     monkeypatch.chdir(tmp_path)
     expected = _tree(baseline["out"])
@@ -184,49 +179,23 @@ def test_one_worker_and_a_killed_worker_reproduce_the_files(setup, baseline, tmp
     assert '"mAP"' in res.output
     assert _tree(tmp_path / "one") == expected
 
+    # SIGKILL a worker while it executes an optimized-model unit (its first one spends seconds importing and
+    # loading the model, so the unit is surely unfinished when the signal lands).
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
-                     local_directory=str(tmp_path / "dask"), silence_logs=logging.ERROR) as cluster,
-        Client(cluster) as client,
-    ):  # fmt: skip
-        pids = client.run(os.getpid)  # {worker address: pid}
-        victim = sorted(pids)[0]
-        killed: dict[str, list[str]] = {}
-        stop = threading.Event()
-
-        def executing(dask_worker) -> list[str]:
-            return [str(ts.key) for ts in dask_worker.state.executing]
-
-        def killer() -> None:
-            # SIGKILL the victim while it executes an optimized-model unit (its first one spends seconds
-            # importing and loading the model, so the unit is surely unfinished when the signal lands).
-            while not stop.is_set():
-                keys = [
-                    k for k in client.run(executing, workers=[victim]).get(victim, []) if "optimized" in k
-                ]
-                if keys:
-                    os.kill(pids[victim], signal.SIGKILL)
-                    killed["keys"] = keys
-                    return
-                time.sleep(0.01)
-
-        thread = threading.Thread(target=killer, daemon=True)
-        thread.start()
-        try:
-            tasks.evaluate.run(
-                _params(), setup["optimized"], setup["model"], setup["prepared"], tmp_path / "killed",
-                dask_address=cluster.scheduler_address, track=False,
-            )  # fmt: skip
-        finally:
-            stop.set()
-            thread.join(timeout=10)
+        local_cluster(tmp_path / "dask") as (cluster, client),
+        killing_a_worker(client, lambda k: "optimized" in k) as killed,
+    ):
+        tasks.evaluate.run(
+            _params(), setup["optimized"], setup["model"], setup["prepared"], tmp_path / "killed",
+            dask_address=cluster.scheduler_address, track=False,
+        )  # fmt: skip
     assert killed.get("keys"), "the victim never ran a unit: the kill did not happen mid-run"
     assert _tree(tmp_path / "killed") == expected
     units = json.loads((tmp_path / "killed" / "report" / "timings.json").read_text())["units"]
     redone = {int(k.rsplit("-", 1)[1]) for k in killed["keys"]}
     for u in units:
         if u["kind"] == "optimized" and u["unit"] in redone:
-            assert u["worker"] != victim and u["pid"] != pids[victim], u
+            assert u["worker"] != killed["victim"] and u["pid"] != killed["pid"], u
 
 
 def test_bad_inputs_are_refused_before_any_work(setup, tmp_path, monkeypatch) -> None:
