@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--work", type=Path, default=None)
     args = ap.parse_args(argv)
+    logging.getLogger("distributed").setLevel(logging.WARNING)  # cluster start/stop chatter
 
     from distributed import Client, LocalCluster
 
