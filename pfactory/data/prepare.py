@@ -462,11 +462,26 @@ class _ReadResult:
     lidar: LidarResult | None = None
 
 
-def new_run(dataset: Any, params: PrepareParams, staging: Path | None, writers: dict, threads: int) -> _Run:
+def new_run(
+    dataset: Any,
+    params: PrepareParams,
+    staging: Path | None,
+    writers: dict,
+    threads: int,
+    cached: bool = False,
+) -> _Run:
     """A `_Run` over `dataset` whose frames go to `writers` (split -> an object with `add(PreparedFrame)`):
-    the shards' `SplitWriter`s in one process, a unit's piece writers on a Dask worker."""
-    camera = camera_pipeline(params, threads)
+    the shards' `SplitWriter`s in one process, a unit's piece writers on a Dask worker (`cached`: reuse this
+    process's DALI pipeline across units, `camera_pipeline`)."""
+    camera = camera_pipeline(params, threads) if cached else _camera(params, threads)
     return _Run(dataset, Path(dataset.root), params, staging, camera, writers)  # type: ignore[arg-type]
+
+
+def _camera(params: PrepareParams, threads: int) -> CameraPipeline:
+    W, H = params.image_size
+    return CameraPipeline(
+        (W, H), params.image_mean, params.image_std, params.batch_size, threads, params.device
+    )
 
 
 _CAMERAS: dict[tuple, CameraPipeline] = {}
@@ -476,14 +491,11 @@ def camera_pipeline(params: PrepareParams, threads: int) -> CameraPipeline:
     """The DALI camera pipeline of `params` with `threads` threads, built once per process (a Dask worker
     runs many units: the pipeline is built at its first batch and reused)."""
     key = (
-        tuple(params.image_size), tuple(params.image_mean), tuple(params.image_std),
+        CameraPipeline, tuple(params.image_size), tuple(params.image_mean), tuple(params.image_std),
         params.batch_size, threads, params.device,
     )  # fmt: skip
     if key not in _CAMERAS:
-        W, H = params.image_size
-        _CAMERAS[key] = CameraPipeline(
-            (W, H), params.image_mean, params.image_std, params.batch_size, threads, params.device
-        )
+        _CAMERAS[key] = _camera(params, threads)
     return _CAMERAS[key]
 
 

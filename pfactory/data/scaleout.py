@@ -177,7 +177,7 @@ def prepare_unit(job: UnitJob) -> UnitOutcome:
                 s: PieceWriter(job.build, piece_name(job.index, s), schema, p.batch_size, stack)
                 for s in SPLITS
             }
-            run = new_run(dataset, p, None, writers, threads)
+            run = new_run(dataset, p, None, writers, threads, cached=True)
             digests = stream_frames(run, job.ids, job.first, threads)
             counts = {s: w.close() for s, w in writers.items()}
     except Exception as e:  # name the unit: the driver only sees the remote traceback otherwise
