@@ -20,6 +20,7 @@ Run: `factory bench prepare --dask [--frames 192] [--workers 1 2] [--repeats 3] 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -30,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,21 +96,25 @@ def noop_round_trip_ms(client: Any, n: int = 200) -> float:
     return 1000 * (time.perf_counter() - t0) / n
 
 
+@contextlib.contextmanager
+def local_cluster(workers: int) -> Iterator[tuple[Any, str]]:
+    """`(Client, scheduler address)` of a LocalCluster started exactly as the stage starts one."""
+    from pfactory import cluster
+    from pfactory.data.scaleout import WORKER_ENV
+
+    with cluster.dask_client(f"local:{workers}", workers, 1, "bench", WORKER_ENV) as (client, _):
+        yield client, client.scheduler.address
+
+
 def rss_vs_frames(work: Path, sizes: list[int], params: Any) -> dict[str, float]:
     """Peak RSS (MiB) of a fresh 1-worker cluster preparing each frame count: flat = bounded by the unit."""
-    from distributed import Client, LocalCluster
-
     from pfactory.data.scaleout import prepare_scaled
 
     out = {}
     for n in sizes:
         raw = build_raw(work / f"rss-{n}", n)
-        with (
-            LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
-                         local_directory=str(work / "dask"), silence_logs=logging.CRITICAL) as cluster,
-            Client(cluster),
-        ):  # fmt: skip
-            res = prepare_scaled(raw, work / f"rss-out-{n}", params, cluster.scheduler_address)
+        with local_cluster(1) as (_, address):
+            res = prepare_scaled(raw, work / f"rss-out-{n}", params, address)
         out[str(n)] = round(res.metrics["peak_rss_worker_mb"], 1)
         shutil.rmtree(work / f"rss-out-{n}", ignore_errors=True)
     return out
@@ -130,8 +136,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     logging.getLogger("distributed").setLevel(logging.WARNING)  # cluster start/stop chatter
 
-    from distributed import Client, LocalCluster
-
     from pfactory.data.params import PrepareParams
     from pfactory.data.prepare import prepare_dataset
     from pfactory.data.scaleout import prepare_scaled
@@ -146,28 +150,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "threads_per_worker": 1,
         "load_before": round(os.getloadavg()[0], 2),
     }
-    clusters: dict[int, tuple[Any, Any]] = {}
+    clusters: dict[int, tuple[Any, str]] = {}
     runs: dict[str, list[dict[str, Any]]] = {str(w): [] for w in args.workers}
+    stack = contextlib.ExitStack()
     try:
         raw = build_raw(work, args.frames)
         warm = build_raw(work / "warm", 2 * args.unit_frames * max(args.workers))
         t0 = time.perf_counter()
+        os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", str(work / "dask"))
         for w in args.workers:
-            cluster = LocalCluster(n_workers=w, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                   dashboard_address=None, local_directory=str(work / "dask"),
-                                   silence_logs=logging.CRITICAL)  # fmt: skip
-            client = Client(cluster)
-            clusters[w] = (cluster, client)
-            prepare_scaled(warm, work / f"warm-{w}", params, cluster.scheduler_address)  # imports, DALI build
+            clusters[w] = stack.enter_context(local_cluster(w))
+            prepare_scaled(warm, work / f"warm-{w}", params, clusters[w][1])  # imports, DALI build
         report["cluster_start_and_warmup_s"] = round(time.perf_counter() - t0, 2)
-        report["noop_task_ms"] = {str(w): round(noop_round_trip_ms(c), 3) for w, (_, c) in clusters.items()}
+        report["noop_task_ms"] = {str(w): round(noop_round_trip_ms(c), 3) for w, (c, _) in clusters.items()}
         inproc: list[dict[str, Any]] = []
         for r in range(args.repeats):
             for w in args.workers:
                 out = work / f"out-{w}-{r}"
-                runs[str(w)].append(
-                    timed_run(clusters[w][1], clusters[w][0].scheduler_address, raw, out, params)
-                )
+                runs[str(w)].append(timed_run(*clusters[w], raw, out, params))
                 shutil.rmtree(out, ignore_errors=True)
             if not args.no_inprocess:
                 out = work / f"inproc-{r}"
@@ -179,9 +179,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.rss_sizes:
             report["rss_vs_frames"] = rss_vs_frames(work, args.rss_sizes, params)
     finally:
-        for cluster, client in clusters.values():
-            client.close()
-            cluster.close()
+        stack.close()
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -43,35 +43,51 @@ def check_address(v: str | None) -> str | None:
 
 @contextlib.contextmanager
 def dask_client(
-    address: str | None, workers: int, threads_per_worker: int, setting: str = "dask_address"
+    address: str | None,
+    workers: int,
+    threads_per_worker: int,
+    setting: str = "dask_address",
+    worker_env: dict[str, str | None] | None = None,
 ) -> Iterator[tuple[Any, str]]:
     """`(Client, description)` for `address`: None / "local:N" -> a LocalCluster of `workers` / N worker
     processes (closed on exit); anything else -> a connection to that scheduler (left running).
 
     `setting` names the parameter the address came from, for the error when no scheduler answers
-    (`ConnectionError`, after Dask's `distributed.comm.timeouts.connect`, 30 s by default).
+    (`ConnectionError`, after Dask's `distributed.comm.timeouts.connect`, 30 s by default). `worker_env`:
+    variables a LocalCluster's worker processes start with on top of Dask's
+    `distributed.nanny.pre-spawn-environ`; None removes one (prepare removes Dask's MALLOC_TRIM_THRESHOLD_:
+    docs/DATA.md). A remote cluster's workers keep their own environment.
     """
     from distributed import Client, LocalCluster
 
     if address is None or address.startswith("local:"):
+        import dask
+
         n = workers if address is None else int(address.removeprefix("local:"))
         scratch = os.environ.get("DASK_TEMPORARY_DIRECTORY")  # configure_environment: inside the project
-        cluster = LocalCluster(
-            n_workers=n,
-            threads_per_worker=threads_per_worker,
-            processes=True,  # one GIL (and one DALI / ORT / PyTorch pool) per worker
-            host="127.0.0.1",
-            dashboard_address=None,
-            local_directory=scratch,
-            # Task errors reach the driver as exceptions; what the workers log at close (heartbeats
-            # racing the scheduler's shutdown: CommClosedError tracebacks) is noise.
-            silence_logs=logging.CRITICAL,
-        )
-        try:
-            with Client(cluster) as client:
-                yield client, f"local:{n}"
-        finally:
-            cluster.close()
+        env = {**dask.config.get("distributed.nanny.pre-spawn-environ"), **(worker_env or {})}
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(dask.config.set({"distributed.nanny.pre-spawn-environ": env}))
+            for k in [k for k, v in env.items() if v is None and k in os.environ]:
+                # The nanny copies its variables into this process's environment before spawning a worker
+                # (so an earlier cluster may have left one here): drop it while this cluster lives.
+                stack.callback(os.environ.__setitem__, k, os.environ.pop(k))
+            cluster = LocalCluster(
+                n_workers=n,
+                threads_per_worker=threads_per_worker,
+                processes=True,  # one GIL (and one DALI / ORT / PyTorch pool) per worker
+                host="127.0.0.1",
+                dashboard_address=None,
+                local_directory=scratch,
+                # Task errors reach the driver as exceptions; what the workers log at close (heartbeats
+                # racing the scheduler's shutdown: CommClosedError tracebacks) is noise.
+                silence_logs=logging.CRITICAL,
+            )
+            try:
+                with Client(cluster) as client:
+                    yield client, f"local:{n}"
+            finally:
+                cluster.close()
     else:
         import dask
 

@@ -45,6 +45,11 @@ from pfactory.data.shards import MANIFEST, REJECTED, SPLITS, ShardInfo, SplitWri
 from pfactory.data.storage import Location, RawSpec, is_url
 
 PIECES = ".pieces"
+# Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which turns off glibc's adaptive mmap
+# threshold: every ~1-2 MB array of a frame becomes an mmap + page faults + munmap. Measured on 64 KITTI
+# frames in one process: 2.04 CPU-s (0.27 s system) without it, 3.20 CPU-s (1.37 s system) with it, +57%.
+# The prepare path keeps its resident set flat with malloc_trim per batch instead (prepare._malloc_trim).
+WORKER_ENV: dict[str, str | None] = {"MALLOC_TRIM_THRESHOLD_": None}
 
 
 class PrepareTaskError(RuntimeError):
@@ -390,7 +395,7 @@ def _prepare_scaled(
 
         t0 = time.perf_counter()
         with cluster.dask_client(
-            address, params.workers, params.threads_per_worker, "prepare.dask_address"
+            address, params.workers, params.threads_per_worker, "prepare.dask_address", WORKER_ENV
         ) as (client, _):
             figures["seconds_cluster"] = time.perf_counter() - t0
             loop = cluster.run_tasks(
