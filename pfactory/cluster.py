@@ -32,15 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def check_address(v: str | None) -> str | None:
-    """Validator of a `dask_address` params value: null, `local:N` (N >= 1) or a scheduler address."""
-    if v is not None and v.startswith("local:"):
-        n = v.removeprefix("local:")
-        if not n.isdigit() or int(n) < 1:
-            raise ValueError(f"'local:N' with N >= 1 workers, got {v!r}")
-    return v
-
-
 @contextlib.contextmanager
 def dask_client(
     address: str | None,

@@ -46,3 +46,12 @@ def section_of(params: Any, name: str, cls: type[S]) -> S:
             f"run() needs the project Params (with {article} `{name}` section) or {article} {cls.__name__}"
         )
     return section
+
+
+def check_address(v: str | None) -> str | None:
+    """Validator of a `dask_address` params value: null, `local:N` (N >= 1) or a scheduler address."""
+    if v is not None and v.startswith("local:"):
+        n = v.removeprefix("local:")
+        if not n.isdigit() or int(n) < 1:
+            raise ValueError(f"'local:N' with N >= 1 workers, got {v!r}")
+    return v

@@ -10,8 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pfactory.cluster import check_address
-from pfactory.section import Fraction, PositiveInt, Section, check_pc_range
+from pfactory.section import Fraction, PositiveInt, Section, check_address, check_pc_range
 
 DEFAULT_CLASS_MAP: dict[str, str] = {
     # KITTI names

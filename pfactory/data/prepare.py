@@ -33,11 +33,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +57,7 @@ from pfactory.data.shards import (
     SplitWriter,
     arrow_schema,
 )
+from pfactory.data.storage import staging_directory
 from pfactory.fsutil import sha256_bytes, sha256_file
 from pfactory.sensors.checks import rel_path
 from pfactory.sensors.datasets import open_dataset
@@ -76,57 +75,6 @@ def split_of(frame_id: str, val_fraction: float) -> str:
 
 # ----------------------------------------------------------------------------------------------
 # Staging directory: nothing under `out/` until the run is complete.
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def remove_stale_staging(out: Path) -> list[Path]:
-    """Remove `.<out>.partial-<pid>-*` siblings left by runs whose process is gone."""
-    removed = []
-    if not out.parent.is_dir():
-        return removed
-    for p in out.parent.glob(f".{out.name}.partial-*"):
-        try:
-            pid = int(p.name.rsplit(".partial-", 1)[1].split("-", 1)[0])
-        except (IndexError, ValueError):
-            continue
-        if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-    return removed
-
-
-@contextlib.contextmanager
-def staging_directory(out: Path) -> Iterator[Path]:
-    """A fresh staging sibling of `out`, renamed over `out` when the body completes.
-
-    On an exception it is removed and `out` is untouched. On SIGKILL it stays behind, named
-    with this pid, and `remove_stale_staging` clears it on the next run.
-    """
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(out)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}-{os.urandom(4).hex()}"
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}-{os.urandom(4).hex()}"
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
 
 
 def _malloc_trim() -> Callable[[], object] | None:

@@ -9,7 +9,7 @@ Two kinds of task, both pure functions of their inputs that land their files ato
 after its worker died writes the same bytes:
 1. **unit** (`prepare_unit`): a fixed-size run of `prepare.unit_frames` consecutive frame ids (dataset
    order). The worker opens the raw data (in place, or a scratch copy of the unit's files from object
-   storage: `pfactory.data.storage.open_unit`), runs exactly the single-process path on them
+   storage: `pfactory.data.rawdata.open_unit`), runs exactly the single-process path on them
    (`pfactory.data.prepare.stream_frames`: the checks, the lidar path, the DALI camera path, refusals per
    frame) and writes the unit's rows of each split, in order, to an Arrow IPC *piece*
    `.pieces/unit-<u>-<split>.arrow` (lz4) in the build directory. It returns the unit's counts, refusals
@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from pfactory.data.params import PrepareParams
+from pfactory.data.rawdata import RawSpec
 from pfactory.data.shards import MANIFEST, REJECTED, SPLITS, ShardInfo, SplitWriter, arrow_schema
-from pfactory.data.storage import Location, RawSpec, is_url
+from pfactory.data.storage import Location, is_url
 
 PIECES = ".pieces"
 # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which turns off glibc's adaptive mmap
@@ -169,7 +170,7 @@ def prepare_unit(job: UnitJob) -> UnitOutcome:
     """Prepare one unit's frames into its pieces (module docstring). Runs on a worker."""
     from pfactory import cluster
     from pfactory.data.prepare import new_run, stream_frames
-    from pfactory.data.storage import open_unit
+    from pfactory.data.rawdata import open_unit
 
     t0 = time.perf_counter()
     p = job.params
@@ -336,7 +337,7 @@ def prepare_scaled(
     Raises DatasetError (`raw` is not a dataset), OutputError (`out` cannot be written), ConnectionError (no
     scheduler), PrepareTaskError (a task failed on a worker: nothing is published) and, after publishing,
     RejectFractionExceeded -- as `prepare_dataset` does."""
-    from pfactory.data.storage import RawSource
+    from pfactory.data.rawdata import RawSource
 
     t_start = time.perf_counter()
     source = RawSource(raw)

@@ -13,8 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from pfactory.cluster import check_address
-from pfactory.section import NonNegInt, PositiveInt, Section
+from pfactory.section import NonNegInt, PositiveInt, Section, check_address
 
 
 class EvaluateParams(Section):

@@ -125,16 +125,16 @@ def test_shard_plan_does_not_depend_on_the_completion_order() -> None:
 def test_a_unit_failing_on_a_worker_names_it_and_publishes_nothing(planted, tmp_path, monkeypatch) -> None:
     import shutil
 
-    import pfactory.data.storage as storage
+    import pfactory.data.rawdata as rawdata
     from pfactory.data.scaleout import PrepareTaskError, prepare_data
 
     # A dataset the driver can list but whose frames the workers cannot read: its directory is removed
     # between the listing and the work (a vanished mount, as seen from the workers).
     raw = tmp_path / "raw"
     shutil.copytree(planted[0], raw)
-    listed = storage.RawSource(raw)
+    listed = rawdata.RawSource(raw)
     shutil.rmtree(raw)
-    monkeypatch.setattr(storage, "RawSource", lambda _raw: listed)
+    monkeypatch.setattr(rawdata, "RawSource", lambda _raw: listed)
     with pytest.raises(PrepareTaskError, match=r"prepare unit 0 \(frames 000000\.\.000003 of .*raw\)"):
         prepare_data(raw, tmp_path / "out", small_params(unit_frames=4), "local:1")
     assert not (tmp_path / "out").exists()
