@@ -19,7 +19,7 @@ The numbers are those of nuscenes-devkit 1.2.0 (`nuscenes/eval/detection/algo.py
   ground truth, or with no match at all, gets the devkit's "no predictions" curves (AP 0, errors 1);
 - AP, TP errors and the NDS-style composite exactly as `calc_ap` / `calc_tp` / `nd_score`.
 The greedy matching is sequential only within a frame, so all frames advance together one
-prediction rank at a time (`_greedy_match`); tests/metrics/test_devkit_agreement.py checks every
+prediction rank at a time (`matching.greedy_match`); tests/metrics/test_devkit_agreement.py checks every
 number against the devkit itself. docs/KPIS.md has the definitions.
 
 Run: `factory kpi --gt LABEL_DIR --pred RESULT_DIR` (KITTI files, `pfactory.metrics.kpi_cli`),
@@ -30,13 +30,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-# The devkit interpolates every curve at 101 recall points: 0 %, 1 %, ..., 100 %.
-N_RECALL_POINTS = 101
+from pfactory.metrics.matching import (
+    N_RECALL_POINTS,
+    FlatBoxes,
+    ap_from_precision,
+    flatten_frames,
+    greedy_match,
+)
+
 TP_METRICS = ("ate", "ase", "aoe")  # translation, scale, orientation errors (nuScenes trans/scale/orient_err)
 
 
@@ -213,8 +219,8 @@ def evaluate_detections(
     the devkit's `EvalBoxes` does. `latency`, if given, is copied into `metrics["latency"]`.
     """
     params = params or KpiParams()
-    gt = _flatten(gt_frames, params, is_pred=False)
-    pred = _flatten(pred_frames, params, is_pred=True, frame_index=gt.frame_index)
+    gt = flatten_frames(gt_frames, params.classes, is_pred=False)
+    pred = flatten_frames(pred_frames, params.classes, is_pred=True, frame_index=gt.frame_index)
     frame_ids = list(pred.frame_index)  # GT frames first, then prediction-only frames
 
     if params.class_range_m is not None:
@@ -240,71 +246,7 @@ def evaluate_detections(
     return DetectionKpis(metrics=metrics, curves=curves, per_frame=per_frame)
 
 
-# ---------------------------------------------------------------------------------------------
-# Flattened boxes
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Flat:
-    """All boxes of one side (GT or predictions) of the evaluated classes, in input order."""
-
-    frame: np.ndarray  # [N] int64 index into frame_index
-    cls: np.ndarray  # [N] int64 index into params.classes
-    boxes: np.ndarray  # [N, 7] float64
-    score: np.ndarray  # [N] float64 (zeros for GT)
-    frame_index: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def range_m(self) -> np.ndarray:  # [N] BEV distance from the sensor (as the devkit's ego_dist)
-        x, y = self.boxes[:, 0], self.boxes[:, 1]
-        return np.sqrt(x * x + y * y)
-
-    def subset(self, keep: np.ndarray) -> _Flat:
-        return _Flat(self.frame[keep], self.cls[keep], self.boxes[keep], self.score[keep], self.frame_index)
-
-
-def _flatten(
-    frames: Sequence[FrameDetections],
-    params: KpiParams,
-    is_pred: bool,
-    frame_index: dict[str, int] | None = None,
-) -> _Flat:
-    index = dict(frame_index or {})
-    seen: set[str] = set()
-    frame_of, boxes, names, scores = [], [], [], []
-    for f in frames:
-        if f.frame_id in seen:
-            # The devkit would merge them into one sample (changing the tie order): refuse instead.
-            raise ValueError(
-                f"frame_id {f.frame_id!r} appears twice in the {'predictions' if is_pred else 'GT'}"
-            )
-        seen.add(f.frame_id)
-        if is_pred and f.scores is None:
-            raise ValueError(f"prediction frame {f.frame_id!r} has no scores")
-        fi = index.setdefault(f.frame_id, len(index))
-        frame_of.append(np.full(len(f.boxes), fi, dtype=np.int64))
-        boxes.append(f.boxes)
-        names.append(f.names)
-        scores.append(f.scores if is_pred else np.zeros(len(f.boxes)))
-    if not boxes:
-        e = np.zeros(0)
-        return _Flat(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 7)), e, index)
-    all_names = np.concatenate(names)  # [N] str
-    cls = np.full(len(all_names), -1, dtype=np.int64)  # [N], -1 = a class we do not evaluate
-    for i, c in enumerate(params.classes):
-        cls[all_names == c] = i  # a vectorised compare per class: ~3x faster than np.unique's string sort
-    keep = cls >= 0
-    return _Flat(
-        np.concatenate(frame_of)[keep],
-        cls[keep],
-        np.concatenate(boxes)[keep],
-        np.concatenate(scores)[keep],
-        index,
-    )
-
-
-def _within_class_range(flat: _Flat, params: KpiParams) -> np.ndarray:
+def _within_class_range(flat: FlatBoxes, params: KpiParams) -> np.ndarray:
     assert params.class_range_m is not None
     limit = np.array([params.class_range_m.get(c, math.inf) for c in params.classes])  # [C]
     return flat.range_m < limit[flat.cls]  # devkit: keep ego_dist < max_dist
@@ -335,7 +277,7 @@ class _SplitResult:
         return {name: r.curves for name, r in self.classes.items()}
 
 
-def _evaluate_split(gt: _Flat, pred: _Flat, params: KpiParams) -> _SplitResult:
+def _evaluate_split(gt: FlatBoxes, pred: FlatBoxes, params: KpiParams) -> _SplitResult:
     out = {}
     ths = params.dist_ths_m
     t_tp = ths.index(float(params.dist_th_tp_m))
@@ -344,7 +286,7 @@ def _evaluate_split(gt: _Flat, pred: _Flat, params: KpiParams) -> _SplitResult:
         p_rows = np.flatnonzero(pred.cls == c)  # [P], input order = the devkit's list order
         g_boxes, p_boxes = gt.boxes[g_rows], pred.boxes[p_rows]
         p_score = pred.score[p_rows]
-        order, matched = _greedy_match(
+        order, matched = greedy_match(
             gt.frame[g_rows], g_boxes[:, :2], pred.frame[p_rows], p_boxes[:, :2], p_score, ths
         )
         period = math.pi if name in params.half_turn_classes else 2 * math.pi
@@ -364,77 +306,6 @@ def _evaluate_split(gt: _Flat, pred: _Flat, params: KpiParams) -> _SplitResult:
         }
         out[name] = _ClassResult(curves, ap, tp_err, len(g_rows), len(p_rows), p_rows, matched[t_tp] >= 0)
     return _SplitResult(out)
-
-
-def _greedy_match(
-    gt_frame: np.ndarray,  # [G] int frame index
-    gt_xy: np.ndarray,  # [G, 2]
-    pred_frame: np.ndarray,  # [P] int frame index
-    pred_xy: np.ndarray,  # [P, 2]
-    pred_score: np.ndarray,  # [P]
-    dist_ths: Sequence[float],  # [T]
-) -> tuple[np.ndarray, np.ndarray]:
-    """The devkit's greedy matching of one class, for all thresholds at once.
-
-    Returns `order [P]` (the devkit's processing order: score descending, ties to the later
-    prediction) and `matched [T, P]` (per prediction, the index into the GT arrays it matched
-    at threshold t, or -1).
-
-    A prediction only competes with the earlier predictions *of its own frame*, so frames are
-    independent: all frames advance together one rank at a time (rank r = the r-th prediction
-    of each frame in processing order), each step a vectorised nearest-untaken-GT search over
-    a `[frames, max GT per frame]` distance block. Frames are sorted by prediction count, so the
-    frames still active at rank r are a prefix and the work is ~ P x max-GT-per-frame.
-    """
-    P, T = len(pred_score), len(dist_ths)
-    # sorted((score, i)) ascending, reversed == lexsort by (score, i), reversed.
-    order = np.lexsort((np.arange(P), pred_score))[::-1]  # [P]
-    matched = np.full((T, P), -1, dtype=np.int64)
-    if P == 0 or len(gt_frame) == 0:
-        return order, matched
-
-    # GT grouped by frame; the stable sort keeps the input order inside a frame, which decides
-    # distance ties (the devkit keeps the first GT of minimal distance).
-    g_sorted = np.argsort(gt_frame, kind="stable")  # [G]
-    g_frames, g_start, g_count = np.unique(gt_frame[g_sorted], return_index=True, return_counts=True)
-    # Predictions grouped by frame, in processing order inside each frame.
-    p_grouped = order[np.argsort(pred_frame[order], kind="stable")]  # [P]
-    p_frames, p_start, p_count = np.unique(pred_frame[p_grouped], return_index=True, return_counts=True)
-
-    _, gi, pi = np.intersect1d(g_frames, p_frames, assume_unique=True, return_indices=True)
-    if len(gi) == 0:
-        return order, matched  # no frame has both: all predictions are false positives
-    slot = np.argsort(-p_count[pi], kind="stable")  # frames with most predictions first
-    gi, pi = gi[slot], pi[slot]
-    n_gt, n_pred, p_first = g_count[gi], p_count[pi], p_start[pi]  # [S] each
-    S, M = len(slot), int(n_gt.max())
-
-    col = np.arange(M)
-    pad = col[None, :] >= n_gt[:, None]  # [S, M] padding slots
-    gt_index = g_sorted[np.minimum(g_start[gi][:, None] + col[None, :], len(g_sorted) - 1)]  # [S, M]
-    gt_index[pad] = -1
-    gx = gt_xy[gt_index, 0]  # [S, M] (padding reads some GT; it is masked by `taken`)
-    gy = gt_xy[gt_index, 1]
-    taken = np.repeat(pad[None], T, axis=0)  # [T, S, M]; padding counts as taken
-    # Frames with more than r predictions: a prefix of the slots (n_pred is descending).
-    n_active = np.searchsorted(-n_pred, -np.arange(int(n_pred[0])), side="left")  # [max P per frame]
-    rows_all = np.arange(S)
-    ths = np.asarray(dist_ths, dtype=np.float64)
-    for r, k in enumerate(n_active):
-        rows = rows_all[:k]
-        p = p_grouped[p_first[:k] + r]  # [k] the r-th prediction of each active frame
-        # Same arithmetic as the devkit's center_distance (norm of the xy difference); measured
-        # bit-identical on 200k random pairs, which matters for ties and boxes on a threshold.
-        dx = gx[:k] - pred_xy[p, 0][:, None]  # [k, M]
-        dy = gy[:k] - pred_xy[p, 1][:, None]
-        d = np.sqrt(dx * dx + dy * dy)
-        for t in range(T):
-            dm = np.where(taken[t, :k], np.inf, d)  # [k, M]
-            j = dm.argmin(axis=1)  # first minimum = the devkit's strict `<` scan
-            hit = dm[rows, j] < ths[t]
-            taken[t, rows[hit], j[hit]] = True
-            matched[t, p[hit]] = gt_index[rows[hit], j[hit]]
-    return order, matched
 
 
 def _accumulate(
@@ -486,11 +357,7 @@ def _interp_err(err: np.ndarray, conf: np.ndarray, match_conf: np.ndarray) -> np
 
 def calc_ap(curves: MetricCurves, min_recall: float, min_precision: float) -> float:
     """Normalised area of precision above `min_precision` for recall above `min_recall` (devkit calc_ap)."""
-    prec = np.copy(curves.precision)
-    prec = prec[round(100 * min_recall) + 1 :]  # +1 excludes the min-recall point itself
-    prec -= min_precision
-    prec[prec < 0] = 0
-    return float(np.mean(prec)) / (1.0 - min_precision)
+    return ap_from_precision(curves.precision, min_recall, min_precision)
 
 
 def calc_tp(curves: MetricCurves, min_recall: float, err: np.ndarray) -> float:
@@ -529,7 +396,7 @@ def _summary(split: _SplitResult, params: KpiParams) -> dict[str, Any]:
 
 
 def _per_frame_counts(
-    gt: _Flat, pred: _Flat, overall: _SplitResult, params: KpiParams, frame_ids: list[str]
+    gt: FlatBoxes, pred: FlatBoxes, overall: _SplitResult, params: KpiParams, frame_ids: list[str]
 ) -> list[dict[str, Any]]:
     """TP/FP/FN per frame and class, at `dist_th_tp_m`, for predictions scoring >= score_threshold.
 
