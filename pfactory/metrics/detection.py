@@ -5,8 +5,9 @@ In:  ground-truth and predicted boxes per frame (`FrameDetections`: boxes `[N, 7
      `KpiParams` (classes, distance thresholds, range buckets, ...).
 Out: `DetectionKpis`: `.metrics` is the JSON-ready summary
      `{"mAP", "NDS", "tp_errors", "classes": {name: {"ap": {"0.5": ..}, "ate", "ase", "aoe", ..}},
-     "by_range": {"0-20": {...same...}, ...}, "params", "latency"?}`, plus PR curves per class and
-     distance threshold, and per-frame TP/FP/FN counts for error analysis.
+     "errors": {name: TIDE-style breakdown}, "by_range": {"0-20": {...same...}, ...}, "params",
+     "latency"?}`, plus PR curves per class and distance threshold, per-frame TP/FP/FN counts and the
+     error label of every box (`errors`, see `pfactory.metrics.errors`).
 
 The numbers are those of nuscenes-devkit 1.2.0 (`nuscenes/eval/detection/algo.py`: `accumulate`,
 `calc_ap`, `calc_tp`; `DetectionMetrics.nd_score`), reproduced detail for detail:
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from pfactory.metrics.errors import LABELS, Breakdown, error_breakdown
 from pfactory.metrics.matching import (
     N_RECALL_POINTS,
     FlatBoxes,
@@ -69,7 +71,10 @@ class KpiParams:
     half_turn_classes: tuple[str, ...] = ()
     """Classes whose orientation is only defined up to 180 degrees (nuScenes: barrier): AOE period pi."""
     score_threshold: float = 0.3
-    """Per-frame TP/FP/FN counts use the predictions scoring at least this (matches at `dist_th_tp_m`)."""
+    """Per-frame TP/FP/FN counts and the error breakdown use the predictions scoring at least this
+    (matches at `dist_th_tp_m`)."""
+    error_bg_dist_m: float = 4.0
+    """Error breakdown: d_bg, beyond which a detection is background (d_fg is `dist_th_tp_m`)."""
 
     def __post_init__(self) -> None:
         # Tuples from lists (params.yaml gives lists), so the dataclass stays hashable/frozen.
@@ -98,6 +103,11 @@ class KpiParams:
                 raise ValueError(f"KpiParams.range_buckets_m: bucket ({lo}, {hi}) needs 0 <= lo < hi")
         if not math.isfinite(self.score_threshold):
             raise ValueError(f"KpiParams.score_threshold must be finite, got {self.score_threshold}")
+        if not (math.isfinite(self.error_bg_dist_m) and self.error_bg_dist_m >= self.dist_th_tp_m):
+            raise ValueError(
+                f"KpiParams.error_bg_dist_m must be finite and >= dist_th_tp_m ({self.dist_th_tp_m}), "
+                f"got {self.error_bg_dist_m}"
+            )
         if self.class_range_m is not None:
             unknown = set(self.class_range_m) - set(self.classes)
             if unknown:
@@ -175,6 +185,8 @@ class DetectionKpis:
     """Overall curves: class -> distance threshold -> curves."""
     per_frame: list[dict[str, Any]]
     """One row per frame: `{"frame_id", "tp", "fp", "fn", "classes": {name: {"tp", "fp", "fn"}}}`."""
+    errors: ErrorLabels | None = None
+    """Per-box labels of the overall error breakdown (`metrics["errors"]` holds the counts)."""
 
     def pr_curves(self) -> dict[str, dict[str, dict[str, list[float]]]]:
         """PR curves for plotting: `{class: {"2.0": {"recall": [101], "precision": [101], "confidence": [101]}}}`."""
@@ -198,6 +210,57 @@ class DetectionKpis:
         if pr_curves:
             out["pr_curves"] = self.pr_curves()
         return out
+
+
+@dataclass
+class ErrorLabels:
+    """The overall error breakdown box by box, addressed by frame id and box index in its frame."""
+
+    frame_ids: list[str]
+    """Frame index -> id (GT frames first, then prediction-only frames)."""
+    pred_frame: np.ndarray  # [D] frame index of each labelled detection (score >= score_threshold)
+    pred_box: np.ndarray  # [D] index of the detection in its prediction FrameDetections
+    pred_class: np.ndarray  # [D] class index (KpiParams.classes)
+    label: np.ndarray  # [D] int8 index into errors.LABELS
+    heading_flip: np.ndarray  # [D] bool
+    target_frame_box: np.ndarray  # [D] index of the GT the label refers to in its frame's GT, -1 if none
+    gt_frame: np.ndarray  # [G] frame index of each GT box of the evaluated classes
+    gt_box: np.ndarray  # [G] index of the GT in its ground-truth FrameDetections
+    gt_missed: np.ndarray  # [G] bool
+
+    @classmethod
+    def of(
+        cls, b: Breakdown, gt: FlatBoxes, pred: FlatBoxes, frame_ids: list[str], classes: Sequence[str]
+    ) -> ErrorLabels:
+        tb = np.where(b.target >= 0, gt.box[np.maximum(b.target, 0)] if len(gt.box) else -1, -1)
+        return cls(
+            list(frame_ids), pred.frame[b.pred_rows], pred.box[b.pred_rows], pred.cls[b.pred_rows],
+            b.label, b.heading_flip, tb, gt.frame, gt.box, b.gt_missed,
+        )  # fmt: skip
+
+    def frame(self, frame_id: str) -> dict[str, Any]:
+        """`{"pred": {box index: label}, "heading_flip": [box index], "missed": [GT box index]}` of a frame."""
+        f = self.frame_ids.index(frame_id) if frame_id in self.frame_ids else -1
+        on = self.pred_frame == f
+        missed = (self.gt_frame == f) & self.gt_missed
+        return {
+            "pred": {int(i): LABELS[int(c)] for i, c in zip(self.pred_box[on], self.label[on])},
+            "heading_flip": sorted(int(i) for i in self.pred_box[on & self.heading_flip]),
+            "missed": sorted(int(i) for i in self.gt_box[missed]),
+        }
+
+    def frame_counts(self) -> list[dict[str, int]]:
+        """Per frame index: `{label: n, ..., "missed": n, "heading_flip": n}`."""
+        F = len(self.frame_ids)
+        table = np.zeros((F, len(LABELS)), dtype=np.int64)
+        np.add.at(table, (self.pred_frame, self.label), 1)
+        missed = np.bincount(self.gt_frame[self.gt_missed], minlength=F)
+        flips = np.bincount(self.pred_frame[self.heading_flip], minlength=F)
+        return [
+            {**{lbl: int(table[f, i]) for i, lbl in enumerate(LABELS)}, "missed": int(missed[f]),
+             "heading_flip": int(flips[f])}
+            for f in range(F)
+        ]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,6 +291,8 @@ def evaluate_detections(
 
     overall = _evaluate_split(gt, pred, params)
     metrics: dict[str, Any] = _summary(overall, params)
+    breakdown = error_breakdown(gt, pred, params)
+    metrics["errors"] = breakdown.summary
     metrics["by_range"] = {}
     for lo, hi in params.range_buckets_m:
         # nuScenes filters boxes by range *before* accumulate (filter_eval_boxes); a bucket does
@@ -235,15 +300,18 @@ def evaluate_detections(
         # bucket and that GT a miss in the other.
         in_gt = (gt.range_m >= lo) & (gt.range_m < hi)
         in_pred = (pred.range_m >= lo) & (pred.range_m < hi)
-        split = _evaluate_split(gt.subset(in_gt), pred.subset(in_pred), params)
-        metrics["by_range"][_bucket_key(lo, hi)] = _summary(split, params)
+        g, p = gt.subset(in_gt), pred.subset(in_pred)
+        block = _summary(_evaluate_split(g, p, params), params)
+        block["errors"] = error_breakdown(g, p, params).summary
+        metrics["by_range"][_bucket_key(lo, hi)] = block
     metrics["params"] = _params_dict(params)
     if latency is not None:
         metrics["latency"] = dict(latency)
 
     per_frame = _per_frame_counts(gt, pred, overall, params, frame_ids)
     curves = {name: overall.curves[name] for name in params.classes}
-    return DetectionKpis(metrics=metrics, curves=curves, per_frame=per_frame)
+    labels = ErrorLabels.of(breakdown, gt, pred, frame_ids, params.classes)
+    return DetectionKpis(metrics=metrics, curves=curves, per_frame=per_frame, errors=labels)
 
 
 def _within_class_range(flat: FlatBoxes, params: KpiParams) -> np.ndarray:
