@@ -357,21 +357,27 @@ def kpi_cmd(
     gt: Annotated[Path, typer.Option(help="KITTI label_2 directory (ground truth).")],
     pred: Annotated[Path, typer.Option(help="KITTI result directory (label_2 columns + score).")],
     out: Annotated[Path | None, typer.Option(help="Write the KPI JSON here.")] = None,
+    score_threshold: Annotated[
+        float, typer.Option(help="Per-frame counts and the error breakdown use detections scoring >= this.")
+    ] = 0.3,
     set_param: SetOpt = None,
     params_file: ParamsOpt = Path("params.yaml"),
 ) -> None:
-    """Detection KPIs (nuScenes AP at 0.5/1/2/4 m, ATE/ASE/AOE, per class and range) from KITTI files.
+    """Detection KPIs (nuScenes AP at 0.5/1/2/4 m, ATE/ASE/AOE, per class and range) and the error
+    breakdown (tp, duplicate, classification, localization, both, background, missed) from KITTI files.
 
-    Example: factory kpi --gt data/label_2 --pred results/ --out kpis.json
+    Example: factory kpi --gt data/label_2 --pred results/ --out kpis.json --score-threshold 0.5
     """
     from pfactory.metrics.kpi_cli import format_kpi_table, run_kpi
     from pfactory.sensors.errors import DatasetError
 
     _params(params_file, set_param)  # validates overrides even though kpi uses library defaults
     try:
-        result = run_kpi(gt, pred, out)
+        result = run_kpi(gt, pred, out, score_threshold=score_threshold)
     except DatasetError as e:
         _fail(str(e))
+    except ValueError as e:  # bad KpiParams (e.g. a non-finite threshold)
+        _fail(str(e), code=2)
     typer.echo(format_kpi_table(result))
 
 

@@ -149,7 +149,30 @@ def format_kpi_table(metrics: Mapping[str, Any]) -> str:
     lines.append(f"mAP {metrics['mAP']:.4f}   NDS* {metrics['NDS']:.4f}")
     for key, r in metrics.get("by_range", {}).items():
         lines.append(f"  range {key:>6} m: mAP {r['mAP']:.4f}  NDS* {r['NDS']:.4f}")
+    if metrics.get("errors"):
+        lines += ["", *format_error_table(metrics["errors"], metrics.get("params", {}))]
     return "\n".join(lines)
+
+
+# Column titles of the error table: label -> (count header, dAP header).
+_ERROR_COLUMNS = (
+    ("tp", "TP"), ("duplicate", "dup"), ("classification", "cls"), ("localization", "loc"),
+    ("both", "both"), ("background", "bkg"), ("missed", "miss"), ("heading_flip", "flip"),
+)  # fmt: skip
+
+
+def format_error_table(errors: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
+    """Plain-text lines of the error breakdown: counts per label, then the AP gain if each were fixed."""
+    thr = params.get("score_threshold")
+    d_fg, d_bg = params.get("dist_th_tp_m", 2.0), params.get("error_bg_dist_m", 4.0)
+    head = f"errors (score >= {thr}, d_fg {d_fg:g} m, d_bg {d_bg:g} m)"
+    lines = [head, f"{'class':<12}" + "".join(f"{h:>7}" for _, h in _ERROR_COLUMNS)]
+    for name, e in errors.items():
+        lines.append(f"{name:<12}" + "".join(f"{e[k]:>7d}" for k, _ in _ERROR_COLUMNS))
+    lines.append(f"{'dAP (fixed)':<12}" + "".join(f"{h:>7}" for k, h in _ERROR_COLUMNS[1:7]))
+    for name, e in errors.items():
+        lines.append(f"{name:<12}" + "".join(f"{e['dap'][k]:>+7.3f}" for k, _ in _ERROR_COLUMNS[1:7]))
+    return lines
 
 
 def _label_files(folder: Path, what: str, required: bool) -> dict[str, Path]:

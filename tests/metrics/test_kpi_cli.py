@@ -135,3 +135,37 @@ def test_label_2_subfolder_and_latency(tmp_path: Path) -> None:
     write_dir(tmp_path / "gt" / "label_2", gts)
     res = run_kpi(tmp_path / "gt", write_dir(tmp_path / "pred", preds), latency={"p50_ms": 3.0})
     assert res["inputs"]["num_frames"] == 2 and res["latency"] == {"p50_ms": 3.0}
+
+
+def test_error_breakdown_and_score_threshold(tmp_path: Path) -> None:
+    gts, preds = random_detections(n_frames=10, gt_per_frame=10, pred_per_frame=25, seed=5)
+    gt, pred = write_dir(tmp_path / "gt", gts), write_dir(tmp_path / "pred", preds)
+    all_dets = run_kpi(gt, pred, score_threshold=0.0)
+    strict = run_kpi(gt, pred, score_threshold=0.5)
+    for name, e in all_dets["errors"].items():
+        assert e["num_det"] == all_dets["classes"][name]["num_pred"]  # threshold 0: every detection
+        assert e["ap"] == pytest.approx(all_dets["classes"][name]["ap"]["2.0"], abs=1e-12)
+        assert strict["errors"][name]["num_det"] < e["num_det"]
+        assert set(strict["by_range"]["0-20"]["errors"][name]["dap"]) == {
+            "duplicate", "classification", "localization", "both", "background", "missed",
+        }  # fmt: skip
+    assert strict["params"]["score_threshold"] == 0.5
+    table = format_kpi_table(strict)
+    assert "errors (score >= 0.5, d_fg 2 m, d_bg 4 m)" in table and "dAP (fixed)" in table
+
+
+def test_cli_score_threshold(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from pfactory.cli import app
+
+    gts, preds = random_detections(n_frames=3, gt_per_frame=6, pred_per_frame=12, seed=2)
+    gt, pred = write_dir(tmp_path / "gt", gts), write_dir(tmp_path / "pred", preds)
+    out = tmp_path / "k.json"
+    args = ["kpi", "--gt", str(gt), "--pred", str(pred), "--out", str(out), "--score-threshold", "0.6"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "errors (score >= 0.6" in res.output
+    assert json.loads(out.read_text())["params"]["score_threshold"] == 0.6
+    res = CliRunner().invoke(app, [*args[:-1], "nan"])
+    assert res.exit_code == 2 and "score_threshold must be finite" in res.output
