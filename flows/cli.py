@@ -381,6 +381,50 @@ def kpi_cmd(
     typer.echo(format_kpi_table(result))
 
 
+@app.command("report")
+def report_cmd(
+    source: Annotated[
+        str | None,
+        typer.Argument(help="RUN_ID | pipeline run name | MODEL@ALIAS | EVAL_DIR (default: paths.eval)."),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="The HTML file to write.")] = Path("report.html"),
+    vs: Annotated[
+        str,
+        typer.Option(
+            help="Deltas against: champion (the registry's), none, or a RUN / MODEL@ALIAS / EVAL_DIR."
+        ),
+    ] = "champion",
+    optimized: Annotated[
+        Path | None, typer.Option(help="Optimize output (default: beside EVAL_DIR).")
+    ] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="Prepared data, for the worst frames (default: beside EVAL_DIR).")
+    ] = None,
+    worst: Annotated[int, typer.Option(min=0, help="How many worst frames to draw.")] = 6,
+    set_param: SetOpt = None,
+    params_file: ParamsOpt = Path("params.yaml"),
+) -> None:
+    """Write one self-contained HTML run report: KPIs and deltas vs the champion, per-class x range tables,
+    the error breakdown, PR curves, the worst frames (camera + BEV), calibration, parity and latency.
+
+    Examples: factory report --out report.html  |  factory report pfactory-detector@champion --vs none
+    """
+    params = _params(params_file, set_param)
+    from pfactory.report.run import ReportError, make_report
+
+    try:
+        inputs, _ = make_report(
+            source or str(params.paths.eval), out, vs, optimized, data,
+            params.promote.model_name, params.promote.alias, worst,
+        )  # fmt: skip
+    except ReportError as e:
+        _fail(f"report: {e}", code=2)
+    for note in inputs.notes:
+        typer.secho(f"note: {note}", fg=typer.colors.YELLOW, err=True)
+    typer.echo(f"report: {out} ({out.stat().st_size / 1e6:.1f} MB; baseline: "
+               f"{inputs.baseline.label if inputs.baseline else 'none'})")  # fmt: skip
+
+
 @app.command("compare")
 def compare_cmd(
     runs: Annotated[

@@ -10,6 +10,7 @@ Files out (`out` = `paths.eval`, built in a temporary sibling and renamed into p
     report/per_frame.json         TP/FP/FN per frame and class (error analysis), both models
     report/pr_curves.json         PR curves of every class and distance threshold, both models
     report/pr.png, report/bev/NN_<frame_id>.png   PR curves; BEV of the worst frames
+    report/report.html, report/worst/NN_<frame_id>_<panel>.png   the run report (pfactory.report), its frames
     report/timings.json           per task: worker, pid, load/read/infer seconds; per run: throughput, overhead
 Metrics back: flat dict with mAP, NDS, reference_mAP, delta_mAP, frames, data_hash, kpis_path, throughput and
 the MLflow scalars (`eval/...`, `time/...`; docs/EVALUATE.md). The work: `pfactory.evaluate.evaluation`.
@@ -53,6 +54,8 @@ def run(
 
     ev = section_of(params, STAGE, EvaluateParams)
     configure_environment()  # Dask scratch inside the project, offline MLflow
+    promote = getattr(params, "promote", None)  # the report's baseline: the registry's champion, when tracking
+    champion = (promote.model_name, promote.alias) if track and promote is not None else None
     address = dask_address or ev.dask_address
     if progress is None:
         progress = sys.stderr.isatty()
@@ -70,7 +73,7 @@ def run(
     from pfactory.tracking import stage_run
 
     with stage_run(STAGE, ev.model_dump(mode="json")) as active:
-        return evaluate(*args, active)
+        return evaluate(*args, active, champion=champion)
 
 
 def main(argv: list[str] | None = None) -> None:

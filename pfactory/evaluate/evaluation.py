@@ -54,11 +54,13 @@ def evaluate(
     address: str | None,
     progress: bool,
     active: Any,
+    champion: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `optimized` (and `model`, the PyTorch reference, unless None) on `data`; build `out`.
 
     `address`: a scheduler address, "local:N", or None (a LocalCluster of `ev.workers`). `progress`: a
-    rich bar per model on stderr. `active`: the MLflow run to log to (None: no tracking). Raises
+    rich bar per model on stderr. `active`: the MLflow run to log to (None: no tracking). `champion`:
+    (registered model, alias) the run report compares against (pfactory.report). Raises
     `EvaluateInputError` on a bad input (before any work starts), `EvaluateTaskError` when a unit
     fails on a worker.
     """
@@ -106,6 +108,9 @@ def evaluate(
         timings["kpi_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         write_reports(ev, inputs, tmp, doc, kpis, ref_kpis, gt, preds, results)
+        from pfactory.report.run import write_stage_report
+
+        write_stage_report(report, doc, gt, preds["optimized"], optimized, data, ev.worst_frames, champion)
         parts.finish(report / "predictions.parquet")
         timings["report_s"] = time.perf_counter() - t0
         timings["total_s"] = time.perf_counter() - t_start
@@ -159,8 +164,12 @@ def log_mlflow(out: Path, scalars: dict[str, float], inputs: Any) -> None:
     for p in sorted(report.iterdir()):
         if p.is_file():
             mlflow.log_artifact(str(p), artifact_path="eval/report")
-    if (report / "bev").is_dir():
-        mlflow.log_artifacts(str(report / "bev"), artifact_path="eval/report/bev")
+    for sub in ("bev", "worst"):
+        if (report / sub).is_dir():
+            mlflow.log_artifacts(str(report / sub), artifact_path=f"eval/report/{sub}")
+    from pfactory.report.run import log_report
+
+    log_report(report / "report.html")  # the pipeline's parent run (PFACTORY_PARENT_RUN_ID), else this one
 
 
 def evaluate_to_kpis(ev: EvaluateParams, optimized: Path, data: Path) -> dict[str, Any]:

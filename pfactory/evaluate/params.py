@@ -48,7 +48,7 @@ class EvaluateParams(Section):
     range_edges_m: list[float] = Field(default_factory=lambda: [0.0, 20.0, 40.0])
     """Range buckets from the sensor (BEV metres): [0, 20), [20, 40), [40, inf) by default."""
     frame_score_threshold: Annotated[float, Field(ge=0)] = 0.3
-    """Per-frame TP/FP/FN counts (error analysis, worst frames) use predictions scoring at least this."""
+    """Per-frame TP/FP/FN counts, the error breakdown and the worst frames use predictions scoring at least this."""
     worst_frames: NonNegInt = 6
     """BEV renders of this many frames with the most errors (FP + FN at 2 m)."""
 

@@ -114,6 +114,15 @@ class KpiParams:
                 raise ValueError(f"KpiParams.class_range_m names classes not in classes: {sorted(unknown)}")
 
 
+def kpi_params_from_json(d: Mapping[str, Any]) -> KpiParams:
+    """`KpiParams` back from its JSON form (`metrics["params"]`: lists, `null` for an open bucket end);
+    keys a KPI document does not have keep their defaults."""
+    kw = {k: v for k, v in d.items() if k in KpiParams.__dataclass_fields__}
+    if "range_buckets_m" in kw:
+        kw["range_buckets_m"] = [(lo, math.inf if hi is None else hi) for lo, hi in kw["range_buckets_m"]]
+    return KpiParams(**kw)
+
+
 @dataclass
 class FrameDetections:
     """Boxes of one frame: ground truth (`scores=None`) or predictions (with scores)."""
@@ -221,6 +230,7 @@ class ErrorLabels:
     pred_frame: np.ndarray  # [D] frame index of each labelled detection (score >= score_threshold)
     pred_box: np.ndarray  # [D] index of the detection in its prediction FrameDetections
     pred_class: np.ndarray  # [D] class index (KpiParams.classes)
+    pred_score: np.ndarray  # [D] float64
     label: np.ndarray  # [D] int8 index into errors.LABELS
     heading_flip: np.ndarray  # [D] bool
     target_frame_box: np.ndarray  # [D] index of the GT the label refers to in its frame's GT, -1 if none
@@ -235,16 +245,18 @@ class ErrorLabels:
         tb = np.where(b.target >= 0, gt.box[np.maximum(b.target, 0)] if len(gt.box) else -1, -1)
         return cls(
             list(frame_ids), pred.frame[b.pred_rows], pred.box[b.pred_rows], pred.cls[b.pred_rows],
-            b.label, b.heading_flip, tb, gt.frame, gt.box, b.gt_missed,
+            pred.score[b.pred_rows], b.label, b.heading_flip, tb, gt.frame, gt.box, b.gt_missed,
         )  # fmt: skip
 
     def frame(self, frame_id: str) -> dict[str, Any]:
-        """`{"pred": {box index: label}, "heading_flip": [box index], "missed": [GT box index]}` of a frame."""
+        """`{"pred": {box index: label}, "target": {box index: GT box index the label refers to},
+        "heading_flip": [box index], "missed": [GT box index]}` of a frame (boxes indexed in their frame)."""
         f = self.frame_ids.index(frame_id) if frame_id in self.frame_ids else -1
         on = self.pred_frame == f
         missed = (self.gt_frame == f) & self.gt_missed
         return {
             "pred": {int(i): LABELS[int(c)] for i, c in zip(self.pred_box[on], self.label[on])},
+            "target": {int(i): int(t) for i, t in zip(self.pred_box[on], self.target_frame_box[on]) if t >= 0},
             "heading_flip": sorted(int(i) for i in self.pred_box[on & self.heading_flip]),
             "missed": sorted(int(i) for i in self.gt_box[missed]),
         }

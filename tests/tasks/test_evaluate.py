@@ -71,7 +71,10 @@ def test_stage_writes_kpis_reports_predictions_and_mlflow(setup, baseline) -> No
     out, metrics = baseline["out"], baseline["metrics"]
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert {"kpis.json", "pr/Car.csv", "pr/Pedestrian.csv", "pr/Cyclist.csv", "report/predictions.parquet",
-            "report/per_frame.json", "report/pr_curves.json", "report/pr.png", "report/timings.json"} <= files  # fmt: skip
+            "report/per_frame.json", "report/pr_curves.json", "report/pr.png", "report/timings.json",
+            "report/report.html"} <= files  # fmt: skip
+    assert any(f.startswith("report/worst/") and f.endswith("_bev.png") for f in files)
+    assert doc_errors_keys(out) == {"Car", "Pedestrian", "Cyclist"}
     assert not any("/.parts/" in f or f.endswith(".tmp") for f in files)
     assert not list(out.parent.glob(".eval.*")), "the temporary build directory must be gone"
 
@@ -145,14 +148,28 @@ def test_stage_writes_kpis_reports_predictions_and_mlflow(setup, baseline) -> No
     assert run.data.metrics["eval/mAP"] == pytest.approx(doc["mAP"])
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "eval")}
     assert {"eval/kpis.json", "eval/pr", "eval/report"} <= logged
+    report = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "eval/report")}
+    assert {"eval/report/report.html", "eval/report/worst"} <= report
+    # No pipeline run around it: the report goes to the stage run itself (tests/report: to the parent).
+    assert [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "report")] == [
+        "report/report.html"
+    ]
+
+
+def doc_errors_keys(out: Path) -> set[str]:
+    """The classes of kpis.json's error breakdown, which every range bucket carries too."""
+    doc = json.loads((out / "kpis.json").read_text())
+    assert all(set(b["errors"]) == set(doc["errors"]) for b in doc["by_range"].values())
+    return set(doc["errors"])
 
 
 def _tree(out: Path) -> dict[str, bytes]:
-    """Every file a rerun must reproduce byte for byte (timings.json and the PNGs' timestamps excepted)."""
+    """Every file a rerun must reproduce byte for byte (timings.json and the PNGs' timestamps excepted; the
+    report names its baseline, which a tracked run looks up in the registry: compared between untracked runs)."""
     return {
         p.relative_to(out).as_posix(): p.read_bytes()
         for p in sorted(out.rglob("*"))
-        if p.is_file() and p.suffix != ".png" and p.name != "timings.json"
+        if p.is_file() and p.suffix != ".png" and p.name not in ("timings.json", "report.html")
     }
 
 
@@ -191,6 +208,8 @@ def test_one_worker_and_a_killed_worker_reproduce_the_files(setup, baseline, tmp
         )  # fmt: skip
     assert killed.get("keys"), "the victim never ran a unit: the kill did not happen mid-run"
     assert _tree(tmp_path / "killed") == expected
+    report = "report/report.html"
+    assert (tmp_path / "killed" / report).read_bytes() == (tmp_path / "one" / report).read_bytes()
     units = json.loads((tmp_path / "killed" / "report" / "timings.json").read_text())["units"]
     redone = {int(k.rsplit("-", 1)[1]) for k in killed["keys"]}
     for u in units:

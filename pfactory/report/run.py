@@ -1,0 +1,144 @@
+"""Entry points of the run report: `factory report`, the evaluate stage's report, and its MLflow logging.
+
+`make_report(source, out, vs, ...)`: `source` is an evaluation directory, an MLflow run (id or pipeline run
+name) or `MODEL@ALIAS` / `MODEL/VERSION`; `vs` is `champion` (the registry's), `none`, or another run /
+model / evaluation directory. `write_stage_report(...)`: the evaluate stage's `report/report.html` and
+`report/worst/*.png`, from what the stage has in memory. `log_report(path)`: the one place the report goes
+to MLflow (the pipeline's parent run when `PFACTORY_PARENT_RUN_ID` is set, else the active run).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pfactory.metrics.detection import FrameDetections
+from pfactory.report.build import Report, write_report
+from pfactory.report.frames import write_pngs
+from pfactory.report.inputs import (
+    Baseline,
+    ReportError,
+    ReportInputs,
+    champion_baseline,
+    load_eval_dir,
+    load_run,
+    mlflow_client,
+    read_kpis,
+    summary_of,
+)
+
+
+def _tracking_available() -> bool:
+    """A tracking server is configured, or the project's sqlite DB exists (never create an empty one)."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return True
+    from pfactory.tracking import project_root
+
+    return (project_root() / "artifacts" / "mlflow" / "mlflow.db").is_file()
+
+
+def _other_baseline(ref: str, default_model: str, workdir: Path) -> Baseline:
+    """`--vs RUN | MODEL@ALIAS | EVAL_DIR`: that evaluation's KPIs."""
+    if Path(ref).is_dir():
+        doc = read_kpis(Path(ref) / "kpis.json")
+        return Baseline(f"evaluation {ref}", summary_of(doc, str(Path(ref) / "kpis.json")), _data_note(doc))
+    other = load_run(mlflow_client(), ref, workdir, default_model)
+    return Baseline(other.name, summary_of(other.kpis, ref), _data_note(other.kpis))
+
+
+def _data_note(doc: dict[str, Any]) -> str:
+    d = doc.get("data") or {}
+    return f"baseline evaluated on data {str(d.get('prepared_hash'))[:12]}... ({d.get('split')}, {d.get('frames')} frames)"
+
+
+def make_report(
+    source: str,
+    out: Path,
+    vs: str = "champion",
+    optimized: Path | None = None,
+    prepared: Path | None = None,
+    model_name: str = "pfactory-detector",
+    alias: str = "champion",
+    worst_n: int = 6,
+) -> tuple[ReportInputs, Report]:
+    """Resolve `source` and `vs` (module docstring), build the page and write it to `out`."""
+    with tempfile.TemporaryDirectory(prefix="pfactory-report-") as tmp:
+        if Path(source).is_dir():
+            inputs = load_eval_dir(Path(source), optimized, prepared)
+        else:
+            inputs = load_run(mlflow_client(), source, Path(tmp) / "source", model_name, prepared)
+        if vs == "champion":
+            if _tracking_available():
+                inputs.baseline = champion_baseline(
+                    mlflow_client(), inputs.kpis, model_name, alias, inputs.run_ids.get("pipeline")
+                )
+            if inputs.baseline is None:
+                inputs.notes.append(f"no champion ({model_name}@{alias}) in the registry: no baseline deltas")
+        elif vs != "none":
+            inputs.baseline = _other_baseline(vs, model_name, Path(tmp) / "baseline")
+        report = write_report(inputs, out, worst_n)
+    return inputs, report
+
+
+def write_stage_report(
+    report_dir: Path,
+    doc: dict[str, Any],
+    gt: Sequence[FrameDetections],
+    pred: Sequence[FrameDetections],
+    optimized: Path,
+    prepared: Path,
+    worst_n: int,
+    champion: tuple[str, str] | None = None,
+) -> Path:
+    """The evaluate stage's report: `report_dir/report.html` and the panels in `report_dir/worst/`.
+
+    `champion` = (registered model, alias): compare against it when tracking is on (a failed registry
+    lookup becomes a note on the page, never a failed stage)."""
+    from pfactory.data.shards import open_prepared
+    from pfactory.registry.evidence import read_json
+
+    inputs = ReportInputs(
+        name=f"evaluation of {(doc.get('model') or {}).get('artifact', optimized)}",
+        kpis=doc,
+        gt=list(gt),
+        pred=list(pred),
+        provenance=[("optimized", str(optimized)), ("prepared data", str(prepared))],
+        prepared=open_prepared(prepared),
+    )
+    parent = os.environ.get("PFACTORY_PARENT_RUN_ID")
+    if parent:
+        inputs.provenance.insert(0, ("pipeline run", parent))
+    for fname, attr in (("parity.json", "parity"), ("latency.json", "latency")):
+        if (optimized / fname).is_file():
+            setattr(inputs, attr, read_json(optimized / fname, f"the optimize stage's {fname}"))
+    if champion is not None:
+        try:
+            inputs.baseline = champion_baseline(mlflow_client(), doc, *champion, parent)
+        except Exception as e:  # the report explains; the stage's job (the KPIs) is done
+            inputs.notes.append(f"champion lookup failed ({type(e).__name__}: {e}): no baseline deltas")
+        if inputs.baseline is None and not inputs.notes:
+            inputs.notes.append(
+                f"no champion ({champion[0]}@{champion[1]}) in the registry yet: no baseline deltas"
+            )
+    report = write_report(inputs, report_dir / "report.html", worst_n)
+    if report.worst:
+        write_pngs(report_dir / "worst", report.worst)
+    return report_dir / "report.html"
+
+
+def log_report(path: Path) -> None:
+    """Log the report file to MLflow under `report/`: to the pipeline's parent run when
+    `PFACTORY_PARENT_RUN_ID` is set, else to the active run."""
+    import mlflow
+
+    parent = os.environ.get("PFACTORY_PARENT_RUN_ID")
+    if parent:
+        mlflow.MlflowClient().log_artifact(parent, str(path), "report")
+    else:
+        mlflow.log_artifact(str(path), "report")
+
+
+__all__ = ["ReportError", "log_report", "make_report", "write_stage_report"]
