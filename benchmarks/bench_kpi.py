@@ -12,7 +12,15 @@ apart. Ours is timed on the same work (no range buckets) and on the full report 
 buckets + per-frame counts). Memory: growth of the resident set's high-water mark during each
 evaluation (Linux `/proc/self/clear_refs` reset), plus the tracemalloc peak for ours.
 
+`--whole-process`: the same comparison as whole processes on KITTI files (what a user runs): `factory kpi`
+(parse the label and result files, KPIs overall and per range bucket, error breakdown, JSON out) against a
+process running the devkit's algorithm on the same files (a plain-Python KITTI reader, `EvalBoxes`, then
+`accumulate` / `calc_ap` / `calc_tp` for every class and threshold, overall and per range bucket, as
+`filter_eval_boxes` would cut them). Default 2,000 frames, ~27 GT and ~50 detections each. Prints both
+wall times (median of `--repeats` for ours), the ratio, and the largest difference of any AP / TP error.
+
 Run: `python benchmarks/bench_kpi.py [--frames 6019] [--json out.json]`
+     `python benchmarks/bench_kpi.py --whole-process [--frames 2000] [--repeats 5] [--devkit-repeats 1]`
 (needs the devkit: `pip install --no-deps -r requirements/devkit.txt`).
 """
 
@@ -34,6 +42,7 @@ from pfactory.metrics.detection import KpiParams, evaluate_detections  # noqa: E
 from pfactory.metrics.synthetic import random_detections  # noqa: E402
 
 TARGET_RATIO = 10.0  # the issue's requirement: at least 10x the devkit
+TARGET_RATIO_PROCESS = 50.0  # issue 18: `factory kpi` as a whole process, at least 50x the devkit's algorithm
 
 
 def _rss_kib(field: str) -> int | None:
@@ -82,6 +91,145 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def _read_kitti_plain(folder: Path, with_score: bool):
+    """The plain-Python way to read KITTI label / result files, as a devkit user would write it; boxes go to
+    the lidar-like frame with the same arithmetic as pfactory.metrics.kpi_cli.kitti_camera_to_lidar."""
+    import math
+
+    from pfactory.metrics.detection import FrameDetections
+
+    frames = []
+    keep = {"Car", "Pedestrian", "Cyclist"}
+    for path in sorted(folder.glob("*.txt")):
+        boxes, names, scores = [], [], []
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if not parts or parts[0] not in keep:
+                continue
+            v = [float(t) for t in parts[1:]]
+            h, w, l, x, y, z, ry = v[7:14]
+            yaw = (-ry - math.pi / 2 + math.pi) % (2 * math.pi) - math.pi
+            boxes.append([z, -x, -y + h / 2, l, w, h, yaw])
+            names.append(parts[0])
+            if with_score:
+                scores.append(v[14])
+        frames.append(FrameDetections(path.stem, boxes, names, scores if with_score else None))
+    return frames
+
+
+def devkit_process(gt_dir: Path, pred_dir: Path, out: Path) -> None:
+    """`--devkit-process`: read the files, run the devkit's algorithm overall and per range bucket, write JSON."""
+    from tests.metrics.test_devkit_agreement import _SKIP_REASON, devkit_kpis, to_eval_boxes
+
+    if _SKIP_REASON:
+        raise SystemExit(f"devkit: {_SKIP_REASON}")
+    params = KpiParams()
+    gts, preds = _read_kitti_plain(gt_dir, False), _read_kitti_plain(pred_dir, True)
+    result = {}
+    for key, bucket in [("all", None), *zip(("0-20", "20-40", "40+"), params.range_buckets_m)]:
+        ref = devkit_kpis(to_eval_boxes(gts, params, bucket), to_eval_boxes(preds, params, bucket), params)
+        result[key] = {
+            c: {
+                "ap": {str(th): r["ap"][th] for th in params.dist_ths_m},
+                **{m: r[m] for m in ("ate", "ase", "aoe")},
+            }
+            for c, r in ref.items()
+        }
+    out.write_text(json.dumps(result))
+
+
+def _timed(cmd: list[str]) -> tuple[float, float]:
+    """(wall s, user+sys CPU s) of one whole process; raises on a non-zero exit."""
+    import resource
+    import subprocess
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if res.returncode != 0:
+        raise SystemExit(
+            f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+        )
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def whole_process(args: argparse.Namespace) -> int:
+    import statistics
+    import tempfile
+
+    from pfactory.evaluate.predictions import write_kitti
+
+    gts, preds = random_detections(args.frames, args.gt_per_frame, args.pred_per_frame, seed=args.seed)
+    n_gt, n_pred = sum(len(f.boxes) for f in gts), sum(len(f.boxes) for f in preds)
+    print(
+        f"{args.frames} frames as KITTI files, {n_gt} GT boxes, {n_pred} detections; machine: {_cpu_name()}"
+    )
+    report: dict = {"frames": args.frames, "gt_boxes": n_gt, "pred_boxes": n_pred, "load_before": _loadavg()}
+    with tempfile.TemporaryDirectory(prefix="bench-kpi-") as tmp:
+        gt_dir, pred_dir = Path(tmp) / "label_2", Path(tmp) / "results"
+        write_kitti(gt_dir, gts)
+        write_kitti(pred_dir, preds)
+        factory = Path(sys.executable).with_name("factory")
+        ours_json, dk_json = Path(tmp) / "ours.json", Path(tmp) / "devkit.json"
+        ours_cmd = [str(factory), "kpi", "--gt", str(gt_dir), "--pred", str(pred_dir), "--out", str(ours_json),
+                    "--params", str(ROOT / "params.yaml")]  # fmt: skip
+        dk_cmd = [sys.executable, str(Path(__file__).resolve()), "--devkit-process", str(gt_dir), str(pred_dir),
+                  str(dk_json)]  # fmt: skip
+        _timed(ours_cmd)  # warm-up: page cache, .pyc files
+        ours = [_timed(ours_cmd) for _ in range(args.repeats)]
+        dk = [] if args.skip_devkit else [_timed(dk_cmd) for _ in range(args.devkit_repeats)]
+        ours_med = statistics.median(w for w, _ in ours)
+        report["ours"] = {
+            "wall_s": [w for w, _ in ours],
+            "cpu_s": [c for _, c in ours],
+            "median_wall_s": ours_med,
+        }
+        print(f"factory kpi : median {ours_med:.3f} s wall of {args.repeats} "
+              f"(min {min(w for w, _ in ours):.3f}, max {max(w for w, _ in ours):.3f}); "
+              f"CPU {statistics.median(c for _, c in ours):.3f} s")  # fmt: skip
+        if dk:
+            dk_med = statistics.median(w for w, _ in dk)
+            report["devkit"] = {
+                "wall_s": [w for w, _ in dk],
+                "cpu_s": [c for _, c in dk],
+                "median_wall_s": dk_med,
+            }
+            mine, theirs = json.loads(ours_json.read_text()), json.loads(dk_json.read_text())
+            worst = 0.0
+            for key, ref in theirs.items():
+                blk = mine if key == "all" else mine["by_range"][key]
+                for c, r in ref.items():
+                    got = blk["classes"][c]
+                    worst = max([worst, *(abs(got["ap"][t] - v) for t, v in r["ap"].items())])
+                    worst = max([worst, *(abs(got[m] - r[m]) for m in ("ate", "ase", "aoe"))])
+            report["speed_ratio"] = dk_med / ours_med
+            report["max_abs_diff"] = worst
+            print(
+                f"devkit algo : median {dk_med:.3f} s wall of {len(dk)}; CPU {statistics.median(c for _, c in dk):.3f} s"
+            )
+            print(f"ratio       : {dk_med / ours_med:8.1f} x  (target >= {TARGET_RATIO_PROCESS:g} x)")
+            print(
+                f"max |ours - devkit| over every AP and TP error, overall and per range bucket: {worst:.3g}"
+            )
+    report["load_after"] = _loadavg()
+    print(f"load average before {report['load_before']}, after {report['load_after']}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if report.get("max_abs_diff", 0.0) > 1e-6:
+        print("FAIL: numbers differ from the devkit")
+        return 1
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--frames", type=int, default=6019, help="frames (nuScenes val: 6019)")
@@ -91,7 +239,24 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of ours (best is reported)")
     ap.add_argument("--skip-devkit", action="store_true", help="time ours only")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument(
+        "--whole-process", action="store_true", help="factory kpi vs the devkit as processes on files"
+    )
+    ap.add_argument("--devkit-repeats", type=int, default=1, help="--whole-process: timed devkit runs")
+    ap.add_argument(
+        "--devkit-process", nargs=3, type=Path, metavar=("GT", "PRED", "OUT"), help=argparse.SUPPRESS
+    )
     args = ap.parse_args()
+    if args.devkit_process:
+        devkit_process(*args.devkit_process)
+        return 0
+    if args.whole_process:
+        # Defaults of this mode (issue 18's measurement): 2,000 frames, ~27 GT and ~50 detections each.
+        for flag, attr, value in (("--frames", "frames", 2000), ("--gt-per-frame", "gt_per_frame", 27.0),
+                                  ("--pred-per-frame", "pred_per_frame", 50.0)):  # fmt: skip
+            if flag not in sys.argv:
+                setattr(args, attr, value)
+        return whole_process(args)
 
     gts, preds = random_detections(args.frames, args.gt_per_frame, args.pred_per_frame, seed=args.seed)
     n_gt, n_pred = sum(len(f.boxes) for f in gts), sum(len(f.boxes) for f in preds)
