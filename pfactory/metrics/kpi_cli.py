@@ -31,6 +31,7 @@ from pfactory.fsutil import atomic_write_json
 from pfactory.metrics.detection import FrameDetections, KpiParams, evaluate_detections
 from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.kitti import KittiObject, parse_label_file
+from pfactory.sensors.kitti_labels import read_label_table
 
 # KITTI type -> evaluated class. Other types (Van, Truck, Person_sitting, Tram, Misc, DontCare)
 # are ignored on both sides.
@@ -73,8 +74,7 @@ def run_kpi(
             frame_id=orphans[0],
         )
 
-    gts = [load_kitti_frame(p, fid, class_map, with_score=False) for fid, p in gt_files.items()]
-    preds = [load_kitti_frame(p, fid, class_map, with_score=True) for fid, p in pred_files.items()]
+    gts, preds = load_kitti_frames(gt_files, pred_files, class_map)
     kpis = evaluate_detections(gts, preds, params, latency=latency)
     result = kpis.to_dict(per_frame=True, pr_curves=True)
     result["inputs"] = {
@@ -87,6 +87,52 @@ def run_kpi(
     if out is not None:
         atomic_write_json(out, result)
     return result
+
+
+class _LinePathNeeded(Exception):
+    """The columnar read found something only the per-file path words the way users know it."""
+
+
+def load_kitti_frames(
+    gt_files: Mapping[str, Path], pred_files: Mapping[str, Path], class_map: Mapping[str, str]
+) -> tuple[list[FrameDetections], list[FrameDetections]]:
+    """Ground-truth and result files (`{frame_id: path}`) -> `FrameDetections` in the lidar-like frame.
+
+    The columnar path (`pfactory.sensors.kitti_labels`, all files at once) gives the same frames as
+    `load_kitti_frame` file by file; on any problem (a malformed line, a negative score, a size <= 0) the
+    files are read again one by one, ground truth first, so the first error is reported exactly as before
+    (file, line, field). Measured on 2,000 frames: docs/KPIS.md."""
+    try:
+        return _columnar(gt_files, class_map, False), _columnar(pred_files, class_map, True)
+    except (DatasetError, _LinePathNeeded):
+        pass
+    gts = [load_kitti_frame(p, fid, class_map, with_score=False) for fid, p in gt_files.items()]
+    preds = [load_kitti_frame(p, fid, class_map, with_score=True) for fid, p in pred_files.items()]
+    return gts, preds
+
+
+def _columnar(
+    files: Mapping[str, Path], class_map: Mapping[str, str], with_score: bool
+) -> list[FrameDetections]:
+    t = read_label_table(list(files.values()), with_score)
+    keep = np.isin(t.type, list(class_map))  # [N] an evaluated type
+    kept_types = t.type[keep]
+    names = np.empty(
+        len(kept_types), dtype=np.result_type(*(np.array(v) for v in class_map.values()), np.str_)
+    )
+    for kitti_type, cls in class_map.items():  # a vectorised compare per type, as flatten_frames does
+        names[kept_types == kitti_type] = cls
+    v = t.values[keep]
+    boxes = camera_to_lidar(v[:, 7:10], v[:, 10:13], v[:, 13])  # [M, 7]
+    scores = v[:, 14] if with_score else None  # [M]
+    if (scores is not None and (scores < 0).any()) or (boxes[:, 3:6] <= 0).any():
+        raise _LinePathNeeded  # the per-file path names the file, line and field
+    ends = np.cumsum(np.bincount(t.file[keep], minlength=len(t.files)))  # [F] end row of each file
+    starts = ends - np.bincount(t.file[keep], minlength=len(t.files))
+    return [
+        FrameDetections(fid, boxes[a:b], names[a:b], None if scores is None else scores[a:b])
+        for fid, a, b in zip(files, starts, ends)
+    ]
 
 
 def load_kitti_frame(
@@ -127,6 +173,12 @@ def kitti_camera_to_lidar(objs: list[KittiObject]) -> np.ndarray:
     hwl = np.array([o.dimensions_hwl for o in objs], dtype=np.float64)  # [N, 3]
     loc = np.array([o.location for o in objs], dtype=np.float64)  # [N, 3] camera x right, y down, z fwd
     ry = np.array([o.rotation_y for o in objs], dtype=np.float64)  # [N] about camera +y (down)
+    return camera_to_lidar(hwl, loc, ry)
+
+
+def camera_to_lidar(hwl: np.ndarray, loc: np.ndarray, ry: np.ndarray) -> np.ndarray:
+    """`kitti_camera_to_lidar` on columns: `hwl [N, 3]`, bottom-centre `loc [N, 3]` (camera frame),
+    `ry [N]` -> boxes `[N, 7]` (x, y, z, l, w, h, yaw) in the lidar-like frame."""
     h, w, l = hwl[:, 0], hwl[:, 1], hwl[:, 2]
     # Camera heading (cos ry, 0, -sin ry) becomes (-sin ry, -cos ry, 0): yaw = -ry - pi/2.
     yaw = (-ry - math.pi / 2 + math.pi) % (2 * math.pi) - math.pi  # wrapped to [-pi, pi)

@@ -169,3 +169,76 @@ def test_cli_score_threshold(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["params"]["score_threshold"] == 0.6
     res = CliRunner().invoke(app, [*args[:-1], "nan"])
     assert res.exit_code == 2 and "score_threshold must be finite" in res.output
+
+
+def _per_file(gt: Path, pred: Path) -> tuple[list[FrameDetections], list[FrameDetections]]:
+    """The reference: every file through `load_kitti_frame`, ground truth first (the pre-columnar path)."""
+    from pfactory.metrics.kpi_cli import DEFAULT_KITTI_CLASS_MAP as MAP
+    from pfactory.metrics.kpi_cli import load_kitti_frame
+
+    g = [load_kitti_frame(p, p.stem, MAP, with_score=False) for p in sorted(gt.glob("*.txt"))]
+    return g, [load_kitti_frame(p, p.stem, MAP, with_score=True) for p in sorted(pred.glob("*.txt"))]
+
+
+CAR = "Car 0 0 0 0 0 50 50 1.5 2 4 0 0.75 5 0"
+ERROR_CASES = {  # (ground-truth files, result files): the first error is the per-file path's first error
+    "GT size 0 before a later GT parse error": ([CAR, CAR.replace(" 2 4 ", " 2 0 "), CAR.replace(" 4 ", " x ")], [CAR + " 0.9"] * 3),
+    "GT NaN before a negative score": ([CAR, CAR, CAR.replace("1.5", "nan")], [CAR + " -0.5"] * 3),
+    "negative score, line 2": ([CAR] * 3, [CAR + " 0.9", CAR + " 0.9\n" + CAR + " -0.1", CAR + " 0.9"]),
+    "result size 0": ([CAR] * 3, [CAR + " 0.9", CAR + " 0.9", CAR.replace("1.5", "0") + " 0.9"]),
+    "15 columns in a result file": ([CAR] * 3, [CAR + " 0.9", CAR, CAR + " 0.9"]),
+    "ignored types are not checked": ([CAR, "Van 0 0 0 0 0 50 50 0 0 0 0 0.75 5 0", CAR], [CAR + " 0.9"] * 3),
+    "DontCare sentinels": (
+        [CAR, "DontCare -1 -1 -10 503 169 590 190 -1 -1 -1 -1000 -1000 -1000 -10", CAR],
+        ["Truck 0 0 0 0 0 50 50 1.5 2 4 0 0.75 5 0 -3", CAR + " 0.9", CAR + " 0.9"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_columnar_read_gives_the_per_file_results_and_errors(tmp_path: Path, case: str) -> None:
+    gt_texts, pred_texts = ERROR_CASES[case]
+    for folder, texts in (("gt", gt_texts), ("pred", pred_texts)):
+        (tmp_path / folder).mkdir()
+        for i, text in enumerate(texts):
+            (tmp_path / folder / f"{i:06d}.txt").write_text(text + "\n")
+    try:
+        want = _per_file(tmp_path / "gt", tmp_path / "pred")
+    except DatasetError as e:
+        with pytest.raises(DatasetError) as got:
+            run_kpi(tmp_path / "gt", tmp_path / "pred")
+        assert str(got.value) == str(e)
+        return
+    from pfactory.metrics.kpi_cli import DEFAULT_KITTI_CLASS_MAP, _label_files, load_kitti_frames
+
+    got = load_kitti_frames(
+        _label_files(tmp_path / "gt", "", True),
+        _label_files(tmp_path / "pred", "", False),
+        DEFAULT_KITTI_CLASS_MAP,
+    )
+    for a, b in zip([*got[0], *got[1]], [*want[0], *want[1]]):
+        assert (
+            a.frame_id == b.frame_id and np.array_equal(a.boxes, b.boxes) and list(a.names) == list(b.names)
+        )
+        assert (a.scores is None and b.scores is None) or np.array_equal(a.scores, b.scores)
+
+
+def test_columnar_frames_equal_the_per_file_frames(tmp_path: Path) -> None:
+    from pfactory.evaluate.predictions import write_kitti
+    from pfactory.metrics.kpi_cli import DEFAULT_KITTI_CLASS_MAP, _label_files, load_kitti_frames
+
+    gts, preds = random_detections(n_frames=30, gt_per_frame=8, pred_per_frame=15, seed=11)
+    write_kitti(tmp_path / "gt", gts)  # the evaluate stage's writer: full-precision floats
+    write_kitti(tmp_path / "pred", preds[:25])
+    got = load_kitti_frames(
+        _label_files(tmp_path / "gt", "", True),
+        _label_files(tmp_path / "pred", "", False),
+        DEFAULT_KITTI_CLASS_MAP,
+    )
+    want = _per_file(tmp_path / "gt", tmp_path / "pred")
+    assert [len(x) for x in got] == [30, 25]
+    for a, b in zip([*got[0], *got[1]], [*want[0], *want[1]]):
+        assert (
+            a.frame_id == b.frame_id and np.array_equal(a.boxes, b.boxes) and list(a.names) == list(b.names)
+        )
+        assert (a.scores is None and b.scores is None) or np.array_equal(a.scores, b.scores)
