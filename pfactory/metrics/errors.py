@@ -61,8 +61,15 @@ class Breakdown:
     summary: dict[str, dict[str, Any]]  # the JSON block, per class
 
 
-def error_breakdown(gt: FlatBoxes, pred: FlatBoxes, params: KpiParams) -> Breakdown:
-    """Label every prediction scoring >= `params.score_threshold` (module docstring)."""
+def error_breakdown(
+    gt: FlatBoxes, pred: FlatBoxes, params: KpiParams, tp_match: np.ndarray | None = None
+) -> Breakdown:
+    """Label every prediction scoring >= `params.score_threshold` (module docstring).
+
+    `tp_match [P]`: the GT row each prediction of `pred` takes in the devkit's greedy matching of all
+    predictions at d <= d_fg (or -1), when the caller has it (`detection._evaluate_split` does). The
+    matching goes by descending score, so the predictions above the threshold take the same ground truth
+    as in a matching of those alone."""
     classes = params.classes
     d_fg, d_bg = float(params.dist_th_tp_m), float(params.error_bg_dist_m)
     rows = np.flatnonzero(pred.score >= params.score_threshold)  # [D]
@@ -74,15 +81,19 @@ def error_breakdown(gt: FlatBoxes, pred: FlatBoxes, params: KpiParams) -> Breakd
     gt_matched = np.zeros(G, dtype=bool)
 
     # tp: the devkit's greedy matching per class at d <= d_fg (its test is d < th; nextafter makes it <=).
-    match_th = float(np.nextafter(d_fg, np.inf))
-    for c in range(len(classes)):
-        g = np.flatnonzero(gt.cls == c)
-        q = np.flatnonzero(p_cls == c)
-        _, m = greedy_match(gt.frame[g], gt.boxes[g, :2], p_frame[q], p_boxes[q, :2], p_score[q], [match_th])
-        hit = m[0] >= 0
-        label[q[hit]] = TP
-        target[q[hit]] = g[m[0][hit]]
-        gt_matched[g[m[0][hit]]] = True
+    if tp_match is None:
+        match_th = float(np.nextafter(d_fg, np.inf))
+        tp_match = np.full(len(pred.frame), -1, dtype=np.int64)
+        for c in range(len(classes)):
+            g, q = np.flatnonzero(gt.cls == c), np.flatnonzero(pred.cls == c)
+            _, m = greedy_match(
+                gt.frame[g], gt.boxes[g, :2], pred.frame[q], pred.boxes[q, :2], pred.score[q], [match_th]
+            )
+            tp_match[q[m[0] >= 0]] = g[m[0][m[0] >= 0]]
+    hit = tp_match[rows] >= 0
+    label[hit] = TP
+    target[hit] = tp_match[rows][hit]
+    gt_matched[target[hit]] = True
 
     _label_the_rest(gt, gt_matched, p_frame, p_cls, p_boxes, label, target, d_fg, d_bg)
 

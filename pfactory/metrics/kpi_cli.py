@@ -85,7 +85,7 @@ def run_kpi(
         "class_map": class_map,
     }
     if out is not None:
-        atomic_write_json(out, result)
+        atomic_write_json(out, result, indent=None)  # one line: the C encoder, ~6x faster than indent=2
     return result
 
 
@@ -127,10 +127,11 @@ def _columnar(
     scores = v[:, 14] if with_score else None  # [M]
     if (scores is not None and (scores < 0).any()) or (boxes[:, 3:6] <= 0).any():
         raise _LinePathNeeded  # the per-file path names the file, line and field
+    # Everything FrameDetections checks holds now (finite values: read_label_table; sizes, scores: above).
     ends = np.cumsum(np.bincount(t.file[keep], minlength=len(t.files)))  # [F] end row of each file
     starts = ends - np.bincount(t.file[keep], minlength=len(t.files))
     return [
-        FrameDetections(fid, boxes[a:b], names[a:b], None if scores is None else scores[a:b])
+        FrameDetections.checked(fid, boxes[a:b], names[a:b], None if scores is None else scores[a:b])
         for fid, a, b in zip(files, starts, ends)
     ]
 

@@ -282,3 +282,18 @@ def test_empty_inputs() -> None:
     assert e["background"] == 1 and e["ap"] == 0.0 and all(v == 0.0 for v in e["dap"].values())
     e = evaluate_detections([FrameDetections("a", [box(1)], [CAR])], [], PARAMS).metrics["errors"][CAR]
     assert e["missed"] == 1 and e["num_det"] == 0 and e["dap"]["missed"] == 0.0
+
+
+def test_standalone_matching_equals_the_shared_one() -> None:
+    """`error_breakdown` without the KPI pass's matches computes them itself: the same labels."""
+    from pfactory.metrics.errors import error_breakdown
+    from pfactory.metrics.matching import flatten_frames
+
+    gts, preds = random_detections(n_frames=20, gt_per_frame=10, pred_per_frame=25, seed=4)
+    params = KpiParams(score_threshold=0.2)
+    g = flatten_frames(gts, params.classes, is_pred=False)
+    p = flatten_frames(preds, params.classes, is_pred=True, frame_index=g.frame_index)
+    alone = error_breakdown(g, p, params)
+    shared = evaluate_detections(gts, preds, params)
+    assert alone.summary == shared.metrics["errors"]
+    assert np.array_equal(alone.label, shared.errors.label)
