@@ -32,6 +32,15 @@ from pfactory.report.inputs import ReportInputs
 CLASS_LINE_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 TH_COLORS = ("#9ecae1", "#4292c6", "#08519c", "#08306b")  # PR curves: 0.5, 1, 2, 4 m, light to dark
 CALIBRATION_BINS = 10
+PARITY_HEAD = [
+    "artifact",
+    "verdict",
+    "match rate",
+    "boxes max |Δ|",
+    "scores max |Δ|",
+    "yaw max |Δ|",
+    "failures",
+]
 FLIP_COLOR = "#98df8a"  # light green: a tp whose heading points the other way
 
 
@@ -319,7 +328,7 @@ def _optimize_section(inputs: ReportInputs) -> str:
         verdict = "passed" if inputs.parity.get("passed") else "FAILED"
         parts.append(
             f"<h3>Parity vs PyTorch: {verdict}</h3>"
-            + _table(["artifact", "verdict", "match rate", "boxes max |Δ|", "scores max |Δ|", "yaw max |Δ|", "failures"], rows, "grid small")
+            + _table(PARITY_HEAD, rows, "grid small")
         )  # fmt: skip
     if inputs.latency:
         rows = []
@@ -327,8 +336,9 @@ def _optimize_section(inputs: ReportInputs) -> str:
         for key in sorted(k for k in inputs.latency if k.startswith("batch_")):
             for runner, st in sorted(inputs.latency[key].items()):
                 sp = (speed.get(key) or {}).get(runner)
-                rows.append([escape(key.removeprefix("batch_")), escape(runner), _f(st.get("p50_ms"), 1), _f(st.get("p99_ms"), 1),
-                             _f(st.get("throughput_fps"), 1), f"{sp:.2f}×" if isinstance(sp, int | float) else "–"])  # fmt: skip
+                speedup = f"{sp:.2f}×" if isinstance(sp, int | float) else "–"
+                rows.append([escape(key.removeprefix("batch_")), escape(runner), _f(st.get("p50_ms"), 1),
+                             _f(st.get("p99_ms"), 1), _f(st.get("throughput_fps"), 1), speedup])  # fmt: skip
         cfg = inputs.latency.get("config") or {}
         ctx = ", ".join(
             f"{k} {cfg[k]}" for k in ("device", "threads", "iterations", "loadavg_1min_before") if k in cfg
@@ -414,8 +424,11 @@ def build_report(inputs: ReportInputs, worst_n: int = 6) -> Report:
     panels = draw_worst(inputs, kpis, worst)
 
     data = inputs.kpis.get("data") or {}
-    prov = [*inputs.provenance, ("data", f"{data.get('split', '?')} split, {data.get('frames', '?')} frames, "
-                                          f"{data.get('ground_truth_boxes', '?')} GT boxes, hash {str(data.get('prepared_hash', '?'))[:16]}…")]  # fmt: skip
+    data_line = (
+        f"{data.get('split', '?')} split, {data.get('frames', '?')} frames, {data.get('ground_truth_boxes', '?')} "
+        f"GT boxes, hash {str(data.get('prepared_hash', '?'))[:16]}…"
+    )
+    prov = [*inputs.provenance, ("data", data_line)]
     prov_html = "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in prov)
     notes_html = "".join(f"<li>{escape(n)}</li>" for n in notes)
     body = [

@@ -5,7 +5,8 @@ In:  a prepared frame's points (reference frame) and camera images (read back fr
      labels of `ErrorLabels.frame`. Out: PNG bytes per panel (`render_worst_frame`).
 Colours: ground truth solid white, a missed one magenta and thick; detections (those scoring >= the
 breakdown's threshold) dashed in the colour of their label; errors and heading flips tagged `label class
-score` (`cls Car→Pedestrian` names the class of the ground truth a classification error sits on). matplotlib on an Agg canvas, no pyplot state.
+score` (`cls Car→Pedestrian` names the class of the ground truth a classification error sits on).
+matplotlib on an Agg canvas, no pyplot state.
 """
 
 from __future__ import annotations

@@ -65,15 +65,14 @@ class ReportInputs:
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
-    if not path.is_file():
-        raise ReportError(f"{path}: missing; expected {what}")
+    """A JSON object (`registry.evidence.read_json`), its errors as `ReportError`."""
+    from pfactory.registry.errors import EvidenceError
+    from pfactory.registry.evidence import read_json
+
     try:
-        obj = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ReportError(f"{path}: not valid JSON ({e}); expected {what}") from None
-    if not isinstance(obj, dict):
-        raise ReportError(f"{path}: expected a JSON object ({what})")
-    return obj
+        return read_json(path, what)
+    except EvidenceError as e:
+        raise ReportError(str(e)) from None
 
 
 def read_kpis(path: Path) -> dict[str, Any]:
