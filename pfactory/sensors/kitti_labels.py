@@ -129,7 +129,8 @@ def _arrow_table(datas: list[bytes], with_score: bool) -> tuple[np.ndarray, np.n
                 newlines_in_values=False, ignore_empty_lines=False,
             ),
             convert_options=pcsv.ConvertOptions(
-                column_types={"type": pa.string(), **{n: pa.float64() for n in names[1:]}},
+                # The type column dictionary-encoded: a handful of names, turned into NumPy ~5x faster.
+                column_types={"type": pa.dictionary(pa.int32(), pa.string()), **{n: pa.float64() for n in names[1:]}},
                 null_values=[], strings_can_be_null=False, quoted_strings_can_be_null=False,
             ),
         )  # fmt: skip
@@ -142,7 +143,7 @@ def _arrow_table(datas: list[bytes], with_score: bool) -> tuple[np.ndarray, np.n
     if not np.isfinite(values).all():
         return None  # the line parser names the line and field of the NaN / inf
     values[:, 1] = np.trunc(values[:, 1])  # occluded: KittiObject keeps int(value)
-    types = np.asarray([v for ch in t.column("type").chunks for v in ch.to_pylist()], dtype=str)
+    types = _strings(t.column("type"))
     if (types == "").any():
         return None  # a line starting with a space: its first token is not the first column
     return counts, types, values
@@ -152,9 +153,20 @@ def _doubles(col) -> np.ndarray:
     """A null-free float64 column as NumPy, from its buffers. (`to_numpy` would import pandas, ~0.3 s of a
     ~1 s `factory kpi`: pyarrow's pandas shim; measured with `python -X importtime`.)"""
     parts = [
-        np.frombuffer(ch.buffers()[1], dtype=np.float64, count=len(ch), offset=ch.offset * 8) for ch in col.chunks
+        np.frombuffer(ch.buffers()[1], dtype=np.float64, count=len(ch), offset=ch.offset * 8)
+        for ch in col.chunks
     ]
     return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _strings(col) -> np.ndarray:
+    """A null-free dictionary<int32, string> column as a NumPy str array (dictionary values by index)."""
+    parts = []
+    for ch in col.chunks:
+        idx = ch.indices
+        codes = np.frombuffer(idx.buffers()[1], dtype=np.int32, count=len(idx), offset=idx.offset * 4)
+        parts.append(np.asarray(ch.dictionary.to_pylist(), dtype=str)[codes])
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=str)
 
 
 def _one_by_one(paths: list[Path], with_score: bool) -> LabelTable:
