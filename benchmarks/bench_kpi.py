@@ -145,14 +145,14 @@ def devkit_process(gt_dir: Path, pred_dir: Path, out: Path) -> None:
     out.write_text(json.dumps(result))
 
 
-def _timed(cmd: list[str]) -> tuple[float, float]:
+def _timed(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
     """(wall s, user+sys CPU s) of one whole process; raises on a non-zero exit."""
     import resource
     import subprocess
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if res.returncode != 0:
@@ -187,6 +187,19 @@ def whole_process(args: argparse.Namespace) -> int:
         _timed(ours_cmd)  # warm-up: page cache, .pyc files
         ours = [_timed(ours_cmd) for _ in range(args.repeats)]
         dk = [] if args.skip_devkit else [_timed(dk_cmd) for _ in range(args.devkit_repeats)]
+        if args.before:  # the same command from another source tree (the code before a change)
+            env = {**os.environ, "PYTHONPATH": str(args.before.resolve())}
+            before_cmd = [sys.executable, "-m", "pfactory.cli", *ours_cmd[1:]]
+            _timed(before_cmd, env)
+            old = [_timed(before_cmd, env) for _ in range(args.before_repeats)]
+            med = statistics.median(w for w, _ in old)
+            report["before"] = {
+                "source": str(args.before),
+                "wall_s": [w for w, _ in old],
+                "median_wall_s": med,
+            }
+            print(f"before      : median {med:.3f} s wall of {len(old)} ({args.before}); "
+                  f"this tree {med / statistics.median(w for w, _ in ours):.1f}x faster")  # fmt: skip
         ours_med = statistics.median(w for w, _ in ours)
         report["ours"] = {
             "wall_s": [w for w, _ in ours],
@@ -243,6 +256,10 @@ def main() -> int:
         "--whole-process", action="store_true", help="factory kpi vs the devkit as processes on files"
     )
     ap.add_argument("--devkit-repeats", type=int, default=1, help="--whole-process: timed devkit runs")
+    ap.add_argument(
+        "--before", type=Path, help="--whole-process: also time factory kpi from this source tree"
+    )
+    ap.add_argument("--before-repeats", type=int, default=3)
     ap.add_argument(
         "--devkit-process", nargs=3, type=Path, metavar=("GT", "PRED", "OUT"), help=argparse.SUPPRESS
     )
