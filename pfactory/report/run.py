@@ -40,18 +40,23 @@ def _tracking_available() -> bool:
     return (project_root() / "artifacts" / "mlflow" / "mlflow.db").is_file()
 
 
-def _other_baseline(ref: str, default_model: str, workdir: Path) -> Baseline:
-    """`--vs RUN | MODEL@ALIAS | EVAL_DIR`: that evaluation's KPIs."""
+def _other_baseline(ref: str, default_model: str, workdir: Path, kpis: dict[str, Any]) -> Baseline:
+    """`--vs RUN | MODEL@ALIAS | EVAL_DIR`: that evaluation's KPIs (with a note when its data differ)."""
     if Path(ref).is_dir():
-        doc = read_kpis(Path(ref) / "kpis.json")
-        return Baseline(f"evaluation {ref}", summary_of(doc, str(Path(ref) / "kpis.json")), _data_note(doc))
-    other = load_run(mlflow_client(), ref, workdir, default_model)
-    return Baseline(other.name, summary_of(other.kpis, ref), _data_note(other.kpis))
+        label, doc = f"evaluation {ref}", read_kpis(Path(ref) / "kpis.json")
+    else:
+        other = load_run(mlflow_client(), ref, workdir, default_model)
+        label, doc = other.name, other.kpis
+    from pfactory.registry.evidence import same_data
 
-
-def _data_note(doc: dict[str, Any]) -> str:
-    d = doc.get("data") or {}
-    return f"baseline evaluated on data {str(d.get('prepared_hash'))[:12]}... ({d.get('split')}, {d.get('frames')} frames)"
+    mine, theirs = kpis.get("data") or {}, doc.get("data") or {}
+    note = ""
+    if not same_data(mine, theirs):
+        note = (
+            f"the baseline was evaluated on other data ({str(theirs.get('prepared_hash'))[:12]}..., split "
+            f"{theirs.get('split')}, {theirs.get('frames')} frames): the deltas compare different frames"
+        )
+    return Baseline(label, summary_of(doc, ref), note)
 
 
 def make_report(
@@ -78,7 +83,7 @@ def make_report(
             if inputs.baseline is None:
                 inputs.notes.append(f"no champion ({model_name}@{alias}) in the registry: no baseline deltas")
         elif vs != "none":
-            inputs.baseline = _other_baseline(vs, model_name, Path(tmp) / "baseline")
+            inputs.baseline = _other_baseline(vs, model_name, Path(tmp) / "baseline", inputs.kpis)
         report = write_report(inputs, out, worst_n)
     return inputs, report
 

@@ -93,6 +93,11 @@ def test_vs_another_evaluation(tracked_eval, cli, tmp_path: Path) -> None:
     text = _headline(tmp_path / "v.html")
     assert f"Baseline: evaluation {other}" in text
     assert "vs baseline +0.250" in text and "vs baseline +0.500" in text
+    assert "evaluated on other data" not in text
+    doc["data"]["prepared_hash"] = "f" * 64  # another evaluation set: the page says so
+    (other / "kpis.json").write_text(json.dumps(doc))
+    cli("report", str(tracked_eval["eval"]), "--out", "w.html", "--vs", str(other))
+    assert "the baseline was evaluated on other data (ffffffffffff..." in _headline(tmp_path / "w.html")
 
 
 def test_bad_sources_exit_2(tracked_eval, cli, tmp_path: Path) -> None:
