@@ -145,14 +145,14 @@ def devkit_process(gt_dir: Path, pred_dir: Path, out: Path) -> None:
     out.write_text(json.dumps(result))
 
 
-def _timed(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
+def _timed(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, float]:
     """(wall s, user+sys CPU s) of one whole process; raises on a non-zero exit."""
     import resource
     import subprocess
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if res.returncode != 0:
@@ -190,8 +190,9 @@ def whole_process(args: argparse.Namespace) -> int:
         if args.before:  # the same command from another source tree (the code before a change)
             env = {**os.environ, "PYTHONPATH": str(args.before.resolve())}
             before_cmd = [sys.executable, "-m", "pfactory.cli", *ours_cmd[1:]]
-            _timed(before_cmd, env)
-            old = [_timed(before_cmd, env) for _ in range(args.before_repeats)]
+            # Run from the temp dir: `python -m` puts the working directory first on sys.path.
+            _timed(before_cmd, env, Path(tmp))
+            old = [_timed(before_cmd, env, Path(tmp)) for _ in range(args.before_repeats)]
             med = statistics.median(w for w, _ in old)
             report["before"] = {
                 "source": str(args.before),

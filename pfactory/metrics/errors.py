@@ -124,7 +124,8 @@ def _label_the_rest(
     d_fg: float,
     d_bg: float,
 ) -> None:
-    """Every non-tp detection against every GT of its frame at once: one row per (detection, GT) pair.
+    """Every non-tp detection against every GT of its frame at once: one row per (detection, GT) pair,
+    kept when d <= d_bg (every rule is about the GT within d_bg; the rest are background).
 
     Pairs are laid out detection by detection, each detection's GT in input order, so a segment
     reduction gives the nearest GT and the first index among equals is the first GT in input order."""
@@ -138,38 +139,40 @@ def _label_the_rest(
     g_start = np.cumsum(g_count) - g_count
     k = g_count[p_frame[rest]]  # [R] GT in each detection's frame
     Q = int(k.sum())
-    if Q == 0:  # no ground truth in any of their frames
-        label[rest] = BACKGROUND
-        return
-    seg = np.cumsum(k) - k  # [R] first pair of each detection
-    pair_det = np.repeat(rest, k)  # [Q]
-    pair_gt = g_order[np.repeat(g_start[p_frame[rest]] - seg, k) + np.arange(Q)]  # [Q]
+    pair_det = np.repeat(np.arange(R), k)  # [Q] detection (0..R-1) of each pair
+    pair_gt = g_order[np.repeat(g_start[p_frame[rest]] - (np.cumsum(k) - k), k) + np.arange(Q)]  # [Q]
     # The devkit's centre_distance arithmetic, as greedy_match.
-    dx = gt.boxes[pair_gt, 0] - p_boxes[pair_det, 0]
-    dy = gt.boxes[pair_gt, 1] - p_boxes[pair_det, 1]
+    dx = gt.boxes[pair_gt, 0] - p_boxes[rest[pair_det], 0]
+    dy = gt.boxes[pair_gt, 1] - p_boxes[rest[pair_det], 1]
     d = np.sqrt(dx * dx + dy * dy)  # [Q]
-    same = gt.cls[pair_gt] == p_cls[pair_det]  # [Q]
-    nonempty = k > 0
-    starts = seg[nonempty]
+    near = d <= d_bg  # ~2 % of the pairs on the default run: everything below works on those
+    pair_det, pair_gt, d = pair_det[near], pair_gt[near], d[near]
+    label[rest] = BACKGROUND
+    if len(d) == 0:
+        return
+    n = len(d)
+    starts = np.flatnonzero(np.r_[True, pair_det[1:] != pair_det[:-1]])  # first pair of each detection
+    has = pair_det[starts]  # [H] detections (0..R-1) with a GT within d_bg
+    same = gt.cls[pair_gt] == p_cls[rest[pair_det]]  # [n]
 
-    def seg_min(v: np.ndarray) -> np.ndarray:  # [Q] -> [R], inf for a detection in a frame without GT
+    def seg_min(v: np.ndarray) -> np.ndarray:  # [n] -> [R], inf where no pair
         out = np.full(R, np.inf)
-        out[nonempty] = np.minimum.reduceat(v, starts)
+        out[has] = np.minimum.reduceat(v, starts)
         return out
 
-    def first_gt(cond: np.ndarray) -> np.ndarray:  # [Q] bool -> [R] GT row of the first true pair, or -1
-        out = np.full(R, Q)
-        out[nonempty] = np.minimum.reduceat(np.where(cond, np.arange(Q), Q), starts)
-        return np.where(out < Q, pair_gt[np.minimum(out, Q - 1)], -1)
+    def first_gt(cond: np.ndarray) -> np.ndarray:  # [n] bool -> [R] GT row of the first true pair, or -1
+        first = np.minimum.reduceat(np.where(cond, np.arange(n), n), starts)
+        out = np.full(R, -1, dtype=np.int64)
+        out[has] = np.where(first < n, pair_gt[np.minimum(first, n - 1)], -1)
+        return out
 
     d_same = np.where(same, d, np.inf)
     d_other = np.where(same, np.inf, d)
     d_free = np.where(same & ~gt_matched[pair_gt], d, np.inf)  # same class, not matched
     min_same, min_other, min_free = seg_min(d_same), seg_min(d_other), seg_min(d_free)
-    rep = np.repeat(np.arange(R), k)  # [Q] detection (0..R-1) of each pair
-    nearest_same = first_gt(same & (d_same == min_same[rep]))
-    nearest_other = first_gt(~same & (d_other == min_other[rep]))
-    nearest_free = first_gt(same & (d_free == min_free[rep]) & (d_free <= d_bg))
+    nearest_same = first_gt(same & (d_same == min_same[pair_det]))
+    nearest_other = first_gt(~same & (d_other == min_other[pair_det]))
+    nearest_free = first_gt(same & (d_free == min_free[pair_det]))
 
     # Lowest priority first; each later rule overwrites: the first rule of the list wins.
     lab = np.full(R, BACKGROUND, dtype=np.int8)

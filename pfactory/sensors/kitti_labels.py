@@ -85,10 +85,11 @@ def read_label_table(paths: Sequence[str | Path], with_score: bool) -> LabelTabl
         datas = [p.read_bytes() for p in paths]
     except OSError:
         return _one_by_one(paths, with_score)  # the unreadable file raises its error there, in order
-    # One scan of the joined bytes, file by file only when something is found.
-    slow = [] if _plain(b"".join(datas)) else [i for i, d in enumerate(datas) if not _plain(d)]
+    # One scan of the joined bytes (which the CSV reader reads too), file by file only when something is found.
+    joined = _joined(datas)
+    slow = [] if _plain(joined) else [i for i, d in enumerate(datas) if not _plain(d)]
     fast = [i for i in range(len(paths)) if i not in set(slow)] if slow else list(range(len(paths)))
-    table = _arrow_table([datas[i] for i in fast], with_score)
+    table = _arrow_table([datas[i] for i in fast], with_score, joined if not slow else None)
     if table is None:
         return _one_by_one(paths, with_score)
     counts, types, values = table
@@ -107,8 +108,18 @@ def read_label_table(paths: Sequence[str | Path], with_score: bool) -> LabelTabl
     return LabelTable(paths, all_counts, out_types, out_values)
 
 
-def _arrow_table(datas: list[bytes], with_score: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(counts, types, values) of canonical files via Arrow's CSV reader; None when anything is off."""
+def _joined(datas: list[bytes]) -> bytes:
+    """The files' bytes one after the other, each ending with a newline."""
+    if all(d.endswith(b"\n") or not d for d in datas):
+        return b"".join(datas)
+    return b"".join(d if d.endswith(b"\n") else d + b"\n" for d in datas if d)
+
+
+def _arrow_table(
+    datas: list[bytes], with_score: bool, joined: bytes | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(counts, types, values) of plain files via Arrow's CSV reader (`joined`: `_joined(datas)` if the
+    caller has it); None when anything is off."""
     k = 15 if with_score else 14
     counts = np.array(
         [d.count(b"\n") + (1 if d and not d.endswith(b"\n") else 0) for d in datas], dtype=np.int64
@@ -119,7 +130,7 @@ def _arrow_table(datas: list[bytes], with_score: bool) -> tuple[np.ndarray, np.n
     import pyarrow.csv as pcsv
 
     names = ["type", *LABEL_FIELDS[:k]]
-    data = b"".join(d if d.endswith(b"\n") else d + b"\n" for d in datas if d)
+    data = joined if joined is not None else _joined(datas)
     try:
         t = pcsv.read_csv(
             pa.py_buffer(data),
@@ -139,7 +150,9 @@ def _arrow_table(datas: list[bytes], with_score: bool) -> tuple[np.ndarray, np.n
     # Rows must be the files' lines (defensive: a blank line already failed the column count).
     if t.num_rows != int(counts.sum()) or any(t.column(n).null_count for n in names):
         return None
-    values = np.stack([_doubles(t.column(n)) for n in names[1:]], axis=1)  # [N, K]
+    values = np.empty((t.num_rows, k))  # [N, K], filled column by column from the Arrow buffers
+    for j, n in enumerate(names[1:]):
+        _doubles(t.column(n), values[:, j])
     if not np.isfinite(values).all():
         return None  # the line parser names the line and field of the NaN / inf
     values[:, 1] = np.trunc(values[:, 1])  # occluded: KittiObject keeps int(value)
@@ -149,14 +162,15 @@ def _arrow_table(datas: list[bytes], with_score: bool) -> tuple[np.ndarray, np.n
     return counts, types, values
 
 
-def _doubles(col) -> np.ndarray:
-    """A null-free float64 column as NumPy, from its buffers. (`to_numpy` would import pandas, ~0.3 s of a
-    ~1 s `factory kpi`: pyarrow's pandas shim; measured with `python -X importtime`.)"""
-    parts = [
-        np.frombuffer(ch.buffers()[1], dtype=np.float64, count=len(ch), offset=ch.offset * 8)
-        for ch in col.chunks
-    ]
-    return np.concatenate(parts) if parts else np.zeros(0)
+def _doubles(col, out: np.ndarray) -> None:
+    """A null-free float64 column into `out [N]`, from its buffers. (`to_numpy` would import pandas,
+    ~0.3 s of a ~1 s `factory kpi`: pyarrow's pandas shim; measured with `python -X importtime`.)"""
+    at = 0
+    for ch in col.chunks:
+        out[at : at + len(ch)] = np.frombuffer(
+            ch.buffers()[1], dtype=np.float64, count=len(ch), offset=ch.offset * 8
+        )
+        at += len(ch)
 
 
 def _strings(col) -> np.ndarray:
