@@ -24,8 +24,15 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.perf_counter()
         subprocess.run(cmd, capture_output=True, check=True)
         times.append(time.perf_counter() - t0)
-    result = {"command": " ".join(cmd), "runs": args.runs, "median_s": statistics.median(times), "max_s": max(times)}
-    print(f"factory --help: median {result['median_s']:.3f} s, max {result['max_s']:.3f} s over {args.runs} runs")
+    result = {
+        "command": " ".join(cmd),
+        "runs": args.runs,
+        "median_s": statistics.median(times),
+        "max_s": max(times),
+    }
+    print(
+        f"factory --help: median {result['median_s']:.3f} s, max {result['max_s']:.3f} s over {args.runs} runs"
+    )
     return result
 
 
