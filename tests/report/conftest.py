@@ -13,7 +13,7 @@ import pytest
 from tests.evaluate.helpers import build_eval_setup
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # ~14 s to build: once for the three test modules
 def tracked_eval(tmp_path_factory) -> dict:
     import mlflow
 
@@ -60,7 +60,7 @@ def tracked_eval(tmp_path_factory) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def report_html(tracked_eval) -> Path:
     """The evaluate stage's own report."""
     return Path(tracked_eval["eval"]) / "report" / "report.html"
