@@ -371,7 +371,8 @@ def kpi_cmd(
     from pfactory.metrics.kpi_cli import format_kpi_table, run_kpi
     from pfactory.sensors.errors import DatasetError
 
-    if set_param:  # kpi uses library defaults; overrides are still validated (pydantic costs ~0.3 s to import)
+    # kpi uses library defaults; overrides are still validated (only then: pydantic costs ~0.3 s to import).
+    if set_param:
         _params(params_file, set_param)
     try:
         result = run_kpi(gt, pred, out, score_threshold=score_threshold)

@@ -94,6 +94,7 @@ def test_report_renders_in_chromium(report_html: Path, tracked_eval, tmp_path: P
     # The header band is the report's dark blue (#14213d), the page body light; a blank or an error page is not.
     assert np.abs(im[20, 700] - (0x14, 0x21, 0x3D)).max() < 8
     assert im.std() > 30 and (im.mean(axis=2) > 200).mean() > 0.3
+    # For a human look: PFACTORY_REPORT_SCREENSHOT=/path/shot.png pytest tests/report/test_browser.py
     keep = os.environ.get("PFACTORY_REPORT_SCREENSHOT")
-    if keep:  # for a human look: PFACTORY_REPORT_SCREENSHOT=/path/shot.png pytest tests/report/test_browser.py
+    if keep:
         shutil.copyfile(shot, keep)
