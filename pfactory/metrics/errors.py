@@ -32,14 +32,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from pfactory.metrics.matching import FlatBoxes, ap_of_list, greedy_match
 
-if TYPE_CHECKING:
-    from pfactory.metrics.detection import KpiParams
+
+class KpiParams(Protocol):
+    """The fields of `detection.KpiParams` the breakdown reads (a protocol: detection imports this module)."""
+
+    classes: tuple[str, ...]
+    dist_th_tp_m: float
+    error_bg_dist_m: float
+    score_threshold: float
+    half_turn_classes: tuple[str, ...]
+    min_recall: float
+    min_precision: float
 
 LABELS = ("tp", "duplicate", "classification", "localization", "both", "background")
 ERROR_TYPES = LABELS[1:]

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from pfactory.metrics.detection import FrameDetections
+
+class FrameDetections(Protocol):
+    """What the matching reads of a `detection.FrameDetections` (a protocol: no import of detection,
+    which imports this module)."""
+
+    frame_id: str
+    boxes: np.ndarray  # [N, 7]
+    names: np.ndarray  # [N]
+    scores: np.ndarray | None  # [N]
 
 # The devkit interpolates every curve at 101 recall points: 0 %, 1 %, ..., 100 %.
 N_RECALL_POINTS = 101

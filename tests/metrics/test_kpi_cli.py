@@ -157,7 +157,7 @@ def test_error_breakdown_and_score_threshold(tmp_path: Path) -> None:
 def test_cli_score_threshold(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from pfactory.cli import app
+    from flows.cli import app
 
     gts, preds = random_detections(n_frames=3, gt_per_frame=6, pred_per_frame=12, seed=2)
     gt, pred = write_dir(tmp_path / "gt", gts), write_dir(tmp_path / "pred", preds)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pfactory.cli import app
+from flows.cli import app
 from tests.report.helpers import Page, external_references
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
