@@ -9,8 +9,9 @@ Files out (`out` = `paths.eval`, built in a temporary sibling and renamed into p
     report/kitti/{ground_truth,optimized,reference}/<frame_id>.txt   KITTI label / result files
     report/per_frame.json         TP/FP/FN per frame and class (error analysis), both models
     report/pr_curves.json         PR curves of every class and distance threshold, both models
-    report/pr.png, report/bev/NN_<frame_id>.png   PR curves; BEV of the worst frames
-    report/report.html, report/worst/NN_<frame_id>_<panel>.png   the run report (pfactory.report), its frames
+    report/pr.png                 PR curves
+    report/report.html, report/worst/NN_<frame_id>_<panel>.png   the run report (pfactory.report) and its worst
+                                  frames (camera + BEV, error labels)
     report/timings.json           per task: worker, pid, load/read/infer seconds; per run: throughput, overhead
 Metrics back: flat dict with mAP, NDS, reference_mAP, delta_mAP, frames, data_hash, kpis_path, throughput and
 the MLflow scalars (`eval/...`, `time/...`; docs/EVALUATE.md). The work: `pfactory.evaluate.evaluation`.

@@ -107,7 +107,7 @@ def evaluate(
         doc, kpis, ref_kpis, gt, preds = score(ev, inputs, results)
         timings["kpi_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        write_reports(ev, inputs, tmp, doc, kpis, ref_kpis, gt, preds, results)
+        write_reports(ev, inputs, tmp, doc, kpis, ref_kpis)
         from pfactory.report.run import write_stage_report
 
         write_stage_report(report, doc, gt, preds["optimized"], optimized, data, ev.worst_frames, champion)
@@ -164,9 +164,8 @@ def log_mlflow(out: Path, scalars: dict[str, float], inputs: Any) -> None:
     for p in sorted(report.iterdir()):
         if p.is_file():
             mlflow.log_artifact(str(p), artifact_path="eval/report")
-    for sub in ("bev", "worst"):
-        if (report / sub).is_dir():
-            mlflow.log_artifacts(str(report / sub), artifact_path=f"eval/report/{sub}")
+    if (report / "worst").is_dir():
+        mlflow.log_artifacts(str(report / "worst"), artifact_path="eval/report/worst")
     from pfactory.report.run import log_report
 
     log_report(report / "report.html")  # the pipeline's parent run (PFACTORY_PARENT_RUN_ID), else this one

@@ -262,21 +262,3 @@ def _latency_summary(latency: dict[str, Any], runner: str) -> dict[str, Any]:
     speed = latency.get("speedup_vs_eager", {})
     out["speedup_vs_eager"] = {b: r[runner] for b, r in speed.items() if runner in r}
     return out
-
-
-def unit_points(inputs: Any, frame_ids: list[str], unit_of: dict[str, int]) -> dict[str, Any]:
-    """Points `[N, 4]` of a few frames, read from their units' row groups."""
-    from pfactory.data.shards import fixed_rows, open_shard
-
-    out: dict[str, Any] = {}
-    for unit_index in sorted({unit_of[f] for f in frame_ids}):
-        u = inputs.units[unit_index]
-        table = open_shard(Path(inputs.data.root) / u.shard).read_row_groups(
-            list(range(u.rg_start, u.rg_stop)), columns=["frame_id", "points"]
-        )
-        for fid, pts in zip(
-            table.column("frame_id").to_pylist(), fixed_rows(table.column("points"), 4, "float32")
-        ):
-            if fid in frame_ids:
-                out[fid] = pts
-    return out

@@ -50,7 +50,7 @@ class EvaluateParams(Section):
     frame_score_threshold: Annotated[float, Field(ge=0)] = 0.3
     """Per-frame TP/FP/FN counts, the error breakdown and the worst frames use predictions scoring at least this."""
     worst_frames: NonNegInt = 6
-    """BEV renders of this many frames with the most errors (FP + FN at 2 m)."""
+    """The run report draws this many frames with the most errors (non-tp detections + missed GT), camera + BEV."""
 
     @field_validator("range_edges_m")
     @classmethod

@@ -1,5 +1,5 @@
-"""The evaluate stage's reports: kpis.json content, KPI deltas, PR-curve plot data and PNGs, worst-frame BEVs,
-and the MLflow scalars.
+"""The evaluate stage's reports: kpis.json content, KPI deltas, PR-curve plot data and PNG, and the MLflow
+scalars. (The worst frames are drawn by the run report, pfactory.report: `report/worst/`.)
 
 In:  `DetectionKpis` of the optimized model (and of the PyTorch reference), per-frame counts, frames.
 Out: plain dicts / files, each written atomically:
@@ -7,10 +7,8 @@ Out: plain dicts / files, each written atomically:
     kpi_delta(a, b)               a - b for mAP, NDS, and per class AP/mean AP/ATE/ASE/AOE, per range bucket
     write_pr_csv(folder, kpis)    `<class>.csv` (recall, precision, confidence at the TP threshold): DVC plots
     render_pr_png(path, kpis)     precision-recall per class, one line per distance threshold
-    worst_frames(per_frame, n)    the n frames with the most errors (FP + FN), ties by frame id
-    render_bev(path, ...)         BEV of one frame: points, GT (solid), predictions (dashed, with scores)
     mlflow_scalars(document, ...) `eval/...` metric names (docs/EVALUATE.md)
-    write_reports(...)            kpis.json, pr/, report/{pr_curves,per_frame}.json, pr.png, bev/ of one evaluation
+    write_reports(...)            kpis.json, pr/, report/{pr_curves,per_frame}.json, pr.png of one evaluation
     write_timings(...)            report/timings.json: per task and per run
 matplotlib is imported inside the renderers (Agg canvas, no pyplot state).
 """
@@ -24,9 +22,8 @@ from typing import Any
 import numpy as np
 
 from pfactory import artifacts as af
-from pfactory.evaluate.inputs import unit_points
 from pfactory.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
-from pfactory.metrics.detection import DetectionKpis, FrameDetections
+from pfactory.metrics.detection import DetectionKpis
 
 TP_KEYS = ("ate", "ase", "aoe")
 
@@ -122,40 +119,6 @@ def render_pr_png(path: Path, kpis: DetectionKpis, title: str) -> Path:
     return _save(fig, path)
 
 
-def worst_frames(per_frame: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """The `n` frames with the most errors (FP + FN at the TP threshold), most first, ties by frame id;
-    frames without any error are never "worst"."""
-    bad = [r for r in per_frame if r["fp"] + r["fn"] > 0]
-    return sorted(bad, key=lambda r: (-(r["fp"] + r["fn"]), r["frame_id"]))[:n]
-
-
-def render_bev(
-    path: Path,
-    points: np.ndarray,  # [N, 4] reference frame
-    gt: FrameDetections,
-    pred: FrameDetections,
-    title: str,
-    score_threshold: float,
-) -> Path:
-    """BEV of a frame: points by height, GT solid in class colours, predictions >= `score_threshold` dashed."""
-    from matplotlib.figure import Figure
-
-    from pfactory.sensors.show import PRED_COLOR, _draw_bev, _legend, bev_range, class_color
-
-    drawn: list[tuple] = [(b, class_color(str(n)), "solid", None) for b, n in zip(gt.boxes, gt.names)]
-    keep = np.flatnonzero(pred.scores >= score_threshold) if pred.scores is not None else []
-    drawn += [(pred.boxes[i], PRED_COLOR, (0, (3, 2)), f"{pred.names[i]} {pred.scores[i]:.2f}") for i in keep]
-    # Framed on the points and the GT: one absurd predicted box (an untrained net's exp(size)) must not
-    # shrink the scene to a corner; predictions outside the window are clipped.
-    window = bev_range(points, list(gt.boxes))  # (x0, y0, z0, x1, y1, z1)
-    aspect = (window[4] - window[1]) / max(window[3] - window[0], 1e-6)
-    fig = Figure(figsize=(10, min(10 * aspect, 10) + 1.2), dpi=100, layout="constrained")
-    _draw_bev(fig.add_subplot(1, 1, 1), points, drawn, window, "height")
-    _legend(fig, [str(n) for n in gt.names], len(keep) > 0)
-    fig.suptitle(title, fontsize=9)
-    return _save(fig, path)
-
-
 def mlflow_scalars(
     document: dict[str, Any], timings: dict[str, float], runs: dict[str, Any]
 ) -> dict[str, float]:
@@ -184,17 +147,8 @@ def mlflow_scalars(
     return {k: float(v) for k, v in out.items() if v is not None and np.isfinite(v)}
 
 
-def write_reports(
-    ev: Any,
-    inputs: Any,
-    tmp: Path,
-    doc: dict,
-    kpis: Any,
-    ref: Any,
-    gt: list,
-    preds: dict,
-    results: dict,
-) -> None:
+def write_reports(ev: Any, inputs: Any, tmp: Path, doc: dict, kpis: Any, ref: Any) -> None:
+    """kpis.json, pr/<class>.csv, report/{pr_curves,per_frame}.json and report/pr.png of one evaluation."""
     report = tmp / "report"
     atomic_write_json(tmp / af.KPIS, doc)
     tp_th = doc["params"]["dist_th_tp_m"]
@@ -215,17 +169,6 @@ def write_reports(
     render_pr_png(
         report / "pr.png", kpis, f"{inputs.optimized.name}: mAP {doc['mAP']:.4f}, NDS* {doc['NDS']:.4f}"
     )
-    worst = worst_frames(kpis.per_frame, ev.worst_frames)
-    if worst:
-        by_id = {f.frame_id: f for f in gt}
-        pred_by_id = {f.frame_id: f for f in preds["optimized"]}
-        unit_of = {fid: u for u, r in results["optimized"].items() for fid in r.frame_ids}
-        points = unit_points(inputs, [w["frame_id"] for w in worst], unit_of)
-        for rank, w in enumerate(worst):
-            fid = w["frame_id"]
-            title = f"frame {fid}: {w['tp']} TP, {w['fp']} FP, {w['fn']} FN (2 m, score >= {ev.frame_score_threshold})"
-            render_bev(report / "bev" / f"{rank:02d}_{fid}.png", points[fid], by_id[fid], pred_by_id[fid], title,
-                       ev.frame_score_threshold)  # fmt: skip
 
 
 def write_timings(tmp: Path, where: str, runs: dict, timings: dict, results: dict) -> None:

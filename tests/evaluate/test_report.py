@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pfactory.evaluate.report import kpi_delta, kpis_document, mlflow_scalars, worst_frames
+from pfactory.evaluate.report import kpi_delta, kpis_document, mlflow_scalars
 from pfactory.metrics.detection import KpiParams, evaluate_detections
 from pfactory.metrics.synthetic import random_detections
 
@@ -30,17 +30,6 @@ def test_delta_is_optimized_minus_reference_everywhere() -> None:
     )
     assert kpi_delta(doc, doc)["mAP"] == 0.0
     assert "params" not in doc["reference"] and doc["params"]["dist_th_tp_m"] == 2.0
-
-
-def test_worst_frames_most_errors_first_ties_by_id_never_clean_frames() -> None:
-    rows = [
-        {"frame_id": "b", "tp": 1, "fp": 2, "fn": 1},
-        {"frame_id": "a", "tp": 0, "fp": 1, "fn": 2},
-        {"frame_id": "c", "tp": 5, "fp": 0, "fn": 0},
-        {"frame_id": "d", "tp": 0, "fp": 4, "fn": 0},
-    ]
-    assert [r["frame_id"] for r in worst_frames(rows, 3)] == ["d", "a", "b"]
-    assert [r["frame_id"] for r in worst_frames(rows, 10)] == ["d", "a", "b"]
 
 
 def test_mlflow_names() -> None:

@@ -94,10 +94,12 @@ def test_worst_frames_and_calibration_by_hand() -> None:
     params = KpiParams(classes=("Car",), range_buckets_m=(), score_threshold=0.3)
     kpis = evaluate_detections(gts, preds, params)
     worst = worst_frames(kpis, 5)
-    assert [(w["frame_id"], w["errors"]) for w in worst] == [
-        ("001", 3),
-        ("002", 1),
-    ]  # 1 bkg + 2 missed; 1 missed
+    # Frame 1: 1 background + 2 missed; frame 2: 1 missed; frame 0 has no error.
+    assert [(w["frame_id"], w["errors"]) for w in worst] == [("001", 3), ("002", 1)]
+    # A tie goes to the smaller frame id, whatever the input order.
+    tie_g, tie_p = _frames([1, 1, 2], [[], [], [0.9, 0.8]], [0, 0, 2])
+    tied = worst_frames(evaluate_detections(tie_g[::-1], tie_p[::-1], params), 5)
+    assert [w["frame_id"] for w in tied] == ["000", "001"]
     assert worst[0]["background"] == 1 and worst[0]["missed"] == 2  # the 0.15 detection is below 0.3
     cal = calibration(
         evaluate_detections(gts, preds, KpiParams(classes=("Car",), range_buckets_m=(), score_threshold=0)),

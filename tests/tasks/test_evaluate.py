@@ -126,8 +126,8 @@ def test_stage_writes_kpis_reports_predictions_and_mlflow(setup, baseline) -> No
     assert len([r for r in table if r["kind"] == "ground_truth"]) == doc["data"]["ground_truth_boxes"]
     pr = (out / "pr" / "Car.csv").read_text().splitlines()
     assert pr[0] == "recall,precision,confidence" and len(pr) == 102
-    bev = sorted((out / "report" / "bev").glob("*.png"))
-    assert 1 <= len(bev) <= 2 and all(p.read_bytes()[:4] == b"\x89PNG" for p in bev)
+    worst = sorted((out / "report" / "worst").glob("*.png"))  # 2 frames x (camera, BEV)
+    assert 2 <= len(worst) <= 4 and all(p.read_bytes()[:4] == b"\x89PNG" for p in worst)
 
     timings = json.loads((out / "report" / "timings.json").read_text())
     n_units = len({u["unit"] for u in timings["units"]})
