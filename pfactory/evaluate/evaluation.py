@@ -22,6 +22,7 @@ from typing import Any
 from pfactory import artifacts as af
 from pfactory.evaluate.params import EvaluateParams
 from pfactory.evaluate.scoring import KINDS, score
+from pfactory.progress import emit as emit_progress
 
 
 @contextlib.contextmanager
@@ -94,6 +95,7 @@ def evaluate(
                     write_kitti(report / "kitti" / "ground_truth", res.gt)
                     parts.add("ground_truth", res.unit, res.gt)
                 advance(res.kind, len(res.frame_ids))
+                emit_progress("evaluate", kind=res.kind, done=sum(len(r.frame_ids) for r in results[res.kind].values()), total=inputs.frames)  # fmt: skip
 
             t0 = time.perf_counter()
             with dask_client(address, ev.workers, ev.threads_per_worker) as (client, where):

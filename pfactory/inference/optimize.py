@@ -19,6 +19,7 @@ from typing import Any
 from pfactory.fsutil import atomic_directory, atomic_write_json, sha256_file
 from pfactory.inference.errors import BackendUnavailable, ParityError
 from pfactory.inference.params import OptimizeParams
+from pfactory.progress import emit as emit_progress
 
 ORT_PRECISIONS = ("fp32", "int8")
 
@@ -131,6 +132,7 @@ def optimize(
 
     with atomic_directory(out) as tmp:
         # 1. export + checks
+        emit_progress("optimize", phase="exporting ONNX")
         meta = {
             "pfactory.classes": model_config.get("classes", list(model.params.classes)),
             "pfactory.image_size": list(model.image_size),
@@ -146,6 +148,7 @@ def optimize(
 
         # 2. ONNX Runtime FP32 (always: the baseline of the export itself) and INT8, both from the
         #    exactly-rewritten graph (ScatterND rows, no size-1 sums: pfactory.inference.graph_rewrite)
+        emit_progress("optimize", phase="ONNX Runtime FP32 graph")
         t0 = time.perf_counter()
         ort_src = tmp / ".model.ort-rewritten.onnx"  # intermediate, removed below
         rewrites = write_rewritten(tmp / mf.ONNX_FILE, ort_src)
@@ -162,6 +165,7 @@ def optimize(
             )
             timings["calibration_data_s"] = time.perf_counter() - t0
         if precision == "int8" and backend == "onnxruntime":
+            emit_progress("optimize", phase=f"INT8 quantization, {opt.int8.calibration_frames} frames")
             q = quantize_int8(
                 ort_src, tmp / mf.ORT_DIR / "model.int8.onnx", calib.feeds, opt.int8,
                 cache_path=tmp / mf.ORT_DIR / "calibration.json", work_dir=tmp,
@@ -175,12 +179,14 @@ def optimize(
         # 3. TensorRT engine (GPU machines)
         trt_meta = None
         if backend == "tensorrt":
+            emit_progress("optimize", phase=f"building the TensorRT {precision} engine")
             entry = _build_tensorrt(opt, precision, tmp, exported, calib, previous_timing)
             timings["tensorrt_build_s"] = entry["build_s"]
             trt_meta = entry["metadata"]
             artifacts.append(entry)
 
         # 4. parity vs PyTorch on held-out frames
+        emit_progress("optimize", phase=f"parity vs PyTorch on {opt.parity.frames} held-out frames")
         t0 = time.perf_counter()
         eager = TorchRunner(model, torch_device, threads)
         reference = [eager.run(f) for f in held.feeds]
@@ -216,6 +222,7 @@ def optimize(
             raise ParityError(report_failures(report), str(kept))
 
         # 5. latency, PyTorch eager in the same run, interleaved
+        emit_progress("optimize", phase=f"latency at batch {', '.join(map(str, opt.latency.batch_sizes))}")
         t0 = time.perf_counter()
         timed = {EAGER: eager} if opt.latency.eager else {}
         for name, a in zip(runners, artifacts):

@@ -41,6 +41,7 @@ from pfactory.model.io import save_model
 from pfactory.model.loss import detection_loss
 from pfactory.model.params import ModelParams
 from pfactory.model.targets import build_targets
+from pfactory.progress import emit as emit_progress
 from pfactory.train.checkpoint import (
     CHECKPOINT,
     CHECKPOINT_FORMAT,
@@ -253,6 +254,8 @@ class Trainer:
             logged = {f"train/{k}": v for k, v in record.items() if k != "step"}
             logged["train/peak_memory_mb"] = peak_memory_mb(self.rt.device)
             self.tracker.metrics(logged, step)
+        if self.rt.is_main:  # to `factory run`'s terminal (pfactory.progress)
+            emit_progress("train", step=step, total=self.total, loss=record["loss"], samples_per_s=record["samples_per_s"])  # fmt: skip
         if bar is not None:
             bar.update(bar.task_ids[0], completed=step, loss=record["loss"], sps=record["samples_per_s"],
                        lr=record["lr"])  # fmt: skip
