@@ -21,6 +21,7 @@ from typing import Any
 
 EXPERIMENT = "perception-factory"
 PARENT_ENV = "PFACTORY_PARENT_RUN_ID"
+PREFECT_STARTUP_TIMEOUT_S = 180  # see configure_environment
 LINEAGE_PACKAGES = (
     "torch",
     "triton",
@@ -50,7 +51,8 @@ def configure_environment(root: str | Path | None = None) -> Path:
     """Set offline, in-project defaults for MLflow, Prefect, DVC and Dask; returns the root.
 
     Only variables that are not already set are touched, so a user's `MLFLOW_TRACKING_URI`
-    or `PREFECT_API_URL` (real servers) wins.
+    or `PREFECT_API_URL` (real servers), or their own `PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`,
+    wins.
     """
     root = project_root(root)
     state = root / "artifacts" / ".state"
@@ -63,6 +65,10 @@ def configure_environment(root: str | Path | None = None) -> Path:
         "PREFECT_HOME": str(state / "prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "WARNING",
+        # The ephemeral API creates and migrates its SQLite DB on a first start: 13 s on a quiet 2-core
+        # box, 42 s on a 2-3x slower one at load 3, where Prefect's own default (20 s) timed out the very
+        # first `factory run`. 4x the slowest start seen; only a genuinely stuck server waits this long.
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(PREFECT_STARTUP_TIMEOUT_S),
         "DVC_NO_ANALYTICS": "1",
         "DVC_SITE_CACHE_DIR": str(state / "dvc-site"),  # DVC's default is under the system temp dir
         "DO_NOT_TRACK": "1",
