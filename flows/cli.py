@@ -175,35 +175,27 @@ def run_cmd(
 ) -> None:
     """Run the whole pipeline: a Prefect flow running the dvc.yaml stages in a fresh run workspace
     (artifacts/runs/<run id>), one MLflow run with lineage, gated promotion. Embedded defaults: synthetic
-    data, local Prefect, sqlite MLflow, local DVC cache, local Dask.
+    data, local Prefect, sqlite MLflow, local DVC cache, local Dask. Live progress on stderr.
 
-    Exit 1 when a stage fails (a refused promotion is a result, not a failure).
+    Exit codes: 0 done (a refused promotion is a result, not a failure); 1 a stage failed; 2 bad usage or
+    parameters; 3 a local service (Prefect API, MLflow store) did not start; 75 a transient failure that
+    outlived its retries. A failure prints one screen: stage, reason, log path, what to try.
     Example: factory run -S train.epochs=5 --name five-epochs
     """
     import time
 
     t0 = time.perf_counter()
     _params(Path("params.yaml"), set_param)  # refuse bad overrides before anything starts
-    from flows.pipeline import STAGES, pipeline
-    from flows.summary import render_summary
-    from flows.workspace import StageFailed
+    from flows.pipeline import STAGES
+    from flows.run import run_command
 
     stages = None
     if until is not None:
         if until not in STAGES:
             _fail(f"--until must be one of {', '.join(STAGES)}, got {until!r}", code=2)
         stages = list(STAGES[: STAGES.index(until) + 1])
-    flow = pipeline.with_options(flow_run_name=name) if name else pipeline
-    try:
-        result = flow(overrides=set_param or [], name=name, stages=stages)
-    except StageFailed as e:
-        _fail(str(e))
-    if json_out:
-        typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
-    else:
-        from rich.console import Console
-
-        Console().print(render_summary(result, wall_s=time.perf_counter() - t0))
+    code = run_command(set_param or [], name=name, stages=stages, json_out=json_out, started=t0)
+    raise typer.Exit(code)
 
 
 @app.command("prepare")

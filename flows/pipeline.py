@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -37,18 +36,53 @@ configure_environment()  # before Prefect is imported: PREFECT_HOME, analytics o
 
 from prefect import flow, get_run_logger, task  # noqa: E402
 
-from flows.workspace import Workspace, create_workspace, new_run_id  # noqa: E402
+from flows import runlog  # noqa: E402
+from flows.console import current as current_console  # noqa: E402
+from flows.failure import openable  # noqa: E402
+from flows.workspace import StageFailed, Workspace, create_workspace, new_run_id  # noqa: E402
 
 STAGES = af.stage_names()  # declared once, in dvc.yaml
-# Stages whose failures can be transient (worker processes, a Dask cluster, a registry server): retried.
-# train and optimize are deterministic compute: a failure there is a bug or bad params, not transient.
-RETRIES = {"synth": 1, "prepare": 1, "train": 0, "optimize": 0, "evaluate": 2, "promote": 2}
+# Attempts after the first, per stage: only ever for a transient failure (`_transient_only`), so a
+# deterministic stage error (a gate, bad data, a bug, bad params) fails once. evaluate and promote talk
+# to a Dask cluster and the registry (servers that hiccup): one more try than the pure-compute stages.
+RETRIES = {"evaluate": 2, "promote": 2}  # others: DEFAULT_RETRIES
+DEFAULT_RETRIES = 1
+RETRY_DELAY_S = 5
+PROGRESS_FILE = "progress.jsonl"  # under <workspace>/logs/: the stages' progress events (pfactory.progress)
+
+
+def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's `retry_condition_fn`: retry a stage only when its failure was transient (a lost worker
+    or connection, exit 75, a killed process: `StageFailed.transient`), never a deterministic error."""
+    exc = state.data if isinstance(state.data, BaseException) else None
+    if exc is None:
+        try:
+            exc = state.result(raise_on_failure=False)
+        except Exception:
+            return False
+    return isinstance(exc, StageFailed) and exc.transient
 
 
 def _stage_task(stage: str) -> Any:
-    @task(name=stage, retries=RETRIES[stage], retry_delay_seconds=2)
+    retries = RETRIES.get(stage, DEFAULT_RETRIES)
+
+    @task(
+        name=stage,
+        retries=retries,
+        retry_delay_seconds=RETRY_DELAY_S,
+        retry_condition_fn=_transient_only,
+    )
     def run_stage(ws: Workspace) -> dict[str, Any]:
-        result = ws.repro(stage)
+        try:
+            result = ws.repro(stage)
+        except StageFailed as e:
+            if e.transient and ws.attempts[stage] <= retries:
+                current_console().note(
+                    f"{stage}: transient failure (exit {e.status}); retrying in {RETRY_DELAY_S} s "
+                    f"(attempt {ws.attempts[stage] + 1} of {retries + 1})",
+                    style="yellow",
+                )
+            raise
         get_run_logger().info("%s: %s in %.1f s", stage, result["how"], result["seconds"])
         return result
 
@@ -56,12 +90,6 @@ def _stage_task(stage: str) -> Any:
 
 
 STAGE_TASKS = {stage: _stage_task(stage) for stage in STAGES}
-
-
-def _progress(line: str) -> None:
-    """One progress line on stderr (Prefect's own logs are at WARNING by default: they stay quiet)."""
-    sys.stderr.write(f"{time.strftime('%H:%M:%S')} {line}\n")
-    sys.stderr.flush()
 
 
 def declared_stages(root: Path) -> list[str]:
@@ -142,6 +170,7 @@ def pipeline(
     import mlflow
 
     from pfactory.config import load_params
+    from pfactory.progress import PROGRESS_ENV
     from pfactory.tracking import PARENT_ENV, experiment_id, flatten, lineage_tags
 
     t_start = time.perf_counter()
@@ -153,9 +182,11 @@ def pipeline(
         raise ValueError(f"unknown stages {unknown}; known: {list(STAGES)}")
     run_id = new_run_id(name)
     ws = create_workspace(root_path, params, run_id)
+    runlog.attach(ws.path / "logs" / "prefect.log")  # `factory run`: Prefect's own records, off the terminal
+    console = current_console()
     logger = get_run_logger()
     logger.info("run %s: workspace %s", run_id, ws.path)
-    _progress(f"run {run_id}: workspace {ws.path}")
+    console.note(f"run {run_id}: workspace {openable(ws.path)}")
 
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     exp_id = experiment_id(root_path)
@@ -168,7 +199,8 @@ def pipeline(
     }
     timings_dir = ws.path / "logs" / "timings"
     timings_dir.mkdir(parents=True, exist_ok=True)
-    env_before = {k: os.environ.get(k) for k in (PARENT_ENV, "PFACTORY_TIMINGS_DIR")}
+    progress_file = ws.path / "logs" / PROGRESS_FILE
+    env_before = {k: os.environ.get(k) for k in (PARENT_ENV, "PFACTORY_TIMINGS_DIR", PROGRESS_ENV)}
     with mlflow.start_run(
         experiment_id=exp_id,
         run_name=name or run_id,
@@ -182,13 +214,21 @@ def pipeline(
         mlflow.log_dict(params.model_dump(mode="json"), "params.json")
         os.environ[PARENT_ENV] = run.info.run_id
         os.environ["PFACTORY_TIMINGS_DIR"] = str(timings_dir)
+        os.environ[PROGRESS_ENV] = str(progress_file)
         try:
+            n = len(selected)
             for i, stage in enumerate(selected, 1):
-                _progress(f"[{i}/{len(selected)}] {stage} ...")
-                results["stages"][stage] = STAGE_TASKS[stage](ws)
+                console.stage_started(i, n, stage)
+                try:
+                    with console.following(progress_file):
+                        results["stages"][stage] = STAGE_TASKS[stage](ws)
+                except StageFailed as e:
+                    e.index, e.total, e.attempts = i, n, ws.attempts[stage]
+                    console.stage_failed()
+                    raise
                 results["timings_s"][stage] = round(ws.stage_seconds[stage], 3)
                 r = results["stages"][stage]
-                _progress(f"[{i}/{len(selected)}] {stage}: {r['how']}, {r['seconds']:.1f} s")
+                console.stage_finished(i, n, stage, r["how"], r["seconds"])
                 mlflow.log_metric(f"time/{stage}_s", results["timings_s"][stage])
         finally:
             for k, v in env_before.items():

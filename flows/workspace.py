@@ -40,13 +40,24 @@ _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 
 
 class StageFailed(RuntimeError):
-    """A `dvc repro <stage>` exited non-zero; the message carries the tail of its output."""
+    """A `dvc repro <stage>` exited non-zero. `output` is this attempt's DVC + stage output, `log` the
+    stage log (all attempts), `status` the stage command's own exit status (negative: killed by that
+    signal; None: DVC failed around it), `transient` whether a retry may help (`flows.failure`)."""
 
     def __init__(self, stage: str, returncode: int, output: str, log: Path) -> None:
-        tail = "\n".join(output.strip().splitlines()[-25:])
-        super().__init__(f"stage {stage!r} failed (exit {returncode}); full log: {log}\n{tail}")
+        from flows.failure import is_transient_exit, stage_exit_status, stage_reason
+
         self.stage = stage
         self.returncode = returncode
+        self.output = output
+        self.log = log
+        self.status = stage_exit_status(output)
+        self.transient = is_transient_exit(self.status, output)
+        how = "transient" if self.transient else "deterministic"
+        reason = "\n  ".join(stage_reason(output))
+        super().__init__(
+            f"stage {stage!r} failed ({how}, exit {self.status}; dvc exit {returncode}); log: {log}\n  {reason}"
+        )
 
 
 def new_run_id(name: str | None = None) -> str:
@@ -65,6 +76,7 @@ class Workspace:
     run_id: str
     params: Any
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)  # `repro` calls per stage (1 + retries)
 
     def abs(self, rel: str | Path) -> Path:
         """A `params.paths` entry resolved inside the workspace (absolute paths stay as they are)."""
@@ -104,10 +116,13 @@ class Workspace:
     def repro(self, stage: str) -> dict[str, Any]:
         """`dvc repro <stage>` (upstream stages already reproduced are no-ops); returns what DVC did:
         `{"seconds", "ran", "restored_from_run_cache", "unchanged", "how"}` ("how": ran | run-cache | up to date)."""
+        self.attempts[stage] = self.attempts.get(stage, 0) + 1
         t0 = time.perf_counter()
-        proc = self.dvc("repro", stage, log_name=stage)
-        seconds = time.perf_counter() - t0
-        self.stage_seconds[stage] = seconds
+        try:
+            proc = self.dvc("repro", stage, log_name=stage)
+        finally:
+            self.stage_seconds[stage] = time.perf_counter() - t0
+        seconds = self.stage_seconds[stage]
         out = proc.stdout
         result = {
             "seconds": round(seconds, 3),

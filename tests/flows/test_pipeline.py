@@ -206,3 +206,54 @@ def test_dvc_exp_run_with_a_param_override(project: Path) -> None:
         out = json.loads(diff.stdout)
         kpis = out.get("diff", out)["artifacts/eval/kpis.json"]  # {path: {metric: {old, new, diff}}}
         assert "mAP" in kpis and kpis["mAP"]["old"] is not None and kpis["mAP"]["new"] is not None, kpis
+
+
+def test_a_deterministic_stage_failure_is_one_screen_and_not_retried(project: Path) -> None:
+    r = factory(project, "run", *tiny_args(), "-S", "prepare.min_points=10000000", "--name", "fails")
+    lines = r.stderr.splitlines()
+    assert r.returncode == 1, r.stderr
+    assert len(lines) <= 15, r.stderr  # the whole terminal output of the failed run
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert "failed at stage prepare (2 of 6)" in r.stderr and "not retried" in r.stderr, r.stderr
+    assert "frames refused" in r.stderr, r.stderr
+    # The log path opens from where the user stands (the project root here), and so does rejected.jsonl.
+    log = next(ln.split()[1] for ln in lines if ln.startswith("log:"))
+    assert not Path(log).is_absolute() and (project / log).is_file(), log
+    rejected = next(w for w in r.stderr.split() if w.endswith("rejected.jsonl"))
+    assert (project / rejected).is_file(), rejected
+    assert (project / log).read_text().count("$ dvc repro prepare") == 1  # one attempt: not retried
+    prefect_log = (project / log).parent / "prefect.log"
+    assert "Traceback" in prefect_log.read_text()  # Prefect's own output went to the file
+
+
+FLAKY_ONCE = """
+
+import os as _os
+
+_run_once_flaky = run
+
+
+def run(params, out):  # test: the first attempt loses its connection (a transient failure)
+    marker = _os.environ["PFACTORY_TEST_FLAKY_ONCE"]
+    if not _os.path.exists(marker):
+        open(marker, "w").close()
+        raise ConnectionResetError("simulated: connection reset by peer")
+    return _run_once_flaky(params, out)
+"""
+
+
+def test_a_transient_stage_failure_is_retried(tmp_path: Path) -> None:
+    proj = make_project(tmp_path / "flaky")
+    synth = proj / "tasks" / "synth.py"
+    code = synth.read_text()
+    synth.write_text(code.replace("\ndef main(", FLAKY_ONCE + "\n\ndef main(", 1))
+    marker = tmp_path / "failed-once"
+    r = factory(
+        proj, "run", *tiny_args(), "--until", "synth", "--json", env={"PFACTORY_TEST_FLAKY_ONCE": str(marker)}
+    )
+    assert r.returncode == 0, r.stderr
+    assert marker.exists()
+    assert "synth: transient failure (exit 75); retrying" in r.stderr, r.stderr
+    ws = Path(json.loads(r.stdout[r.stdout.index("{") :])["workspace"])
+    log = (ws / "logs" / "synth.log").read_text()
+    assert log.count("$ dvc repro synth") == 2 and "simulated: connection reset by peer" in log

@@ -1,0 +1,91 @@
+"""`factory run` end to end: services up, the flow, the summary or one failure screen, the exit code.
+
+1. the libraries' console logging goes to a log file (`flows.runlog`): the terminal gets only
+   what is written for the user;
+2. the local Prefect API and MLflow store start explicitly (`flows.startup`): a first start says what
+   it is doing, a failure says what to try (exit 3);
+3. the flow runs (`flows.pipeline.pipeline`) with live progress (`flows.console`);
+4. a finished run prints its summary (`flows.summary`) on stdout; a failed one prints one screen on
+   stderr (`flows.failure`) and returns its exit code (0 / 1 / 2 / 3 / 75, documented there).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+STATE_LOGS = Path("artifacts") / ".state" / "logs"  # a run's log when it ends before its workspace exists
+
+
+def run_command(
+    overrides: list[str],
+    name: str | None = None,
+    stages: list[str] | None = None,
+    json_out: bool = False,
+    started: float | None = None,
+) -> int:
+    """Run the pipeline as `factory run` does; returns the exit code. `started`: the command's start
+    (`time.perf_counter()`), for the summary's command-level orchestration share."""
+    from pfactory.tracking import configure_environment
+
+    t0 = started if started is not None else time.perf_counter()
+    root = configure_environment()
+    # Import what configures logging (Prefect's console handler, MLflow's) before capturing it.
+    import mlflow  # noqa: F401
+
+    from flows import runlog
+    from flows.console import RunConsole, use
+    from flows.failure import (
+        MAX_LINES,
+        ServiceFailed,
+        failure_lines,
+        flow_failure,
+        service_failure,
+        stage_failure,
+    )
+    from flows.pipeline import pipeline
+    from flows.startup import start_services
+    from flows.workspace import StageFailed
+
+    console = RunConsole()
+    use(console)
+    failure = None
+    result: dict[str, Any] | None = None
+    try:
+        with runlog.capture() as log:
+            try:
+                startup = start_services(console, root)
+                flow = pipeline.with_options(flow_run_name=name) if name else pipeline
+                result = flow(overrides=overrides, name=name, stages=stages)
+                result["startup"] = startup
+            except StageFailed as e:
+                failure = stage_failure(
+                    e.stage, e.output, e.log, e.log.parent.parent,
+                    getattr(e, "index", 0), getattr(e, "total", 0), getattr(e, "attempts", 1),
+                    prefect_log=log.path,
+                )  # fmt: skip
+            except ServiceFailed as e:
+                logging.getLogger("pfactory.run").error("service failed", exc_info=e)
+                failure = service_failure(e, log.spill(root / STATE_LOGS))
+            except Exception as e:
+                logging.getLogger("pfactory.run").error("the flow failed", exc_info=e)
+                failure = flow_failure(e, log.spill(root / STATE_LOGS))
+    finally:
+        use(None)
+    if failure is not None:
+        budget = MAX_LINES - console.printed  # the whole run's output stays within one screen
+        console.failure(failure_lines(failure, console.width, max_lines=budget))
+        return failure.exit_code
+    assert result is not None
+    if json_out:
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    else:
+        from rich.console import Console
+
+        from flows.summary import render_summary
+
+        Console().print(render_summary(result, wall_s=time.perf_counter() - t0))
+    return 0

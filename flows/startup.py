@@ -1,0 +1,160 @@
+"""Start the local services of a `factory run` before the flow, saying what a first start is doing.
+
+On a fresh clone both stores are created on the first run: Prefect's ephemeral API creates and migrates
+its SQLite database (13 s on a quiet 2-core box, 42 s on a 2-3x slower one at load 3) and MLflow creates
+its tables (a few seconds). Done here, explicitly, they are announced ("first run only"), timed, and a
+failure is one clear `ServiceFailed` (what failed, what to try) instead of a traceback from inside the
+flow. The ephemeral server is Prefect's own (`SubprocessASGIServer`, a process-wide singleton): the flow's
+client finds it running and reuses it. Its start-up timeout is Prefect's setting
+`PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`, which `pfactory.tracking.configure_environment`
+defaults to `PREFECT_STARTUP_TIMEOUT_S` unless the user set it.
+
+`PREFECT_API_URL` / `MLFLOW_TRACKING_URI` pointing at real servers: nothing is created, the servers are
+checked for an answer so that a wrong address fails in seconds, before any stage runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from flows.console import RunConsole
+from flows.failure import ServiceFailed
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The database file of a `sqlite:///...` / `sqlite+aiosqlite:///...` URL (None: not a sqlite file)."""
+    scheme, sep, rest = url.partition(":///")
+    if not sep or not scheme.startswith("sqlite") or rest in ("", ":memory:"):
+        return None
+    return Path(rest)  # sqlite:///relative/path, sqlite:////absolute/path
+
+
+def _first_start(db: Path | None) -> bool:
+    return db is not None and (not db.is_file() or db.stat().st_size == 0)
+
+
+def start_prefect(console: RunConsole) -> dict[str, Any]:
+    """Start Prefect's ephemeral API (unless `PREFECT_API_URL` names a server, which is checked instead).
+
+    Returns `{"prefect": "ephemeral" | url, "prefect_start_s": seconds, "prefect_first_start": bool}`.
+    Raises `ServiceFailed`.
+    """
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_HOME,
+        PREFECT_SERVER_DATABASE_CONNECTION_URL,
+        PREFECT_SERVER_EPHEMERAL_ENABLED,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+    )
+
+    t0 = time.perf_counter()
+    api = PREFECT_API_URL.value()
+    if api:
+        from flows.deploy import DeployError, check_server
+
+        try:
+            check_server(api)
+        except DeployError as e:
+            raise ServiceFailed(
+                f"the Prefect API at {api}",
+                [str(e).splitlines()[0]],
+                [
+                    "start it (`prefect server start`), or check PREFECT_API_URL",
+                    "or `unset PREFECT_API_URL` to run on the embedded local API",
+                ],
+            ) from e
+        return {
+            "prefect": api,
+            "prefect_start_s": round(time.perf_counter() - t0, 3),
+            "prefect_first_start": False,
+        }
+    if not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        raise ServiceFailed(
+            "Prefect",
+            [
+                "no PREFECT_API_URL, and the ephemeral API is disabled (PREFECT_SERVER_EPHEMERAL_ENABLED=false)"
+            ],
+            ["set PREFECT_API_URL to a running server, or PREFECT_SERVER_EPHEMERAL_ENABLED=true"],
+        )
+    from prefect.server.api.server import SubprocessASGIServer
+
+    db = _sqlite_file(str(PREFECT_SERVER_DATABASE_CONNECTION_URL.value() or ""))
+    first = _first_start(db)
+    timeout = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+    shown = db if db is not None else Path(str(PREFECT_HOME.value()))
+    what = (
+        f"first run only: creating the local Prefect database ({_rel(shown)}) and starting its API "
+        f"(up to a minute on a slow machine; limit {timeout} s)"
+        if first
+        else "starting the local Prefect API"
+    )
+    try:
+        with console.status(what + " …", announce=first):
+            SubprocessASGIServer().start()
+    except Exception as e:  # RuntimeError on a timeout or a crashed server; httpx errors
+        last = str(e).strip().splitlines()
+        raise ServiceFailed(
+            "the local Prefect API did not start",
+            [f"{type(e).__name__}: {last[0] if last else ''}"[:300], f"waited up to {timeout} s"],
+            [
+                "run it again: the first start creates the database, a second start is faster",
+                f"allow more time: export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS={4 * timeout}",
+                "or run a server (`prefect server start`) and export PREFECT_API_URL=http://127.0.0.1:4200/api",
+            ],
+        ) from e
+    seconds = time.perf_counter() - t0
+    if first or seconds > 10:
+        console.note(f"local Prefect API ready in {seconds:.1f} s" + (" (database created)" if first else ""))
+    return {"prefect": "ephemeral", "prefect_start_s": round(seconds, 3), "prefect_first_start": first}
+
+
+def start_mlflow(console: RunConsole, root: Path) -> dict[str, Any]:
+    """Create (first run) or open the MLflow store of `MLFLOW_TRACKING_URI` and the project's experiment.
+
+    Returns `{"mlflow_start_s", "mlflow_first_start"}`. Raises `ServiceFailed`.
+    """
+    import mlflow
+
+    from pfactory.tracking import experiment_id
+
+    uri = os.environ["MLFLOW_TRACKING_URI"]
+    db = _sqlite_file(uri)
+    first = _first_start(db)
+    t0 = time.perf_counter()
+    what = (
+        f"first run only: creating the local MLflow database ({_rel(db)})"
+        if first and db is not None
+        else f"opening the MLflow store {uri}"
+    )
+    try:
+        with console.status(what + " …", announce=first):
+            mlflow.set_tracking_uri(uri)
+            experiment_id(root)
+    except Exception as e:
+        last = str(e).strip().splitlines()
+        raise ServiceFailed(
+            f"the MLflow tracking store {uri}",
+            [f"{type(e).__name__}: {last[0] if last else ''}"[:300]],
+            [
+                "a tracking server: check that it answers (GET /health) and MLFLOW_TRACKING_URI",
+                "or `unset MLFLOW_TRACKING_URI` to use the embedded sqlite store under artifacts/mlflow/",
+            ],
+        ) from e
+    seconds = time.perf_counter() - t0
+    if first:
+        console.note(f"local MLflow database ready in {seconds:.1f} s")
+    return {"mlflow_start_s": round(seconds, 3), "mlflow_first_start": first}
+
+
+def _rel(path: Path | None) -> str:
+    from flows.failure import openable
+
+    return openable(path) if path is not None else "?"
+
+
+def start_services(console: RunConsole, root: Path) -> dict[str, Any]:
+    """Prefect, then MLflow (`start_prefect`, `start_mlflow`); their start-up figures."""
+    return {**start_prefect(console), **start_mlflow(console, root)}
