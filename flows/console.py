@@ -93,6 +93,9 @@ class RunConsole:
         self._started = 0.0
         self._last_plain = 0.0
         self._rate = _Rate()
+        self._readers: dict[
+            Path, ProgressReader
+        ] = {}  # one per progress file: each stage reads on from there
 
     @property
     def width(self) -> int:
@@ -184,9 +187,10 @@ class RunConsole:
         self._label = ""
 
     @contextlib.contextmanager
-    def following(self, path: str | Path) -> Iterator[None]:
-        """Tail the progress file `path` on a thread while the body runs (a stage's `dvc repro`)."""
-        reader = ProgressReader(path)
+    def following(self, path: str | Path, stage: str | None = None) -> Iterator[None]:
+        """Tail the progress file `path` on a thread while the body runs (a stage's `dvc repro`); only
+        events of `stage` are shown (None: all)."""
+        reader = self._readers.setdefault(Path(path), ProgressReader(path))
         stop = threading.Event()
 
         def pump() -> None:
@@ -194,7 +198,8 @@ class RunConsole:
                 done = stop.wait(POLL_S)
                 with contextlib.suppress(Exception):  # a display problem must not fail the run
                     for ev in reader.read():
-                        self.stage_progress(ev)
+                        if stage is None or ev.get("stage") == stage:
+                            self.stage_progress(ev)
                     self.heartbeat()
                 if done:
                     return

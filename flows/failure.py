@@ -208,7 +208,10 @@ def stage_failure(
     """The screen for a failed stage (`output`: its `dvc repro` output, all attempts)."""
     status = stage_exit_status(output)
     transient = is_transient_exit(status, last_attempt(output))
-    reason = [rewrite_paths(ln, workspace, cwd) for ln in stage_reason(output, workspace)]
+    reason = stage_reason(output, workspace)
+    # Paths in the message open from the user's directory; the `at FILE:LINE` location stays as it is:
+    # the project's own source file (the workspace holds a copy of it).
+    reason = [ln if ln.startswith("at ") else rewrite_paths(ln, workspace, cwd) for ln in reason]
     how = f"exit {status}" if status is None or status >= 0 else f"killed by signal {-status}"
     if attempts > 1:
         retried = f"failed {attempts} times (transient, retried)"

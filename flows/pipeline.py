@@ -186,7 +186,7 @@ def pipeline(
     console = current_console()
     logger = get_run_logger()
     logger.info("run %s: workspace %s", run_id, ws.path)
-    console.note(f"run {run_id}: workspace {openable(ws.path)}")
+    console.note(f"workspace {openable(ws.path)}")  # its name is the run id
 
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     exp_id = experiment_id(root_path)
@@ -220,7 +220,7 @@ def pipeline(
             for i, stage in enumerate(selected, 1):
                 console.stage_started(i, n, stage)
                 try:
-                    with console.following(progress_file):
+                    with console.following(progress_file, stage):
                         results["stages"][stage] = STAGE_TASKS[stage](ws)
                 except StageFailed as e:
                     e.index, e.total, e.attempts = i, n, ws.attempts[stage]

@@ -47,6 +47,22 @@ def render_summary(result: dict[str, Any], wall_s: float | None = None) -> Any:
             )
         parts.append(Text(line))
 
+    start = result.get("startup") or {}
+    if start.get("prefect_start_s") is not None:
+        prefect = (
+            "local Prefect API"
+            if start.get("prefect") == "ephemeral"
+            else f"Prefect API {start.get('prefect')}"
+        )
+        first = [k for k in ("prefect", "mlflow") if start.get(f"{k}_first_start")]
+        parts.append(
+            Text(
+                f"services: {prefect} up in {start['prefect_start_s']:.1f} s, MLflow store in "
+                f"{start.get('mlflow_start_s', 0):.1f} s"
+                + (f" (first start: {' and '.join(first)} database created)" if first else "")
+            )
+        )
+
     kpis = result.get("kpis")
     if kpis:
         t = Table(title="KPIs (evaluate, val split)", title_justify="left")

@@ -1,0 +1,252 @@
+"""The newcomer's first `factory run`, from scratch, N times: per-stage wall times, total, orchestration share.
+
+Each run: a fresh `git clone` of this repository into a new temp dir (no `artifacts/`, no Prefect home, no
+MLflow DB, no DVC cache, a HOME of its own: `tests/newcomer.py`), then either the README's first command
+exactly (`--install`: `python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/factory run`,
+install timed apart) or this environment reused (`python -m pfactory.cli run` from the clone's root: the
+clone's code comes first on sys.path), then the clone is deleted (`--keep DIR` keeps them). Nothing is
+shared between runs, so every run pays the first-start costs a newcomer pays.
+
+Variants (`--variant LABEL=k=v[,k=v...]`, repeatable) run `--runs` times each, in the order given, so one
+command produces the whole acceptance table, e.g. the default, one training thread and two other seeds:
+
+    factory bench newcomer --runs 3 --variant default= --variant torch1=train.torch_threads=1 \\
+        --variant seed1=data.seed=1 --variant seed2=data.seed=2 --json newcomer.json
+
+`--cpus 0.7` runs each clone inside a CPU quota (cgroup) of 0.7 CPUs: a slower machine, emulated.
+Quote figures measured on a quiet machine only; the load average before and after each run is printed.
+Output: one Markdown table row per run (paste-ready), then the median per variant; `--json` keeps all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from tests.newcomer import cpu_quota, fresh_clone, newcomer_env  # noqa: E402
+
+STAGES = ("synth", "prepare", "train", "optimize", "evaluate", "promote")
+INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q -e ."  # the README's install, quiet
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()}"
+
+
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    label, sep, overrides = text.partition("=")
+    if not sep or not label:
+        raise argparse.ArgumentTypeError(
+            f"--variant {text!r}: expected LABEL=k=v[,k=v...] (or LABEL= for none)"
+        )
+    parts, depth, cur = [], 0, ""
+    for ch in overrides:  # split on commas outside brackets: `prepare.image_size=[104,32]` stays whole
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return label, [o for o in [*parts, cur] if o]
+
+
+def one_run(
+    label: str, overrides: list[str], install: bool, cpus: float | None, keep: Path | None, timeout_s: float
+) -> dict[str, Any]:
+    """Clone, (install,) run; returns the record of the run (figures, exit, where, how)."""
+    work = Path(tempfile.mkdtemp(prefix="pfactory-newcomer-", dir=keep))
+    rec: dict[str, Any] = {"variant": label, "overrides": overrides, "load_before": os.getloadavg()}
+    try:
+        clone = fresh_clone(work / "clone")
+        rec.update(commit=clone.commit, dirty=clone.dirty, clone=str(clone.path))
+        env = newcomer_env(work / "home", python=sys.executable)
+        sets = [a for o in overrides for a in ("-S", o)]
+        with cpu_quota(cpus) as quota:
+            rec["quota"] = quota.how
+            cpu0 = _children_cpu_s()
+            if install:
+                t0 = time.perf_counter()
+                # The system python3, as a newcomer has, and this user's (warm) pip cache: a cold one measures
+                # the network, not the project.
+                env_i = {**env, "PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", str(work))}
+                env_i.pop("XDG_CACHE_HOME", None)
+                p = subprocess.run(INSTALL, shell=True, cwd=clone.path, env=env_i, capture_output=True,
+                                   text=True, preexec_fn=quota.preexec)  # fmt: skip
+                rec["install_s"] = round(time.perf_counter() - t0, 1)
+                if p.returncode != 0:
+                    rec.update(exit=p.returncode, failure=f"install failed: {p.stderr.strip()[-300:]}")
+                    return rec
+                cmd = [str(clone.path / ".venv" / "bin" / "factory"), "run", *sets, "--json"]
+                env = {
+                    **env,
+                    "PATH": str(clone.path / ".venv" / "bin") + os.pathsep + os.environ.get("PATH", ""),
+                }
+            else:
+                rec["install_s"] = None  # this environment reused (sys.executable)
+                cmd = [sys.executable, "-m", "pfactory.cli", "run", *sets, "--json"]
+            t0 = time.perf_counter()
+            p = subprocess.run(cmd, cwd=clone.path, env=env, capture_output=True, text=True,
+                               timeout=timeout_s, preexec_fn=quota.preexec)  # fmt: skip
+            rec["command_s"] = round(time.perf_counter() - t0, 1)
+            rec["cpu_s"] = round(_children_cpu_s() - cpu0, 1)
+        rec["exit"] = p.returncode
+        rec["load_after"] = os.getloadavg()
+        (work / "stderr.txt").write_text(p.stderr)
+        if p.returncode != 0:
+            lines = [ln for ln in p.stderr.splitlines() if ln.startswith("✗")]
+            rec["failure"] = lines[0] if lines else p.stderr.strip()[-300:]
+            rec["stderr_tail"] = p.stderr.splitlines()[-15:]
+            return rec
+        result = json.loads(p.stdout[p.stdout.index("{") :])
+        rec.update(figures(result, rec["command_s"]))
+        return rec
+    finally:
+        if keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            rec["kept"] = str(work)
+
+
+def figures(result: dict[str, Any], command_s: float) -> dict[str, Any]:
+    """The table's figures from `factory run --json`."""
+    orch = result.get("orchestration") or {}
+    work = orch.get("stage_work_s") or {}
+    startup = orch.get("stage_startup_s") or 0.0
+    outside = command_s - sum(work.values()) - startup
+    kpis = result.get("kpis") or {}
+    return {
+        "stages_s": {s: result.get("timings_s", {}).get(s) for s in STAGES},
+        "work_s": work,
+        "flow_s": orch.get("total_s"),
+        "orch_flow": orch.get("orchestration_fraction"),
+        "orch_command": outside / command_s if command_s else None,
+        "prefect_start_s": (result.get("startup") or {}).get("prefect_start_s"),
+        "mAP": kpis.get("mAP"),
+        "int8_delta_mAP": kpis.get("delta_mAP_vs_pytorch"),
+        "parity": result.get("parity_passed"),
+        "promotion": (result.get("promotion") or {}).get("decision"),
+    }
+
+
+def _f(v: Any, fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+HEADER = (
+    "| variant | run | exit | install s | Prefect start s | "
+    + " | ".join(f"{s} s" for s in STAGES)
+    + " | command s | orch. flow | orch. command | CPU s | mAP | INT8 Δ mAP | parity | load before→after |"
+)
+
+
+def row(i: int, r: dict[str, Any]) -> str:
+    st = r.get("stages_s") or {}
+    load = f"{r['load_before'][0]:.2f}→{r['load_after'][0]:.2f}" if "load_after" in r else "-"
+    cells = [
+        r["variant"], str(i), str(r.get("exit")), _f(r.get("install_s")), _f(r.get("prefect_start_s")),
+        *(_f(st.get(s)) for s in STAGES), _f(r.get("command_s")),
+        _f(r.get("orch_flow"), "{:.1%}"), _f(r.get("orch_command"), "{:.1%}"), _f(r.get("cpu_s")),
+        _f(r.get("mAP"), "{:.3f}"), _f(r.get("int8_delta_mAP"), "{:+.4f}"),
+        {True: "passed", False: "FAILED"}.get(r.get("parity"), "-"), load,
+    ]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def medians(runs: list[dict[str, Any]]) -> str:
+    ok = [r for r in runs if r.get("exit") == 0]
+    if not ok:
+        return "no successful run"
+    med = {
+        s: statistics.median(r["stages_s"][s] for r in ok if r["stages_s"].get(s) is not None) for s in STAGES
+    }
+    cmd = statistics.median(r["command_s"] for r in ok)
+    orch_f = statistics.median(r["orch_flow"] for r in ok)
+    orch_c = statistics.median(r["orch_command"] for r in ok)
+    stages = ", ".join(f"{s} {med[s]:.1f}" for s in STAGES)
+    return (
+        f"{len(ok)}/{len(runs)} exit 0; median s: {stages}; command {cmd:.1f} "
+        f"(min {min(r['command_s'] for r in ok):.1f}, max {max(r['command_s'] for r in ok):.1f}); "
+        f"orchestration {orch_f:.1%} of the flow, {orch_c:.1%} of the command"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="factory bench newcomer", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=1, help="runs per variant, each from scratch (default 1)")
+    ap.add_argument("--variant", action="append", type=parse_variant, default=[],
+                    help="LABEL=k=v[,k=v...]: a parameter set (repeatable; default: one, 'default', with -S)")  # fmt: skip
+    ap.add_argument("-S", "--set-param", action="append", default=[], help="override for every variant")
+    ap.add_argument("--install", action="store_true",
+                    help="run the README's install in each clone (timed) instead of reusing this environment")  # fmt: skip
+    ap.add_argument(
+        "--cpus", type=float, default=None, help="CPU quota per run (cgroup): emulate a slower machine"
+    )
+    ap.add_argument("--keep", type=Path, default=None, help="keep each run's clone under this directory")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds per `factory run`")
+    ap.add_argument("--json", type=Path, default=None, help="write every run's record here")
+    args = ap.parse_args(argv)
+    variants = args.variant or [("default", [])]
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    env_note = (
+        "the README's install in each clone"
+        if args.install
+        else f"this environment reused ({sys.executable})"
+    )
+    print(f"machine: {machine()}; load {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    print(f"install: {env_note}; CPU quota: {args.cpus or 'none'}", flush=True)
+    print(HEADER)
+    print("|" + "---|" * (HEADER.count("|") - 1), flush=True)
+    records: list[dict[str, Any]] = []
+    for label, overrides in variants:
+        for i in range(1, args.runs + 1):
+            rec = one_run(
+                label, [*args.set_param, *overrides], args.install, args.cpus, args.keep, args.timeout
+            )
+            records.append(rec)
+            print(row(i, rec), flush=True)
+            if rec.get("exit") != 0:
+                print(f"  {label} run {i}: {rec.get('failure')}", flush=True)
+    print()
+    for label, _ in variants:
+        print(f"{label}: {medians([r for r in records if r['variant'] == label])}")
+    if records and records[0].get("quota"):
+        print(f"quota: {records[0]['quota']}")
+    if records and records[0].get("dirty"):
+        print(f"note: {len(records[0]['dirty'])} uncommitted working-tree files were copied into each clone")
+    if args.json:
+        args.json.write_text(
+            json.dumps({"machine": machine(), "install": env_note, "runs": records}, indent=2)
+        )
+    return 0 if all(r.get("exit") == 0 for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
