@@ -49,7 +49,7 @@ def _champion_version(clone: Path, model_name: str = "pfactory-detector") -> str
 
     client = MlflowClient(tracking_uri=f"sqlite:///{clone / 'artifacts' / 'mlflow' / 'mlflow.db'}")
     try:
-        return client.get_model_version_by_alias(model_name, "champion").version
+        return str(client.get_model_version_by_alias(model_name, "champion").version)
     except Exception:
         return None
 
