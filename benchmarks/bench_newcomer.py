@@ -78,47 +78,58 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 
 def one_run(
-    label: str, overrides: list[str], install: bool, cpus: float | None, keep: Path | None, timeout_s: float
+    label: str,
+    overrides: list[str],
+    install: bool,
+    cpus: float | None,
+    keep: Path | None,
+    timeout_s: float,
+    shared: Path | None = None,
 ) -> dict[str, Any]:
-    """Clone, (install,) run; returns the record of the run (figures, exit, where, how)."""
-    work = Path(tempfile.mkdtemp(prefix="pfactory-newcomer-", dir=keep))
+    """Clone, (install,) run; returns the record of the run (figures, exit, where, how). `shared`: run in
+    this directory's clone, made by the first run and kept (later runs reuse its state)."""
+    work = shared or Path(tempfile.mkdtemp(prefix="pfactory-newcomer-", dir=keep))
     rec: dict[str, Any] = {"variant": label, "overrides": overrides, "load_before": os.getloadavg()}
     try:
-        clone = fresh_clone(work / "clone")
-        rec.update(commit=clone.commit, dirty=clone.dirty, clone=str(clone.path))
+        fresh = not (work / "clone").exists()
+        clone = fresh_clone(work / "clone") if fresh else None
+        rec["from_scratch"] = fresh
+        if clone is not None:
+            rec.update(commit=clone.commit, dirty=clone.dirty)
+        rec["clone"] = str(work / "clone")
+        clone_path = work / "clone"
+        venv = clone_path / ".venv"
         env = newcomer_env(work / "home", python=sys.executable)
         sets = [a for o in overrides for a in ("-S", o)]
         with cpu_quota(cpus) as quota:
             rec["quota"] = quota.how
             cpu0 = _children_cpu_s()
-            if install:
-                t0 = time.perf_counter()
+            rec["install_s"] = None  # None: no install in this run (this environment, or a shared clone's)
+            if install and not venv.exists():
                 # The system python3, as a newcomer has, and this user's (warm) pip cache: a cold one measures
                 # the network, not the project.
                 env_i = {**env, "PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", str(work))}
                 env_i.pop("XDG_CACHE_HOME", None)
-                p = subprocess.run(INSTALL, shell=True, cwd=clone.path, env=env_i, capture_output=True,
+                t0 = time.perf_counter()
+                p = subprocess.run(INSTALL, shell=True, cwd=clone_path, env=env_i, capture_output=True,
                                    text=True, preexec_fn=quota.preexec)  # fmt: skip
                 rec["install_s"] = round(time.perf_counter() - t0, 1)
                 if p.returncode != 0:
                     rec.update(exit=p.returncode, failure=f"install failed: {p.stderr.strip()[-300:]}")
                     return rec
-                cmd = [str(clone.path / ".venv" / "bin" / "factory"), "run", *sets, "--json"]
-                env = {
-                    **env,
-                    "PATH": str(clone.path / ".venv" / "bin") + os.pathsep + os.environ.get("PATH", ""),
-                }
-            else:
-                rec["install_s"] = None  # this environment reused (sys.executable)
+            if venv.exists():  # the README's command: the clone's own `factory`
+                cmd = [str(venv / "bin" / "factory"), "run", *sets, "--json"]
+                env["PATH"] = str(venv / "bin") + os.pathsep + os.environ.get("PATH", "")
+            else:  # this environment; `-m` from the clone's root puts the clone's code first on sys.path
                 cmd = [sys.executable, "-m", "pfactory.cli", "run", *sets, "--json"]
             t0 = time.perf_counter()
-            p = subprocess.run(cmd, cwd=clone.path, env=env, capture_output=True, text=True,
+            p = subprocess.run(cmd, cwd=clone_path, env=env, capture_output=True, text=True,
                                timeout=timeout_s, preexec_fn=quota.preexec)  # fmt: skip
             rec["command_s"] = round(time.perf_counter() - t0, 1)
             rec["cpu_s"] = round(_children_cpu_s() - cpu0, 1)
         rec["exit"] = p.returncode
         rec["load_after"] = os.getloadavg()
-        (work / "stderr.txt").write_text(p.stderr)
+        (work / f"stderr-{label}-{time.strftime('%H%M%S')}.txt").write_text(p.stderr)
         if p.returncode != 0:
             lines = [ln for ln in p.stderr.splitlines() if ln.startswith("✗")]
             rec["failure"] = lines[0] if lines else p.stderr.strip()[-300:]
@@ -128,10 +139,10 @@ def one_run(
         rec.update(figures(result, rec["command_s"]))
         return rec
     finally:
-        if keep is None:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
+        if shared is not None or keep is not None:
             rec["kept"] = str(work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def figures(result: dict[str, Any], command_s: float) -> dict[str, Any]:
@@ -152,6 +163,7 @@ def figures(result: dict[str, Any], command_s: float) -> dict[str, Any]:
         "int8_delta_mAP": kpis.get("delta_mAP_vs_pytorch"),
         "parity": result.get("parity_passed"),
         "promotion": (result.get("promotion") or {}).get("decision"),
+        "not_run": [s for s, r in (result.get("stages") or {}).items() if r.get("how") != "ran"],
     }
 
 
@@ -162,7 +174,8 @@ def _f(v: Any, fmt: str = "{:.1f}") -> str:
 HEADER = (
     "| variant | run | exit | install s | Prefect start s | "
     + " | ".join(f"{s} s" for s in STAGES)
-    + " | command s | orch. flow | orch. command | CPU s | mAP | INT8 Δ mAP | parity | load before→after |"
+    + " | command s | orch. flow | orch. command | CPU s | mAP | INT8 Δ mAP | parity | promotion | restored"
+    " | load before→after |"
 )
 
 
@@ -174,7 +187,8 @@ def row(i: int, r: dict[str, Any]) -> str:
         *(_f(st.get(s)) for s in STAGES), _f(r.get("command_s")),
         _f(r.get("orch_flow"), "{:.1%}"), _f(r.get("orch_command"), "{:.1%}"), _f(r.get("cpu_s")),
         _f(r.get("mAP"), "{:.3f}"), _f(r.get("int8_delta_mAP"), "{:+.4f}"),
-        {True: "passed", False: "FAILED"}.get(r.get("parity"), "-"), load,
+        {True: "passed", False: "FAILED"}.get(r.get("parity"), "-"), r.get("promotion") or "-",
+        ",".join(r.get("not_run") or []) or "-", load,
     ]  # fmt: skip
     return "| " + " | ".join(cells) + " |"
 
@@ -209,12 +223,16 @@ def main(argv: list[str] | None = None) -> int:
         "--cpus", type=float, default=None, help="CPU quota per run (cgroup): emulate a slower machine"
     )
     ap.add_argument("--keep", type=Path, default=None, help="keep each run's clone under this directory")
+    ap.add_argument("--shared-clone", type=Path, default=None, metavar="DIR",
+                    help="one clone in DIR for every run: the first from scratch, the others reuse its state "
+                    "(DVC run-cache, databases): a parameter matrix, not a newcomer figure")  # fmt: skip
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per `factory run`")
     ap.add_argument("--json", type=Path, default=None, help="write every run's record here")
     args = ap.parse_args(argv)
     variants = args.variant or [("default", [])]
-    if args.keep is not None:
-        args.keep.mkdir(parents=True, exist_ok=True)
+    for d in (args.keep, args.shared_clone):
+        if d is not None:
+            d.mkdir(parents=True, exist_ok=True)
     env_note = (
         "the README's install in each clone"
         if args.install
