@@ -11,7 +11,7 @@ Variants (`--variant LABEL=k=v[,k=v...]`, repeatable) run `--runs` times each, i
 command produces the whole acceptance table, e.g. the default, one training thread and two other seeds:
 
     factory bench newcomer --runs 3 --variant default= --variant torch1=train.torch_threads=1 \\
-        --variant seed1=data.seed=1 --variant seed2=data.seed=2 --json newcomer.json
+        --variant seed1=synth.seed=1 --variant seed2=synth.seed=2 --json newcomer.json
 
 `--cpus 0.7` runs each clone inside a CPU quota (cgroup) of 0.7 CPUs: a slower machine, emulated.
 Quote figures measured on a quiet machine only; the load average before and after each run is printed.
