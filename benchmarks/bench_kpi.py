@@ -189,8 +189,16 @@ def whole_process(args: argparse.Namespace) -> int:
         dk = [] if args.skip_devkit else [_timed(dk_cmd) for _ in range(args.devkit_repeats)]
         if args.before:  # the same command from another source tree (the code before a change)
             env = {**os.environ, "PYTHONPATH": str(args.before.resolve())}
-            cli = "flows.cli" if (args.before / "flows" / "cli.py").is_file() else "pfactory.cli"  # moved in i13
-            before_cmd = [sys.executable, "-m", cli, *ours_cmd[1:]]
+            cli = (
+                "flows.cli" if (args.before / "flows" / "cli.py").is_file() else "pfactory.cli"
+            )  # moved in i13
+            before_cmd = [
+                sys.executable,
+                "-m",
+                cli,
+                *ours_cmd[1:-1],
+                str(args.before.resolve() / "params.yaml"),
+            ]
             # Run from the temp dir: `python -m` puts the working directory first on sys.path.
             _timed(before_cmd, env, Path(tmp))
             old = [_timed(before_cmd, env, Path(tmp)) for _ in range(args.before_repeats)]
