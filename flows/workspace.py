@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flows.failure import is_transient_exit, stage_exit_status, stage_reason
+
 RUNS_DIR = Path("artifacts") / "runs"
 CODE_DIRS = ("pfactory", "tasks", "kernels")
 COPIED_FILES = ("dvc.yaml", ".dvcignore")
@@ -45,8 +47,6 @@ class StageFailed(RuntimeError):
     signal; None: DVC failed around it), `transient` whether a retry may help (`flows.failure`)."""
 
     def __init__(self, stage: str, returncode: int, output: str, log: Path) -> None:
-        from flows.failure import is_transient_exit, stage_exit_status, stage_reason
-
         self.stage = stage
         self.returncode = returncode
         self.output = output
