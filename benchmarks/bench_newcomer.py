@@ -129,6 +129,7 @@ def one_run(
             rec["cpu_s"] = round(_children_cpu_s() - cpu0, 1)
         rec["exit"] = p.returncode
         rec["load_after"] = os.getloadavg()
+        rec["stderr_head"] = p.stderr.splitlines()[:6]  # the first-start lines, as the newcomer saw them
         (work / f"stderr-{label}-{time.strftime('%H%M%S')}.txt").write_text(p.stderr)
         if p.returncode != 0:
             lines = [ln for ln in p.stderr.splitlines() if ln.startswith("✗")]
