@@ -32,6 +32,7 @@ from pfactory.sensors.synth.raycast import (
     KIND_BOX,
     KIND_CYLINDER,
     KIND_ELLIPSOID,
+    KIND_PRISM,
     Window,
     camera_windows,
     cast,
@@ -234,17 +235,23 @@ def _inside(kind: int, p: np.ndarray, pts: np.ndarray, margin: float) -> np.ndar
         return (np.abs(lx) <= h[0]) & (np.abs(ly) <= h[1]) & (np.abs(lz) <= h[2])
     if kind == KIND_CYLINDER:
         return (lx**2 + ly**2 <= h[0] ** 2) & (np.abs(lz) <= h[2])
+    if kind == KIND_PRISM:  # the end planes lean in: x <= hx - taper * (z + hz) / height
+        z_up = (lz + 0.5 * p[5]) / p[5]
+        x_front, x_rear = 0.5 * p[3] - p[7] * z_up + margin, -0.5 * p[3] + p[8] * z_up - margin
+        return (lx <= x_front) & (lx >= x_rear) & (np.abs(ly) <= h[1]) & (np.abs(lz) <= h[2])
     return (lx / h[0]) ** 2 + (ly / h[1]) ** 2 + (lz / h[2]) ** 2 <= 1.0
 
 
-@pytest.mark.parametrize("kind", [KIND_BOX, KIND_CYLINDER, KIND_ELLIPSOID])
+@pytest.mark.parametrize("kind", [KIND_BOX, KIND_CYLINDER, KIND_ELLIPSOID, KIND_PRISM])
 def test_ray_hits_match_implicit_surfaces(kind):
     rng = np.random.default_rng(kind)
     for _ in range(20):
         size = rng.uniform(0.2, 4.0, 3)
         if kind == KIND_CYLINDER:
             size[1] = size[0]
-        p = np.array([*rng.uniform(-3, 3, 3), *size, rng.uniform(-np.pi, np.pi)])
+        # Shape params [9]: box params and the prism's top-face insets (front, rear).
+        taper = rng.uniform(0, 0.45, 2) * size[0] if kind == KIND_PRISM else np.zeros(2)
+        p = np.array([*rng.uniform(-3, 3, 3), *size, rng.uniform(-np.pi, np.pi), *taper])
         # Sensors look at primitives from the side or from above (cylinders have no bottom cap).
         away = rng.normal(0, 1, 3)
         away[2] = abs(away[2]) + 0.3

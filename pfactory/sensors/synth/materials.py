@@ -28,6 +28,7 @@ class Mat(IntEnum):
     FACADE = 14
     DIRT = 15
     HAIR = 16
+    LAMP = 17
 
 
 N_MAT = len(Mat)
@@ -46,7 +47,18 @@ MATERIAL_TEXTURE[[Mat.GRASS, Mat.FOLIAGE, Mat.BARK]] = ((0.35, 0.1), (0.55, 0.12
 MATERIAL_TEXTURE[[Mat.CAR_PAINT, Mat.GLASS, Mat.SIGN]] = ((0.02, 0.5), (0.05, 0.5), (0.02, 0.5))
 # Camera: specular strength (Blinn-Phong) for shiny surfaces.
 MATERIAL_SPECULAR = np.zeros(N_MAT)
-MATERIAL_SPECULAR[[Mat.CAR_PAINT, Mat.GLASS, Mat.METAL]] = (0.35, 0.6, 0.2)
+MATERIAL_SPECULAR[[Mat.CAR_PAINT, Mat.GLASS, Mat.METAL, Mat.LAMP]] = (0.35, 0.6, 0.2, 0.6)
+# Camera: light a surface gives off itself, as a share of its albedo (independent of the sun):
+# head lamps (clear glass over a chrome reflector, daytime running lights) and tail lamps (red
+# lenses) read bright from every side, so a vehicle's front and back differ in the image.
+MATERIAL_EMISSION = np.zeros(N_MAT)
+MATERIAL_EMISSION[Mat.LAMP] = 0.55
+
+HEAD_LAMP_RGB = ((0.95, 0.95, 0.92), (0.97, 0.88, 0.6))  # white, yellowish (older halogen units)
+TAIL_LAMP_RGB = (0.8, 0.05, 0.04)
+# Lidar reflectance of lamps: tail lamps carry retro-reflectors (rear reflectors are mandatory on
+# cars and bicycles) and return far more than paint; head lamp lenses a little more than paint.
+HEAD_LAMP_REFL, TAIL_LAMP_REFL = 0.45, 0.9
 
 GLASS_RGB = (0.1, 0.12, 0.15)
 RUBBER_RGB = (0.04, 0.04, 0.045)

@@ -1,9 +1,12 @@
 """Analytic, vectorised ray casting for the synthetic generator (lidar and camera share it).
 
-A scene is a ground plane plus `Primitives`: oriented boxes, vertical cylinders and yawed
-ellipsoids, each parametrised like a 3D box `(x, y, z, l, w, h, yaw)` in the lidar frame
-(centre, size, heading about +z), so one bounding box serves every kind:
+A scene is a ground plane plus `Primitives`: oriented boxes, tapered boxes ("prisms"),
+vertical cylinders and yawed ellipsoids, each parametrised like a 3D box `(x, y, z, l, w, h, yaw)`
+in the lidar frame (centre, size, heading about +z), so one bounding box serves every kind:
 - box: the box itself;
+- prism: the box with its front (+x) and rear (-x) faces leaning inwards, so the top face is
+  shorter than the bottom one by `taper = (front, rear)` metres (a raked windscreen, a sloping
+  hood); sides, bottom and top stay axis-aligned, the bounding box is the box;
 - cylinder: vertical axis through the centre, radius `l / 2` (`l == w`), from `z - h/2` to
   `z + h/2`, with a top cap (the bottom cap is never seen: sensors sit above the ground);
 - ellipsoid: semi-axes `l/2, w/2, h/2` along the yawed x, y and +z.
@@ -25,7 +28,7 @@ import numpy as np
 
 from pfactory.geometry import BOX_EDGES, box_corners
 
-KIND_BOX, KIND_CYLINDER, KIND_ELLIPSOID = 0, 1, 2
+KIND_BOX, KIND_CYLINDER, KIND_ELLIPSOID, KIND_PRISM = 0, 1, 2, 3
 HIT_GROUND, HIT_NONE = -1, -2
 _EPS_T = 1e-4  # smallest accepted hit distance (m): rejects self-hits at the origin
 
@@ -37,7 +40,8 @@ class Primitives:
     `kind [P]` int8 (KIND_*); `params [P, 7]` (x, y, z, l, w, h, yaw) in the lidar frame;
     `owner [P]` int32 index of the labelled object the part belongs to (-1: clutter);
     `material [P, 2]` int16 material ids for (sides, top); `color [P, 2, 3]` float32 albedo
-    in [0, 1] for (sides, top); `reflectance [P, 2]` float32 lidar reflectance for (sides, top).
+    in [0, 1] for (sides, top); `reflectance [P, 2]` float32 lidar reflectance for (sides, top);
+    `taper [P, 2]` float64 the top face's inset at the front and rear (m; prisms only, else 0).
     """
 
     kind: np.ndarray
@@ -46,6 +50,11 @@ class Primitives:
     material: np.ndarray
     color: np.ndarray
     reflectance: np.ndarray
+    taper: np.ndarray
+
+    def shape_params(self) -> np.ndarray:
+        """`[P, 9]`: params then taper, what the hit functions take (boxes ignore the taper)."""
+        return np.concatenate([self.params, self.taper], 1)
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -66,11 +75,15 @@ class PrimitiveBuilder:
         reflectance: float | tuple[float, float],
         owner: int = -1,
         color_top: tuple[float, float, float] | np.ndarray | None = None,
+        taper: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         mat = (material, material) if isinstance(material, int) else material
         refl = (reflectance, reflectance) if np.isscalar(reflectance) else reflectance
         col_top = color if color_top is None else color_top
-        self.rows.append((kind, tuple(float(v) for v in params), owner, mat, (color, col_top), refl))
+        if kind == KIND_PRISM and not (min(taper) >= 0 and sum(taper) < params[3]):
+            raise ValueError(f"prism taper {taper} must be >= 0 and leave a top face (length {params[3]})")
+        row = (kind, tuple(float(v) for v in params), owner, mat, (color, col_top), refl, taper)
+        self.rows.append(row)
 
     def build(self) -> Primitives:
         n = len(self.rows)
@@ -81,13 +94,15 @@ class PrimitiveBuilder:
             material=np.array([r[3] for r in self.rows], dtype=np.int16).reshape(n, 2),
             color=np.array([r[4] for r in self.rows], dtype=np.float32).reshape(n, 2, 3),
             reflectance=np.array([r[5] for r in self.rows], dtype=np.float32).reshape(n, 2),
+            taper=np.array([r[6] for r in self.rows], dtype=np.float64).reshape(n, 2),
         )
 
 
 # --- ray / primitive intersection --------------------------------------------------------------
 # Each takes the shared origin `o [3]`, direction components `dx, dy, dz` (same shape, any) and
-# one primitive's params [7]; returns `t` (same shape; inf = miss). Only entering hits count:
-# every origin is outside every primitive (the sensors sit in free space).
+# one primitive's shape params [9] (`Primitives.shape_params`: params [7], taper [2]); returns
+# `t` (same shape; inf = miss). Only entering hits count: every origin is outside every primitive
+# (the sensors sit in free space).
 
 
 def _to_local(o: np.ndarray, dx, dy, p: np.ndarray):
@@ -112,6 +127,29 @@ def hit_box(o: np.ndarray, dx, dy, dz, p: np.ndarray) -> np.ndarray:
         az, bz = (-hz - loz) * iz, (hz - loz) * iz
         t_near = np.maximum(np.maximum(np.minimum(ax, bx), np.minimum(ay, by)), np.minimum(az, bz))
         t_far = np.minimum(np.minimum(np.maximum(ax, bx), np.maximum(ay, by)), np.maximum(az, bz))
+        hit = (t_near <= t_far) & (t_near > _EPS_T)
+    return np.where(hit, t_near, np.inf)
+
+
+def hit_prism(o: np.ndarray, dx, dy, dz, p: np.ndarray) -> np.ndarray:
+    """Tapered box: slabs in y and z, and the two leaning end planes clipped like a convex
+    polyhedron's faces. Front plane `x + a_f z <= hx - a_f hz` with `a_f = taper_front / h`
+    (it meets the bottom at `x = hx` and the top at `x = hx - taper_front`); rear mirrored."""
+    lox, loy, loz, ldx, ldy = _to_local(o, dx, dy, p)
+    hx, hy, hz = 0.5 * p[3], 0.5 * p[4], 0.5 * p[5]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iy, iz = 1.0 / ldy, 1.0 / dz
+        ay, by = (-hy - loy) * iy, (hy - loy) * iy
+        az, bz = (-hz - loz) * iz, (hz - loz) * iz
+        t_near = np.maximum(np.minimum(ay, by), np.minimum(az, bz))
+        t_far = np.minimum(np.maximum(ay, by), np.maximum(az, bz))
+        for sgn, a in ((1.0, p[7] / p[5]), (-1.0, p[8] / p[5])):
+            den = sgn * ldx + a * dz  # the plane's normal (sgn, 0, a) . direction
+            num = (hx - a * hz) - (sgn * lox + a * loz)
+            t = num / den
+            t_near = np.where(den < 0, np.maximum(t_near, t), t_near)  # entering
+            t_far = np.where(den > 0, np.minimum(t_far, t), t_far)  # leaving
+            t_far = np.where((den == 0) & (num < 0), -np.inf, t_far)  # parallel, outside
         hit = (t_near <= t_far) & (t_near > _EPS_T)
     return np.where(hit, t_near, np.inf)
 
@@ -153,7 +191,12 @@ def hit_ellipsoid(o: np.ndarray, dx, dy, dz, p: np.ndarray) -> np.ndarray:
     return np.where((disc >= 0) & (t > _EPS_T), t, np.inf)
 
 
-HIT_FUNCTIONS = {KIND_BOX: hit_box, KIND_CYLINDER: hit_cylinder, KIND_ELLIPSOID: hit_ellipsoid}
+HIT_FUNCTIONS = {
+    KIND_BOX: hit_box,
+    KIND_CYLINDER: hit_cylinder,
+    KIND_ELLIPSOID: hit_ellipsoid,
+    KIND_PRISM: hit_prism,
+}
 
 
 def surface_normals(
@@ -162,8 +205,8 @@ def surface_normals(
     """Outward unit normals and a "top face" flag at hit points.
 
     `points [N, 3]` hit points on primitives `prim_idx [N]` (>= 0; ground rows are handled by
-    the caller). Returns `normals [N, 3]` float32 and `is_top [N]` bool (box +z face, cylinder cap,
-    upper cap of an ellipsoid) which selects the primitive's top material.
+    the caller). Returns `normals [N, 3]` float32 and `is_top [N]` bool (box or prism +z face,
+    cylinder cap, upper cap of an ellipsoid) which selects the primitive's top material.
     """
     # Every kind's formula runs on every row and `where` picks per row: with few kinds this is
     # cheaper than boolean scatter/gather per kind. float32: centimetre-scale geometry needs no
@@ -202,11 +245,41 @@ def surface_normals(
     nzl = np.where(
         is_box, np.where(on_z, np.sign(dz), zero), np.where(is_cyl, cap.astype(f32), dz / (hz * hz))
     )
+    pr = np.flatnonzero(kind == KIND_PRISM)  # few rows: their own formula on their own rows
+    prism_top = np.zeros(len(pr), dtype=bool)
+    if len(pr):
+        prism_top = _prism_normals(prims, prim_idx[pr], lx[pr], ly[pr], dz[pr], nxl, nyl, nzl, pr)
     nx, ny = c * nxl - s * nyl, s * nxl + c * nyl
     inv_len = f32(1.0) / np.maximum(np.sqrt(nx * nx + ny * ny + nzl * nzl), f32(1e-12))
     normals = np.stack([nx * inv_len, ny * inv_len, nzl * inv_len], 1)
     is_top = (is_box & on_z & (dz > 0)) | (is_cyl & cap) | (is_ell & (normals[:, 2] > 0.6))
+    is_top[pr] = prism_top
     return normals, is_top
+
+
+def _prism_normals(prims: Primitives, idx, lx, ly, lz, nxl, nyl, nzl, rows) -> np.ndarray:
+    """Local-frame normals of prism hits (written into `nxl, nyl, nzl` at `rows`): the face whose
+    plane the point is nearest (largest signed distance); returns the top-face flag per row."""
+    f32 = np.float32
+    prm, taper = prims.params[idx].astype(f32), prims.taper[idx].astype(f32)
+    hx, hy, hz = f32(0.5) * prm[:, 3], f32(0.5) * prm[:, 4], f32(0.5) * prm[:, 5]
+    af, ar = taper[:, 0] / prm[:, 5], taper[:, 1] / prm[:, 5]
+    inv_f, inv_r = f32(1.0) / np.sqrt(f32(1.0) + af * af), f32(1.0) / np.sqrt(f32(1.0) + ar * ar)
+    dist = np.stack(
+        [
+            (lx + af * lz - (hx - af * hz)) * inv_f,
+            (-lx + ar * lz - (hx - ar * hz)) * inv_r,
+            np.abs(ly) - hy,
+            np.abs(lz) - hz,
+        ],
+        1,
+    )
+    face = np.argmax(dist, 1)
+    zero = f32(0.0)
+    nxl[rows] = np.select([face == 0, face == 1], [inv_f, -inv_r], zero)
+    nyl[rows] = np.where(face == 2, np.sign(ly), zero)
+    nzl[rows] = np.select([face == 0, face == 1, face == 3], [af * inv_f, ar * inv_r, np.sign(lz)], zero)
+    return (face == 3) & (lz > 0)
 
 
 # --- windows: which rays a primitive can possibly hit -------------------------------------------
@@ -357,6 +430,7 @@ def cast(
         for o, w in owner_windows.items():
             owner_masks[o] = (w, np.zeros((w.r1 - w.r0, w.cols[0][1] - w.cols[0][0]), dtype=bool))
     idx = range(len(prims)) if order is None else order
+    shape = prims.shape_params()
     for i in idx:
         win = windows[i]
         if win is None:
@@ -369,7 +443,7 @@ def cast(
             tb = t_buf[sl]  # view: updated in place
             if not track and min_t is not None and min_t[i] > tb.max():
                 continue  # fully behind what is already there
-            t = fn(origin, dx[sl], dy[sl], dz[sl], prims.params[i])
+            t = fn(origin, dx[sl], dy[sl], dz[sl], shape[i])
             closer = t < tb
             if closer.any():
                 tb[closer] = t[closer]

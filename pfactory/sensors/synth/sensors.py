@@ -13,7 +13,7 @@ dark, grazing surfaces fade out as on a real sensor, e.g. the ground past ~40 m)
 dropout, and an intensity in [0, 1] quantised to 0.01 like KITTI's.
 
 Camera: per-pixel ray cast (exact z-buffer, no painter's-algorithm errors), Lambert + ambient
-+ a Blinn-Phong highlight on paint and glass, value-noise textures, lane markings, façade
++ a Blinn-Phong highlight on paint and glass, self-lit lamps (white/yellow head, red tail), value-noise textures, lane markings, façade
 windows, dark contact patches under vehicles, a sky gradient, distance haze, exposure, a
 slight optical blur and sensor noise. An object-id buffer and each labelled object's
 unoccluded silhouette come back too (for KITTI's occlusion levels).
@@ -28,6 +28,7 @@ import numpy as np
 from pfactory.sensors.synth.layout import GROUND_REFLECTANCE, GROUND_Z
 from pfactory.sensors.synth.materials import (
     MATERIAL_DROPOUT,
+    MATERIAL_EMISSION,
     MATERIAL_PENETRATION,
     MATERIAL_SPECULAR,
     MATERIAL_TEXTURE,
@@ -334,7 +335,7 @@ def _shade(scene: Scene, cam: CameraSpec, origin, dirs, t, prim, rng, shadowing:
         half /= np.sqrt(np.einsum("ij,ij->i", half, half))[:, None]
         n_dot_h = np.clip(np.einsum("ij,ij->i", normals[shiny], half), 0, 1)
         spec[shiny] = spec_k[shiny] * n_dot_h**40 * f32(light.sun_strength)
-    col = rgb * (tex * shade)[:, None] + spec[:, None]
+    col = rgb * (tex * shade + MATERIAL_EMISSION.astype(f32)[mat])[:, None] + spec[:, None]
     g = np.flatnonzero(p_idx == HIT_GROUND)
     if len(g) and shadowing.any():
         col[g] *= _contact_shadow(scene.boxes[shadowing], pts[g])[:, None]
