@@ -185,7 +185,7 @@ def build_van(sh: Shape, l, w, h, rng) -> None:
         HEAD_LAMP_RGB[int(rng.random() < 0.2)], HEAD_LAMP_REFL,
     )  # fmt: skip
     _face_lamps(
-        sh, False, -0.5 * l + 0.04, clearance, 0.0, belt - 0.3, belt + 0.25, y_out, 0.16,
+        sh, False, 0.01 - 0.5 * body_l, clearance, 0.0, belt - 0.3, belt + 0.25, y_out, 0.16,
         jitter(rng, TAIL_LAMP_RGB, 0.05), TAIL_LAMP_REFL,
     )  # fmt: skip
 
