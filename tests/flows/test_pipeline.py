@@ -201,7 +201,7 @@ def test_dvc_exp_run_with_a_param_override(project: Path) -> None:
     assert show.returncode == 0, show.stderr
     assert "lr5" in show.stdout and "0.005" in show.stdout
     if target == "evaluate":  # the KPIs of the experiment vs the committed baseline
-        diff = dvc(project, "metrics", "diff", "--json", env=git_identity)
+        diff = dvc(project, "metrics", "diff", "--all", "--json", env=git_identity)  # unchanged ones too
         assert diff.returncode == 0, diff.stderr
         out = json.loads(diff.stdout)
         kpis = out.get("diff", out)["artifacts/eval/kpis.json"]  # {path: {metric: {old, new, diff}}}
