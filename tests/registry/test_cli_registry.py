@@ -49,8 +49,10 @@ def test_promote_rollback_lineage_commands(bench, tmp_path, registry) -> None:
     assert res.exit_code == 1, res.output
     assert "would be refused" in res.output and "class_ap_regression/Car" in res.output
 
+    # Every gate but the registry's own relaxed from the command line (the fixture's jittered KPIs put the
+    # "optimized vs PyTorch" delta near the 0.03 tolerance, on either side depending on the synthetic boxes).
     res = _cli(tmp_path, bench, "promote", "test-detector/2", "--json", "-S", "promote.max_class_ap_regression=1",
-               "-S", "promote.max_map_regression=1")  # fmt: skip
+               "-S", "promote.max_map_regression=1", "-S", "promote.parity_map_tolerance=1")  # fmt: skip
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert (out["decision"], out["champion_before"], out["champion_after"]) == ("promoted", 1, 2)
