@@ -44,6 +44,10 @@ def test_each_failing_gate_is_named_with_its_shortfall(evidence_dirs) -> None:
     parity["passed"] = False
     parity["artifacts"]["onnxruntime/fp32"]["failures"] = ["scores: cosine 0.9 < 0.99999"]
     (optimized / "parity.json").write_text(json.dumps(parity))
+    # A known optimized-vs-PyTorch delta (the jittered fixture's own can be exactly 0, which a 0 tolerance passes).
+    doc = json.loads(kpis_file.read_text())
+    doc["delta"]["mAP"] = -0.004
+    kpis_file.write_text(json.dumps(doc))
     ev = read_evidence(optimized, kpis_file)
     params = promote_params(min_map=0.99, max_p99_latency_ms=0.001, parity_map_tolerance=0.0)
     champion = {"mAP": 1.0, "classes": {**ev.kpis["classes"], "Truck": {"mean_ap": 0.5, "ap": {}}}}
