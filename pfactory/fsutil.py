@@ -1,28 +1,86 @@
-"""Atomic file and directory writes, and content hashes.
+"""Atomic file and directory writes, output ownership, and content hashes.
 
 Every file the factory writes goes through here: written to a temporary sibling, flushed,
 fsynced and renamed over the target, so a reader never sees half a file and an interrupted
-run leaves nothing a later stage would read.
+run leaves nothing a later stage would read. Temporary siblings carry the writer's pid
+(`.<name>.<pid>-<random>.tmp`); one left by a killed process is removed by the next write of
+the same target once that pid is gone.
+
+Output directories are *owned*: a stage's directory carries `OUTPUT_MARKER` (`.pfactory-output`,
+`{"stage": ...}`), written last, and `atomic_directory` replaces an existing directory only when
+it is empty or carries that stage's marker. Anything else -- a user's own files, another stage's
+output, a regular file, a symlink, a mount point, the root or home directory, or a directory
+that is or holds or lies inside one of the stage's inputs -- is refused with `OutputRefused`
+before any work starts, and nothing is deleted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write `data` to `path` atomically (temp file in the same directory + rename)."""
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (on this machine)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}-"
+
+
+def remove_stale_temps(path: str | os.PathLike[str]) -> list[Path]:
+    """Remove temporary siblings of `path` (`.<name>.<pid>-*.tmp`, files or directories) whose writer
+    process is gone (SIGKILL, power loss); returns what was removed. Those of live processes stay."""
+    path = Path(path)
+    removed: list[Path] = []
+    if not path.parent.is_dir():
+        return removed
+    for p in path.parent.glob(f".{glob_escape(path.name)}.*.tmp"):
+        pid_s = p.name[len(path.name) + 2 :].split("-", 1)[0]
+        if not pid_s.isdigit() or int(pid_s) == os.getpid() or pid_alive(int(pid_s)):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        removed.append(p)
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    """`name` with glob metacharacters escaped (a literal part of a pattern)."""
+    import glob
+
+    return glob.escape(name)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, clean_stale: bool = False) -> Path:
+    """Write `data` to `path` atomically (temp file in the same directory + rename).
+
+    `clean_stale`: first remove temp files a killed earlier writer of `path` left (`remove_stale_temps`;
+    one directory listing: for big files rewritten in place, such as checkpoints, not per dataset file).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if clean_stale:
+        remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
         # mkstemp creates 0600; published files are ordinary readable files.
         os.fchmod(fd, 0o644)
@@ -31,11 +89,21 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        raise_disk_full(e, path)
         raise
     return path
+
+
+def raise_disk_full(exc: BaseException, target: str | os.PathLike[str]) -> None:
+    """Re-raise a full-disk error (ENOSPC, EDQUOT, or a library's error saying so) as an OSError naming
+    `target`, the file or directory being written; anything else returns."""
+    from pfactory.failures import is_disk_full
+
+    if isinstance(exc, Exception) and is_disk_full(exc) and not getattr(exc, "filename", None):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(target)) from exc
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
@@ -59,33 +127,134 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, indent: int = 2) -
     )
 
 
-@contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike[str], overwrite: bool = True) -> Iterator[Path]:
-    """Build a directory in a temporary sibling and rename it into place on success.
+OUTPUT_MARKER = ".pfactory-output"
 
-    Yields the temporary directory to write into. On an exception the temporary directory
-    is removed and `path` is left untouched. With `overwrite`, an existing `path` is
-    replaced (moved aside, then deleted) only after the new one is complete.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    tmp.chmod(0o755)  # mkdtemp creates 0700
+
+class OutputRefused(ValueError):
+    """An output path a stage must not replace: the message names it, says why and what to do instead."""
+
+    def __init__(self, path: str | os.PathLike[str], why: str, hint: str | None = None) -> None:
+        self.path = str(path)
+        self.why = why
+        hint = hint or "choose a new or empty directory, or the directory this stage wrote before"
+        super().__init__(f"{self.path}: {why}; nothing was written or deleted ({hint})")
+
+
+def output_owner(path: str | os.PathLike[str]) -> str | None:
+    """The stage whose output `path` is (its `OUTPUT_MARKER`), or None."""
+    marker = Path(path) / OUTPUT_MARKER
     try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        doc = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc.get("stage") if isinstance(doc, dict) and isinstance(doc.get("stage"), str) else None
+
+
+def mark_output(directory: str | os.PathLike[str], stage: str) -> Path:
+    """Write `directory/OUTPUT_MARKER` saying that `stage` owns the directory."""
+    return atomic_write_text(Path(directory) / OUTPUT_MARKER, json.dumps({"stage": stage}) + "\n")
+
+
+def _overlap(out: Path, inp: Path) -> str | None:
+    if out == inp:
+        return "is also an input of this stage"
+    if out in inp.parents:
+        return f"contains the input {inp}: replacing it would delete the input"
+    if inp in out.parents:
+        return f"is inside the input {inp}: writing there would change the input"
+    return None
+
+
+def check_output_dir(
+    path: str | os.PathLike[str], stage: str, inputs: Iterable[str | os.PathLike[str] | None] = ()
+) -> Path:
+    """Refuse (`OutputRefused`) an output directory that `stage` must not build or replace (module
+    docstring); returns `path`. Called before any work, and again just before the rename."""
+    p = Path(path)
+    r = p.resolve()
+    if r == Path(r.anchor):
+        raise OutputRefused(p, "is the root of the file system")
+    with contextlib.suppress(RuntimeError, KeyError):  # no home directory
+        if r == Path.home().resolve():
+            raise OutputRefused(p, "is your home directory")
+    for inp in inputs:
+        if inp is None:
+            continue
+        why = _overlap(r, Path(inp).resolve())
+        if why:
+            raise OutputRefused(p, why, "choose an output directory apart from the inputs")
+    if p.is_symlink():
+        raise OutputRefused(p, f"is a symbolic link (to {os.readlink(p)}); refusing to replace it")
+    if p.exists() and not p.is_dir():
+        raise OutputRefused(p, "exists and is not a directory; refusing to replace it")
+    if p.is_dir():
+        if os.path.ismount(p):
+            raise OutputRefused(
+                p,
+                "is a mount point: the output is built beside it and renamed into place, which a mount point "
+                "cannot be",
+                f"use a directory inside it, e.g. {p / stage}",
+            )
+        entries = sorted(e.name for e in p.iterdir())
+        owner = output_owner(p)
+        if entries and owner != stage:
+            if owner is not None:
+                why = f"holds the output of the {owner} stage, not of {stage}; refusing to replace it"
+            else:
+                shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+                why = (
+                    f"is a non-empty directory that {stage} did not write ({shown}; no {OUTPUT_MARKER} "
+                    "marker); refusing to replace it"
+                )
+            raise OutputRefused(p, why)
+    return p
+
+
+def replace_directory(tmp: Path, path: Path, stage: str) -> None:
+    """Mark the finished `tmp` as `stage`'s output and rename it over `path` (checked again first: the
+    old output is moved aside, then deleted, only once the new one is in place)."""
+    check_output_dir(path, stage)
+    mark_output(tmp, stage)
     if path.exists():
-        if not overwrite:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise FileExistsError(f"{path} already exists")
-        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        old = path.parent / f"{_temp_prefix(path)}{os.urandom(4).hex()}.old.tmp"
         os.replace(path, old)
         os.replace(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def atomic_directory(
+    path: str | os.PathLike[str],
+    overwrite: bool = True,
+    *,
+    stage: str,
+    inputs: Iterable[str | os.PathLike[str] | None] = (),
+) -> Iterator[Path]:
+    """Build `stage`'s output directory in a temporary sibling and rename it into place on success.
+
+    Yields the temporary directory to write into. `path` is checked first (`check_output_dir`:
+    `OutputRefused` before any work when it is not `stage`'s to replace, or overlaps `inputs`). On an
+    exception the temporary directory is removed and `path` is left untouched; one left by a killed
+    process is removed by the next run. With `overwrite`, an existing `path` of this stage is replaced
+    only after the new one is complete.
+    """
+    path = Path(path)
+    check_output_dir(path, stage, list(inputs))
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
+    tmp.chmod(0o755)  # mkdtemp creates 0700
+    try:
+        yield tmp
+        replace_directory(tmp, path, stage)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise_disk_full(e, path)
+        raise
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:

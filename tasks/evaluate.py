@@ -53,7 +53,10 @@ def run(
     from pfactory.evaluate.evaluation import evaluate
     from pfactory.tracking import configure_environment
 
+    from pfactory.fsutil import check_output_dir
+
     ev = section_of(params, STAGE, EvaluateParams)
+    check_output_dir(out, STAGE, (optimized, model, data))  # refuse a foreign --out before any work
     configure_environment()  # Dask scratch inside the project, offline MLflow
     promote = getattr(params, "promote", None)  # the report's baseline: the registry's champion, when tracking
     champion = (promote.model_name, promote.alias) if track and promote is not None else None

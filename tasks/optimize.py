@@ -25,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pfactory.fsutil import check_output_dir
 from pfactory.inference.errors import BackendUnavailable, ParityError
 from pfactory.inference.params import OptimizeParams
 from pfactory.section import section_of
@@ -48,6 +49,7 @@ def run(
     from pfactory.inference.optimize import optimize
 
     opt = section_of(params, STAGE, OptimizeParams)
+    check_output_dir(out, STAGE, (model_dir, data))  # refuse a foreign --out before any work
     if not track:
         return optimize(opt, Path(model_dir), Path(data), Path(out), backend, precision, None)
     from pfactory.tracking import stage_run

@@ -21,7 +21,7 @@ def run(params: Params, out: Path) -> dict:
 
     d = params.synth
     t0 = time.perf_counter()
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, stage="synth") as tmp:
         summary = generate_dataset(tmp, frames=d.frames, seed=d.seed, cameras=d.cameras, workers=d.workers)
     summary["seconds"] = round(time.perf_counter() - t0, 3)
     return summary

@@ -81,7 +81,7 @@ def evaluate(
     results: dict[str, dict[int, Any]] = {k: {} for k in KINDS}
     runs: dict[str, dict[str, Any]] = {}
 
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, stage="evaluate", inputs=(optimized, model, data)) as tmp:
         report = tmp / "report"
         parts = PartWriter(report)
         with _progress(progress, inputs.frames) as advance:

@@ -130,7 +130,7 @@ def optimize(
     previous_timing_cache = out / mf.TRT_DIR / "timing.cache"
     previous_timing = previous_timing_cache.read_bytes() if previous_timing_cache.is_file() else None
 
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, stage="optimize", inputs=(model_dir, data)) as tmp:
         # 1. export + checks
         emit_progress("optimize", phase="exporting ONNX")
         meta = {

@@ -180,7 +180,7 @@ def _publish(
         "data": ev.data,
     }
     info = _release_info(params, version, before, ev, gates, action, reason, lineage, record)
-    with atomic_directory(release) as tmp:
+    with atomic_directory(release, stage="promote") as tmp:
         fill_release(tmp, release, files[0], files[1], info, [*reg.audit_trail(c, name), record])
         # Audit first: a crash in between leaves a record of a move that did not happen (visible: the
         # alias differs from the last record's "to"), never an unaudited move.

@@ -167,7 +167,7 @@ def write_empty_release(release: Path, prm: Any, result: Mapping[str, Any]) -> N
     run) the folder says which version is the champion (None before any promotion) and where its files
     are: the champion's release was written by the run that promoted it, and the registry has its files."""
     champion = result.get("champion_after")
-    with atomic_directory(release) as tmp:
+    with atomic_directory(release, stage="promote") as tmp:
         atomic_write_json(
             tmp / af.RELEASE_JSON,
             {

@@ -406,7 +406,7 @@ def generate_dataset(
     size = tuple(image_size) if image_size else (KITTI_IMAGE_SIZE if cameras == 1 else NUSCENES_IMAGE_SIZE)
     t0 = time.perf_counter()
     stats: list[dict] = []
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, stage="synth") as tmp:
         if cameras == 1:
             jobs = [(tmp / "training", seed, i, size) for i in range(frames)]
             for n, s in enumerate(_map(_kitti_job, jobs, workers), 1):
