@@ -120,6 +120,77 @@ class Params(Section):
         return raw
 
 
+# A params document is a few hundred values; anything far larger once YAML aliases are expanded is an
+# alias bomb (a 400-byte file that expands to 10^9 nodes) or not a params file: refused before validation.
+MAX_PARAMS_NODES = 100_000
+MAX_PARAMS_BYTES = 1 << 20
+
+
+def short_repr(value: Any, limit: int = 120) -> str:
+    """A bounded repr (at most `limit` characters; nested containers elided): never the expanded input."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxdict, r.maxstring, r.maxother = 2, 6, 6, limit, limit
+    text = r.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_size(doc: Any, source: str, limit: int = MAX_PARAMS_NODES) -> None:
+    """ParamsError when `doc` holds more than `limit` values counted as expanded (an alias counts as many
+    times as it is used). The walk stops at the limit, so it is bounded in time and memory."""
+    count, stack = 0, [doc]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > limit:
+            raise ParamsError(
+                f"{source}: more than {limit} values once YAML aliases (*name) are expanded; a params file "
+                "holds a few hundred (an alias bomb?)"
+            )
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """One line: where and what, e.g. "line 2, column 1: expected ',' or ']', but got '<stream end>'"."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return short_repr(" ".join(str(e).split()), 200)
+
+
+def read_yaml_file(path: str | Path) -> Any:
+    """Parse a params-like YAML file safely: bounded size, UTF-8 checked, aliases bounded; ParamsError
+    naming the file otherwise."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise ParamsError(f"{path}: is a directory, expected a YAML file") from None
+    except OSError as e:
+        raise ParamsError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if len(data) > MAX_PARAMS_BYTES:
+        raise ParamsError(
+            f"{path}: {len(data)} bytes, more than a params file ({MAX_PARAMS_BYTES} bytes at most)"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ParamsError(
+            f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); save it as UTF-8"
+        ) from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML ({yaml_problem(e)})") from None
+    check_size(doc, str(path))
+    return doc
+
+
 def _format_validation_error(e: ValidationError, source: str) -> str:
     lines = []
     for err in e.errors():
@@ -132,7 +203,7 @@ def _format_validation_error(e: ValidationError, source: str) -> str:
         else:
             msg = "expected " + err["msg"].removeprefix("Value error, ").removeprefix("Input should be ")
         got = err.get("input")
-        got_s = "" if err["type"] == "missing" or isinstance(got, dict) else f", got {got!r}"
+        got_s = "" if err["type"] == "missing" or isinstance(got, dict) else f", got {short_repr(got)}"
         lines.append(f"{source}: {key}: {msg}{got_s}")
     return "\n".join(lines)
 
@@ -151,7 +222,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     try:
         parsed = yaml.safe_load(value) if value.strip() else None
     except yaml.YAMLError as e:
-        raise ParamsError(f"override {text!r}: value is not valid YAML ({e})") from e
+        raise ParamsError(f"override {short_repr(text)}: value is not valid YAML ({yaml_problem(e)})") from None
+    check_size(parsed, f"override {short_repr(text)}")
     return key, parsed
 
 
@@ -175,12 +247,9 @@ def load_params(path: str | Path | None = "params.yaml", overrides: list[str] | 
     """Read, override and validate `params.yaml`; a missing file means the embedded defaults."""
     raw: dict[str, Any] = {}
     source = "params.yaml (embedded defaults)"
-    if path is not None and Path(path).is_file():
+    if path is not None and Path(path).exists():
         source = str(path)
-        try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ParamsError(f"{path}: not valid YAML ({e})") from e
+        raw = read_yaml_file(path) or {}
         if not isinstance(raw, dict):
             raise ParamsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     raw = apply_overrides(raw, overrides or [])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 # Value types the sections share.
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -18,11 +18,26 @@ NonNegInt = Annotated[int, Field(ge=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 
+# Thread / worker / process counts: every field whose name ends in `threads` or `workers`. DALI aborts the
+# whole process (SIGABRT, no message) on prepare.num_threads=100000; no machine this runs on has more than
+# a few hundred cores.
+MAX_PARALLEL = 256
+
 
 class Section(BaseModel):
-    """Base of every section: unknown keys are errors, values are validated on assignment."""
+    """Base of every section: unknown keys are errors, values are validated on assignment, floats are
+    finite (`.inf` / `.nan` are refused: `train.lr=.inf` trained to NaN weights), and thread/worker
+    counts are at most `MAX_PARALLEL`."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _parallel_bound(cls, v: Any, info: ValidationInfo) -> Any:
+        name = info.field_name or ""
+        if name.endswith(("threads", "workers")) and isinstance(v, int) and v > MAX_PARALLEL:
+            raise ValueError(f"at most {MAX_PARALLEL} (a thread/worker count)")
+        return v
 
 
 def check_pc_range(v: list[float]) -> list[float]:

@@ -30,6 +30,10 @@ DEFAULT_CLASS_MAP: dict[str, str] = {
 SCALE_OUT = ("dask_address", "workers", "threads_per_worker", "unit_frames")
 """PrepareParams fields that say where the work runs, not what it computes (not in the manifest)."""
 
+# Model input side, pixels: a prepared frame holds a float16 C x H x W image per camera; 4096 x 4096 x 3 is
+# 100 MB per camera already (the default is 416 x 128). [100000, 100000] would be 60 GB a frame.
+MAX_IMAGE_SIDE = 4096
+
 
 class PrepareParams(Section):
     """Raw dataset -> training-ready Parquet shards (`factory prepare`)."""
@@ -92,8 +96,8 @@ class PrepareParams(Section):
     @field_validator("image_size")
     @classmethod
     def _size(cls, v: list[int]) -> list[int]:
-        if len(v) != 2 or min(v) < 8:
-            raise ValueError("(width, height), each >= 8 pixels")
+        if len(v) != 2 or min(v) < 8 or max(v) > MAX_IMAGE_SIDE:
+            raise ValueError(f"(width, height), each 8..{MAX_IMAGE_SIDE} pixels")
         return v
 
     @field_validator("voxel_size")
