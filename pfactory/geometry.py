@@ -136,6 +136,29 @@ def points_in_boxes(points: np.ndarray, boxes: np.ndarray, margin: float = 0.0) 
     return out
 
 
+def count_points_in_boxes(points: np.ndarray, boxes: np.ndarray, margin: float = 0.0) -> np.ndarray:
+    """Points inside each box: `points [N, >=3]`, `boxes [M, 7]` -> int32 `[M]` (`points_in_boxes(...).sum(1)`
+    without its `[M, N]` matrix: memory stays O(N) whatever the number of boxes)."""
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+    pts = np.asarray(points, dtype=np.float64)[:, :3]
+    out = np.zeros(len(boxes), dtype=np.int32)
+    for i, b in enumerate(boxes):
+        r = 0.5 * np.hypot(b[3], b[4]) + margin
+        near = np.flatnonzero((np.abs(pts[:, 0] - b[0]) <= r) & (np.abs(pts[:, 1] - b[1]) <= r))
+        d = pts[near] - b[:3]
+        c, s = np.cos(b[6]), np.sin(b[6])
+        lx = d[:, 0] * c + d[:, 1] * s
+        ly = -d[:, 0] * s + d[:, 1] * c
+        out[i] = int(
+            (
+                (np.abs(lx) <= b[3] / 2 + margin)
+                & (np.abs(ly) <= b[4] / 2 + margin)
+                & (np.abs(d[:, 2]) <= b[5] / 2 + margin)
+            ).sum()
+        )
+    return out
+
+
 def project_to_image(
     points_lidar: np.ndarray, T_cam_from_lidar: np.ndarray, K: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:

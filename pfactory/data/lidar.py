@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pfactory.geometry import points_in_boxes, quaternion_to_matrix
+from pfactory.geometry import count_points_in_boxes, quaternion_to_matrix
 from pfactory.sensors.frame import Boxes3D
 
 
@@ -49,6 +49,7 @@ class LidarResult:
     names: list[str]
     difficulty: np.ndarray  # [K] int8
     num_points_in_box: np.ndarray  # [K] int32
+    n_points_roi: int = -1  # points inside the ROI and outside the ego radius, before voxel down-sampling
 
 
 def reference_transform(dataset: object, frame_id: str, reference_frame: str = "ego_axes") -> np.ndarray:
@@ -144,6 +145,7 @@ def process_lidar(
     x, y, z = transform_xyz(points, T_ref_from_lidar)  # [N] each
     keep = crop_mask(x, y, z, points[:, 3], pc_range, ego_radius_m)  # [N]
     pts = np.stack([x[keep], y[keep], z[keep], points[keep, 3]], axis=1).astype(np.float32, copy=False)
+    n_roi = len(pts)
     if voxel_size is not None:
         pts = voxel_downsample(pts, voxel_size, pc_range)
 
@@ -158,5 +160,5 @@ def process_lidar(
     index = {name: i for i, name in enumerate(classes)}
     labels = np.array([index.get(class_map.get(n, ""), -1) for n in names], dtype=np.int16)
     difficulty = np.asarray(boxes.difficulty, dtype=np.int8)[inside]
-    counts = points_in_boxes(pts, b).sum(axis=1).astype(np.int32) if len(b) else np.zeros(0, dtype=np.int32)
-    return LidarResult(pts, n_raw, b.astype(np.float32), labels, names, difficulty, counts)
+    counts = count_points_in_boxes(pts, b)  # [K], without a [K, P] matrix
+    return LidarResult(pts, n_raw, b.astype(np.float32), labels, names, difficulty, counts, n_roi)

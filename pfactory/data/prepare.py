@@ -65,6 +65,7 @@ from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.frame import Frame
 
 PARTS = ("read", "hash", "lidar", "read_wait", "camera_wait", "write")
+STAGE = "prepare"
 
 
 def split_of(frame_id: str, val_fraction: float) -> str:
@@ -363,6 +364,14 @@ class _Run:
             prm.classes,
         )
         rr.seconds["lidar"] = time.perf_counter() - t2
+        roi = roi_problem(frame, rr.lidar, prm, self.root)
+        if roi is not None:
+            rr.problem = {
+                "frame_id": frame_id,
+                "file": roi["file"],
+                "reason": f"{roi['field']}: expected {roi['reason']}",
+            }
+            rr.frame, rr.lidar = None, None
         return rr
 
     def accept(self, rr: _ReadResult) -> None:
@@ -393,6 +402,39 @@ class _Run:
             self.queue.append((p, c, rr.encoded[Path(cam.image_path)]))
         if not frame.cameras:
             self.flush()
+
+
+def roi_problem(frame: Frame, lidar: LidarResult, params: PrepareParams, root: Path) -> dict[str, str] | None:
+    """The problem of a frame with fewer than `min_points` points inside the ROI (all points at the origin,
+    all outside `pc_range`), or None. Such a frame would become a row with no points and all its boxes,
+    teaching the detector that objects are invisible. (`factory data check` applies it too.)"""
+    if lidar.n_points_roi >= params.min_points:
+        return None
+    return {
+        "frame_id": frame.frame_id,
+        "file": rel_path(frame.lidar_path or ".", root, resolve=True),
+        "field": "points",
+        "reason": (
+            f"at least {params.min_points} points (prepare.min_points) inside prepare.pc_range {params.pc_range} "
+            f"and beyond prepare.ego_radius_m {params.ego_radius_m:g} m, got {lidar.n_points_roi} of "
+            f"{lidar.n_points_raw}"
+        ),
+    }
+
+
+def roi_problems(dataset: Any, frame_ids: list[str], params: PrepareParams) -> list[dict[str, str]]:
+    """`roi_problem` of each of `frame_ids` (frames that read cleanly) of an open dataset."""
+    out = []
+    for fid in frame_ids:
+        frame = dataset.read(fid)
+        lidar = process_lidar(
+            frame.points, frame.boxes, reference_transform(dataset, fid, params.reference_frame),
+            params.pc_range, params.ego_radius_m, None, params.class_map, params.classes,
+        )  # fmt: skip
+        problem = roi_problem(frame, lidar, params, Path(dataset.root))
+        if problem is not None:
+            out.append(problem)
+    return out
 
 
 @dataclass

@@ -32,6 +32,25 @@ ORTHONORMAL_TOL = 1e-3
 INTENSITY_RANGE = {"kitti": (0.0, 1.0), "nuscenes": (0.0, 255.0)}
 # Image extensions a KITTI image_2 file might carry; only `.png` is read.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+# At most this many points in one sweep (a 128-beam lidar returns ~0.3 M; 10 M is far beyond any sensor).
+# A bigger file is refused from its size before it is read, so memory stays bounded (a 2 GB sparse file).
+MAX_POINTS = 10_000_000
+# Points exactly at the sensor origin are no returns (a zero-filled or sparse file); more than this share is
+# a broken sweep.
+MAX_ORIGIN_FRACTION = 0.5
+# Focal lengths (pixels) of a real camera: a 1600 px wide image at 170 deg FOV has f ~ 70 px; 1e5 px would
+# be a 0.2-degree telescope at 4K. f = 1e-5 maps the whole scene onto one pixel.
+FOCAL_RANGE_PX = (1.0, 1e5)
+# Boxes: objects on a road, in metres. Beyond these it is garbage (a 1,000 km box, rotation_y = 1e9).
+MAX_BOX_SIZE_M = 100.0
+MAX_BOX_RANGE_M = 1000.0
+MAX_ABS_ANGLE = 2 * 3.141592653589793 + 1e-6
+# Objects in one frame: a dense urban KITTI/nuScenes frame has < 200; 1000 is generous. More is not a
+# label file (and a boxes x points count per frame would not be bounded).
+MAX_OBJECTS = 1000
+# PIL modes of 8-bit images that convert to RGB exactly as DALI decodes them (tests/faults: grayscale and
+# palette PNGs give the same pixels through PIL's convert("RGB") and DALI). 16-bit and other modes are refused.
+IMAGE_MODES = ("RGB", "RGBA", "L", "LA", "P")
 
 
 class Problems(list):
@@ -47,6 +66,76 @@ class Problems(list):
 
 def problem(frame_id: str | None, file: str | Path, field: str, reason: str) -> Problem:
     return {"frame_id": frame_id, "file": str(file), "field": field, "reason": reason}
+
+
+def absent(path: Path) -> str:
+    """Why a file a frame needs cannot be read: `missing`, or what is there instead."""
+    if path.is_symlink() and not path.exists():
+        return f"a broken symbolic link to {_readlink(path)}"
+    if path.is_dir():
+        return "a directory, not a file"
+    if path.exists():
+        return "not a regular file"
+    return "missing"
+
+
+def _readlink(path: Path) -> str:
+    try:
+        return str(path.readlink())
+    except OSError:
+        return "?"
+
+
+def _in_dvc_cache(target: Path) -> bool:
+    """`target` is a file of a DVC cache (`<cache>/files/md5/xx/...`): datasets checked out with DVC's
+    symlink cache type are symlinks there, and legitimate."""
+    parts = target.parts
+    return any(parts[i : i + 2] == ("files", "md5") for i in range(len(parts) - 2))
+
+
+def outside_root(path: Path, root: Path) -> str:
+    """Empty when `path` stays inside the dataset `root` (symlinks resolved), else why not.
+
+    A symlink into a DVC cache is allowed (DVC's `cache.type: symlink`); any other file whose real
+    location is outside the root is refused, so a dataset cannot make prepare read and publish
+    `/etc/passwd` or a user's key through a link."""
+    try:
+        real = path.resolve()
+        real_root = root.resolve()
+    except OSError as e:  # a symlink loop
+        return f"a file inside the dataset root ({e.strerror or e})"
+    if real == real_root or real_root in real.parents or _in_dvc_cache(real):
+        return ""
+    return f"a file inside the dataset root {root}, got a link to {real} outside it"
+
+
+def read_checked(path: Path, max_bytes: int) -> tuple[bytes | None, str]:
+    """`(bytes, "")`, or `(None, why)` when the file is larger than `max_bytes` (checked before reading)."""
+    size = path.stat().st_size
+    if size > max_bytes:
+        return None, f"at most {max_bytes} bytes, got {size} bytes ({size / 2**30:.2f} GiB)"
+    return path.read_bytes(), ""
+
+
+def max_point_bytes(dims: int) -> int:
+    return MAX_POINTS * dims * 4
+
+
+def check_points_file(path: Path, dims: int, layout: str, min_points: int = MIN_POINTS) -> list[tuple[str, str]]:
+    """`check_points_bytes` of a file, refusing one too big for a sweep from its size alone (not read)."""
+    raw, why = read_checked(path, max_point_bytes(dims))
+    if raw is None:
+        return [("points", f"a lidar sweep of at most {MAX_POINTS} points (float32 x{dims}): {why}")]
+    return check_points_bytes(raw, dims, layout, min_points)
+
+
+def check_focal(fx: float, fy: float) -> str:
+    """Empty when both focal lengths (pixels) are plausible (FOCAL_RANGE_PX), else why not."""
+    lo, hi = FOCAL_RANGE_PX
+    if lo <= fx <= hi and lo <= fy <= hi:
+        return ""
+    return f"focal lengths of a real camera ({lo:g}..{hi:g} pixels), got fx={fx:g}, fy={fy:g}"
+
 
 
 @dataclass
@@ -92,6 +181,15 @@ def check_points_bytes(
         out.append(("points", f"at least {min_points} points for a lidar sweep, got {len(pts)}"))
     good = pts if n_bad == 0 else pts[finite]  # no copy of ~2 MB in the common, clean case
     if len(good):
+        at_origin = int((good[:, :3] == 0).all(1).sum())
+        if at_origin > MAX_ORIGIN_FRACTION * len(pts):
+            out.append(
+                (
+                    "points",
+                    f"lidar returns, {at_origin} of {len(pts)} points are exactly at the sensor origin "
+                    "(0, 0, 0): a zero-filled or broken sweep",
+                )
+            )
         far = int((np.abs(good[:, :3]) > MAX_RANGE_M).any(1).sum())
         if far:
             out.append(("points", f"coordinates within +-{MAX_RANGE_M:g} m, {far} points beyond"))
@@ -110,7 +208,7 @@ def check_points_bytes(
 
 
 def decode_image_checked(
-    data: bytes, keep: bool = False, decode: bool = True
+    data: bytes, keep: bool = False, decode: bool = True, expect: str | None = None
 ) -> tuple[np.ndarray | None, tuple[int, int], str]:
     """Fully decode PNG/JPEG bytes: `(rgb [H, W, 3] uint8 or None, (width, height), error)`.
 
@@ -125,10 +223,16 @@ def decode_image_checked(
     (libjpeg DCT scaling, ~half the cost of a full decode), because DALI's JPEG decoder decodes
     some corrupt scans that PIL refuses, and libjpeg raises on those while reading the coded
     stream, which the scaled decode reads completely (tests/data/test_camera.py).
+    `expect` ("PNG" / "JPEG", from the file name): data of the other format is refused, so a file is what
+    its name says. Refused too, the same for `factory data check` and prepare: an EXIF orientation other
+    than 1 (DALI applies it, PIL does not: the pixels would not be where the calibration puts them) and
+    pixel formats other than 8-bit (`IMAGE_MODES`: a 16-bit PNG is not decoded alike by every decoder).
     """
     import io
 
     from PIL import Image
+
+    from pfactory.sensors.errors import error_text
 
     if not data:
         return None, (0, 0), "a PNG/JPEG image, got an empty (0-byte) file"
@@ -136,6 +240,8 @@ def decode_image_checked(
         with Image.open(io.BytesIO(data)) as im:
             fmt = im.format
             size = im.size  # from the header (a draft below would change im.size)
+            mode = im.mode
+            orientation = im.getexif().get(0x0112, 1) if fmt in ("JPEG", "PNG") else 1
             if decode or keep:
                 im.load()
             elif fmt == "JPEG":
@@ -143,7 +249,7 @@ def decode_image_checked(
                 im.load()
             rgb = np.asarray(im.convert("RGB")) if keep else None
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError... for corrupt data
-        return None, (0, 0), f"a decodable PNG/JPEG image ({type(e).__name__}: {e})"
+        return None, (0, 0), f"a decodable PNG/JPEG image ({error_text(e)})"
     # End markers: PNG's IEND chunk (type + fixed CRC), JPEG's EOI. Looked for in the last
     # 4 KiB, not at the very end, so trailing padding/metadata some writers append is fine.
     # (In JPEG entropy-coded data 0xFF is always stuffed, so FF D9 can only be a marker.)
@@ -154,7 +260,28 @@ def decode_image_checked(
         return None, size, "a complete JPEG ending with its EOI marker (the file is truncated)"
     if fmt not in ("PNG", "JPEG"):
         return None, size, f"a PNG or JPEG image, got {fmt}"
+    if expect is not None and fmt != expect:
+        return None, size, f"{expect} data as the file name says, got {fmt} data (rename or convert it)"
+    if fmt == "PNG" and len(data) > 24 and data[12:16] == b"IHDR" and data[24] == 16:
+        return None, size, (
+            "an 8-bit PNG, got 16 bits per channel (decoders differ in how they reduce it): convert it to "
+            "8-bit RGB"
+        )
+    if mode not in IMAGE_MODES:
+        return None, size, (
+            f"an 8-bit image (RGB, RGBA, grayscale or palette), got PIL mode {mode!r}: convert it to 8-bit RGB"
+        )
+    if orientation not in (1, None):
+        return None, size, (
+            f"an image without EXIF rotation, got EXIF orientation {orientation}: decoders that apply it "
+            "would turn the pixels away from the calibration; save it with the rotation applied"
+        )
     return rgb, size, ""
+
+
+def image_format_of(path: Path | str) -> str | None:
+    """The format a file name promises: "PNG" for .png, "JPEG" for .jpg/.jpeg, else None."""
+    return {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG"}.get(Path(path).suffix.lower())
 
 
 def check_principal_point(K: np.ndarray, size: tuple[int, int]) -> str:

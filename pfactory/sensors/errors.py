@@ -3,7 +3,18 @@ field and what was expected (DESIGN.md §4: strict validation)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+_ADDRESS = re.compile(r"<[^<>]*? at 0x[0-9a-fA-F]+>")
+
+
+def error_text(e: BaseException) -> str:
+    """`Type: message` of a library error, without memory addresses (PIL names the buffer it read as
+    `<_io.BytesIO object at 0x7f...>`, which made refusal reasons -- and rejected.jsonl, the manifest and
+    the prepared hash -- differ between two identical runs) and on one line."""
+    text = _ADDRESS.sub("the data", " ".join(str(e).split()))
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 class DatasetError(ValueError):

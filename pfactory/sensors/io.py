@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pfactory.sensors.errors import DatasetError
+from pfactory.sensors.errors import DatasetError, error_text
 
 
 def decode_image(data: bytes, path: str | Path = "<bytes>") -> np.ndarray:
@@ -23,16 +23,25 @@ def decode_image(data: bytes, path: str | Path = "<bytes>") -> np.ndarray:
             im.load()
             return np.asarray(im.convert("RGB"))
     except Exception as e:  # PIL raises several types for corrupt data
-        raise DatasetError(path, "image", f"a decodable PNG/JPEG image ({type(e).__name__}: {e})") from e
+        raise DatasetError(path, "image", f"a decodable PNG/JPEG image ({error_text(e)})") from e
 
 
 def read_points(path: str | Path, dims: int = 4) -> np.ndarray:
     """Read a float32 point file `[N, dims]`; DatasetError on empty, ragged or non-finite data."""
+    from pfactory.sensors.checks import MAX_POINTS, max_point_bytes
+
     path = Path(path)
     try:
+        size = path.stat().st_size
+        if size > max_point_bytes(dims):
+            raise DatasetError(
+                path,
+                "points",
+                f"a lidar sweep of at most {MAX_POINTS} points (float32 x{dims}), got {size} bytes",
+            )
         raw = path.read_bytes()
     except OSError as e:
-        raise DatasetError(path, "points", f"a readable file ({e})") from e
+        raise DatasetError(path, "points", f"a readable file ({error_text(e)})") from e
     if len(raw) == 0:
         raise DatasetError(path, "points", f"float32 x{dims} records, got an empty file")
     if len(raw) % (4 * dims):
@@ -54,4 +63,4 @@ def image_size(path: str | Path) -> tuple[int, int]:
         with Image.open(path) as im:
             return im.size
     except Exception as e:
-        raise DatasetError(path, "image", f"a readable PNG/JPEG header ({type(e).__name__}: {e})") from e
+        raise DatasetError(path, "image", f"a readable PNG/JPEG header ({error_text(e)})") from e

@@ -22,14 +22,22 @@ import numpy as np
 from pfactory.fsutil import atomic_write_bytes, atomic_write_text
 from pfactory.sensors.checks import (
     IMAGE_SUFFIXES,
+    MAX_ABS_ANGLE,
+    MAX_BOX_RANGE_M,
+    MAX_BOX_SIZE_M,
+    MAX_OBJECTS,
     FrameCheck,
     Problem,
     Problems,
-    check_points_bytes,
+    absent,
+    check_focal,
+    check_points_file,
     check_principal_point,
     decode_image_checked,
     finish_check,
+    image_format_of,
     orthonormal,
+    outside_root,
     rel_path,
 )
 from pfactory.sensors.errors import DatasetError
@@ -129,9 +137,9 @@ def parse_calib(path: str | Path) -> KittiCalib:
     """Parse a KITTI calib file; DatasetError names the missing/malformed matrix."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
-        raise DatasetError(path, "calib", f"a readable text file ({e})") from e
+        raise DatasetError(path, "calib", f"a readable UTF-8 text file ({e})") from e
     mats: dict[str, np.ndarray] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -157,6 +165,9 @@ def parse_calib(path: str | Path) -> KittiCalib:
         out[key] = v.reshape(shape)
     if abs(np.linalg.det(out["P2"][:, :3])) < 1e-9:
         raise DatasetError(path, "P2", "an invertible left 3x3 block (camera intrinsics)")
+    why = check_focal(float(out["P2"][0, 0]), float(out["P2"][1, 1]))
+    if why:
+        raise DatasetError(path, "P2", why)
     extra = {k: v for k, v in mats.items() if k not in CALIB_SHAPES}
     return KittiCalib(
         {k: out[k] for k in ("P0", "P1", "P2", "P3")}, out["R0_rect"], out["Tr_velo_to_cam"], extra
@@ -171,9 +182,9 @@ def parse_label_file(path: str | Path, with_score: bool | None = None) -> list[K
     """
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
-        raise DatasetError(path, "label", f"a readable text file ({e})") from e
+        raise DatasetError(path, "label", f"a readable UTF-8 text file ({e})") from e
     return parse_label_lines(text, path, with_score)
 
 
@@ -331,7 +342,10 @@ class KittiDataset(DatasetReader):
             if part == "label_2" and not with_labels:
                 continue
             if not p.is_file():
-                raise DatasetError(p, part, f"the {part} file of frame {frame_id} (missing)")
+                raise DatasetError(p, part, f"the {part} file of frame {frame_id} ({absent(p)})")
+            why = outside_root(p, self.root)
+            if why:
+                raise DatasetError(p, part, why)
         calib = parse_calib(paths["calib"])
         points = read_points(paths["velodyne"])
         K, T_cam_from_lidar = calib.camera(2)
@@ -357,6 +371,8 @@ class KittiDataset(DatasetReader):
 def labels_to_boxes(objs: list[KittiObject], calib: KittiCalib, path: Path | str = "<label>") -> Boxes3D:
     """KITTI objects -> `Boxes3D` in the lidar frame; DontCare rows become 2D ignore regions."""
     real = [o for o in objs if o.type != "DontCare"]
+    if len(objs) > MAX_OBJECTS:
+        raise DatasetError(path, "label", f"at most {MAX_OBJECTS} objects in a frame, got {len(objs)}")
     for i, o in enumerate(objs):
         if o.type == "DontCare":
             continue
@@ -364,9 +380,21 @@ def labels_to_boxes(objs: list[KittiObject], calib: KittiCalib, path: Path | str
             raise DatasetError(
                 path, f"line {i + 1} type", f"one of {', '.join(KITTI_CLASSES)}, got {o.type!r}"
             )
-        if np.any(o.dimensions_hwl <= 0):
+        if np.any(o.dimensions_hwl <= 0) or np.any(o.dimensions_hwl > MAX_BOX_SIZE_M):
             raise DatasetError(
-                path, f"line {i + 1} dimensions", f"positive h, w, l, got {o.dimensions_hwl.tolist()}"
+                path,
+                f"line {i + 1} dimensions",
+                f"positive h, w, l of at most {MAX_BOX_SIZE_M:g} m, got {o.dimensions_hwl.tolist()}",
+            )
+        if np.any(np.abs(o.location) > MAX_BOX_RANGE_M):
+            raise DatasetError(
+                path,
+                f"line {i + 1} location",
+                f"a location within {MAX_BOX_RANGE_M:g} m of the camera, got {o.location.tolist()}",
+            )
+        if abs(o.rotation_y) > MAX_ABS_ANGLE:
+            raise DatasetError(
+                path, f"line {i + 1} rotation_y", f"an angle in [-pi, pi] (radians), got {o.rotation_y:g}"
             )
     boxes = objects_to_lidar_boxes(real, calib.T_rect_from_lidar)
     bbox = np.array([o.bbox for o in real]).reshape(-1, 4)
@@ -495,8 +523,14 @@ def calib_problems(text: str) -> tuple[list[tuple[str, str]], dict[str, np.ndarr
             good[key] = v.reshape(shape)
     if "P2" in good:
         K = good["P2"][:, :3]
-        if not (K[0, 0] > 0 and K[1, 1] > 0 and abs(np.linalg.det(K)) > 1e-9):
+        if not (K[0, 0] > 0 and K[1, 1] > 0):
             out.append(("P2", f"intrinsics with positive focal lengths, got fx={K[0, 0]:g}, fy={K[1, 1]:g}"))
+            del good["P2"]
+        elif check_focal(float(K[0, 0]), float(K[1, 1])):
+            out.append(("P2", check_focal(float(K[0, 0]), float(K[1, 1]))))
+            del good["P2"]
+        elif abs(np.linalg.det(K)) <= 1e-9:
+            out.append(("P2", "an invertible left 3x3 block (camera intrinsics)"))
             del good["P2"]
         elif not np.allclose(K[2], [0, 0, 1], atol=1e-6):
             out.append(("P2", f"a last row [0, 0, 1, t] (pinhole camera), got {K[2].tolist()}"))
@@ -511,6 +545,9 @@ def calib_problems(text: str) -> tuple[list[tuple[str, str]], dict[str, np.ndarr
 def label_problems(text: str) -> list[tuple[str, str]]:
     """Every problem of every line of a KITTI label file (15 fields per line)."""
     out: list[tuple[str, str]] = []
+    n_objects = sum(1 for line in text.splitlines() if line.strip())
+    if n_objects > MAX_OBJECTS:
+        return [("label", f"at most {MAX_OBJECTS} objects in a frame, got {n_objects} lines")]
     for lineno, line in enumerate(text.splitlines(), 1):
         parts = line.split()
         if not parts:
@@ -535,8 +572,22 @@ def label_problems(text: str) -> list[tuple[str, str]]:
         if cls == "DontCare":
             continue  # DontCare rows carry -1 / -1000 sentinels: only the 2D box matters
         hwl = [vals.get(k) for k in ("height", "width", "length")]
-        if all(v is not None for v in hwl) and min(hwl) <= 0:
-            out.append((f"line {lineno} dimensions", f"positive h, w, l, got {hwl}"))
+        if all(v is not None for v in hwl) and (min(hwl) <= 0 or max(hwl) > MAX_BOX_SIZE_M):
+            out.append(
+                (f"line {lineno} dimensions", f"positive h, w, l of at most {MAX_BOX_SIZE_M:g} m, got {hwl}")
+            )
+        loc = [vals.get(k) for k in ("x", "y", "z")]
+        if any(v is not None and abs(v) > MAX_BOX_RANGE_M for v in loc):
+            out.append(
+                (
+                    f"line {lineno} location",
+                    f"a location within {MAX_BOX_RANGE_M:g} m of the camera, got {loc}",
+                )
+            )
+        if "rotation_y" in vals and abs(vals["rotation_y"]) > MAX_ABS_ANGLE:
+            out.append(
+                (f"line {lineno} rotation_y", f"an angle in [-pi, pi] (radians), got {vals['rotation_y']:g}")
+            )
         if "z" in vals and vals["z"] <= 0:
             out.append(
                 (
@@ -581,28 +632,34 @@ def _inspect_kitti(
                 f"the {part} file of frame {frame_id} (missing; found {names}, which the KITTI layout does not read)",
             )
         else:
-            add(want, part, f"the {part} file of frame {frame_id} (missing)")
+            add(want, part, f"the {part} file of frame {frame_id} ({absent(want)})")
+    for part, path in list(present.items()):
+        why = outside_root(path, root)
+        if why:
+            add(path, part, why)
+            del present[part]
 
     # Calibration first: the image check needs P2.
     calib_ok: dict[str, np.ndarray] = {}
     if "calib" in present:
         try:
-            text = present["calib"].read_text()
+            text = present["calib"].read_text(encoding="utf-8-sig")
         except (OSError, UnicodeDecodeError) as e:
-            add(present["calib"], "calib", f"a readable text file ({e})")
+            add(present["calib"], "calib", f"a readable UTF-8 text file ({e})")
         else:
             found, calib_ok = calib_problems(text)
             for f, r in found:
                 add(present["calib"], f, r)
 
     if "velodyne" in present:
-        raw = present["velodyne"].read_bytes()
-        for f, r in check_points_bytes(raw, 4, "kitti", min_points):
+        for f, r in check_points_file(present["velodyne"], 4, "kitti", min_points):
             add(present["velodyne"], f, r)
 
     images: dict[str, np.ndarray] = {}
     if "image_2" in present:
-        rgb, size, err = decode_image_checked(present["image_2"].read_bytes(), keep_images, decode)
+        rgb, size, err = decode_image_checked(
+            present["image_2"].read_bytes(), keep_images, decode, image_format_of(present["image_2"])
+        )
         if err:
             add(present["image_2"], "image", err)
         else:
@@ -619,9 +676,9 @@ def _inspect_kitti(
 
     if "label_2" in present:
         try:
-            text = present["label_2"].read_text()
+            text = present["label_2"].read_text(encoding="utf-8-sig")
         except (OSError, UnicodeDecodeError) as e:
-            add(present["label_2"], "label", f"a readable text file ({e})")
+            add(present["label_2"], "label", f"a readable UTF-8 text file ({e})")
         else:
             for f, r in label_problems(text):
                 add(present["label_2"], f, r)

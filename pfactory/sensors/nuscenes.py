@@ -33,13 +33,20 @@ from pfactory.geometry import (
     yaw_from_matrix,
 )
 from pfactory.sensors.checks import (
+    MAX_BOX_RANGE_M,
+    MAX_BOX_SIZE_M,
+    MAX_OBJECTS,
     FrameCheck,
     Problem,
     Problems,
-    check_points_bytes,
+    absent,
+    check_focal,
+    check_points_file,
     check_principal_point,
     decode_image_checked,
     finish_check,
+    image_format_of,
+    outside_root,
     problem,
     rel_path,
 )
@@ -114,8 +121,8 @@ class NuScenesDataset(DatasetReader):
             if not path.is_file():
                 raise DatasetError(path, name, f"the nuScenes table {name}.json (missing)")
             try:
-                rows = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as e:
+                rows = json.loads(path.read_text(encoding="utf-8-sig"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
                 raise DatasetError(path, name, f"a JSON list of records ({e})") from e
             if not isinstance(rows, list) or not all(
                 isinstance(r, dict) and isinstance(r.get("token"), str) for r in rows
@@ -277,7 +284,11 @@ class NuScenesDataset(DatasetReader):
             )
         lidar_path = self.resolve(lidar_sd.get("filename"), f"{lidar_sd['token']}.filename")
         if not lidar_path.is_file():
-            raise DatasetError(lidar_path, "points", f"the lidar file of sample {frame_id} (missing)")
+            raise DatasetError(
+                lidar_path, "points", f"the lidar file of sample {frame_id} ({absent(lidar_path)})"
+            )
+        if outside_root(lidar_path, self.root):
+            raise DatasetError(lidar_path, "points", outside_root(lidar_path, self.root))
         raw = read_points(lidar_path, dims=5)
         points = np.concatenate([raw[:, :3], raw[:, 3:4] / 255.0], axis=1).astype(np.float32)  # [N, 4]
         T_ego_from_lidar, T_global_from_ego_l = self._pose(lidar_sd)
@@ -287,7 +298,11 @@ class NuScenesDataset(DatasetReader):
             sd = data[channel]
             path = self.resolve(sd.get("filename"), f"{sd['token']}.filename")
             if not path.is_file():
-                raise DatasetError(path, channel, f"the {channel} image of sample {frame_id} (missing)")
+                raise DatasetError(
+                    path, channel, f"the {channel} image of sample {frame_id} ({absent(path)})"
+                )
+            if outside_root(path, self.root):
+                raise DatasetError(path, channel, outside_root(path, self.root))
             T_ego_from_cam, T_global_from_ego_c = self._pose(sd)
             cs = self.tables["calibrated_sensor"][sd["calibrated_sensor_token"]]
             K = np.asarray(cs.get("camera_intrinsic") or [], dtype=np.float64)
@@ -296,6 +311,12 @@ class NuScenesDataset(DatasetReader):
                     self.table_dir / "calibrated_sensor.json",
                     f"{cs['token']}.camera_intrinsic",
                     "an invertible 3x3 matrix",
+                )
+            if check_focal(float(K[0, 0]), float(K[1, 1])):
+                raise DatasetError(
+                    self.table_dir / "calibrated_sensor.json",
+                    f"{cs['token']}.camera_intrinsic",
+                    check_focal(float(K[0, 0]), float(K[1, 1])),
                 )
             T_cam_from_lidar = invert_transform(T_global_from_ego_c @ T_ego_from_cam) @ T_global_from_lidar
             size = image_size(path)
@@ -314,13 +335,27 @@ class NuScenesDataset(DatasetReader):
     def _boxes(self, frame_id: str, T_lidar_from_global: np.ndarray) -> Boxes3D:
         anns = sorted(self._anns_by_sample.get(frame_id, []), key=lambda a: a["token"])
         path = self.table_dir / "sample_annotation.json"
+        if len(anns) > MAX_OBJECTS:
+            raise DatasetError(
+                path,
+                "sample_token",
+                f"at most {MAX_OBJECTS} annotations of sample {frame_id}, got {len(anns)}",
+            )
         boxes, names, npts = [], [], []
         for a in anns:
             T = T_lidar_from_global @ _transform(a, path, a["token"])
             size = np.asarray(a.get("size", []), dtype=np.float64)
-            if size.shape != (3,) or not np.all(size > 0):
+            if size.shape != (3,) or not np.all(size > 0) or not np.all(size <= MAX_BOX_SIZE_M):
                 raise DatasetError(
-                    path, f"{a['token']}.size", f"three positive numbers (w, l, h), got {a.get('size')}"
+                    path,
+                    f"{a['token']}.size",
+                    f"three positive numbers (w, l, h) of at most {MAX_BOX_SIZE_M:g} m, got {a.get('size')}",
+                )
+            if float(np.linalg.norm(T[:3, 3])) > MAX_BOX_RANGE_M:
+                raise DatasetError(
+                    path,
+                    f"{a['token']}.translation",
+                    f"a box within {MAX_BOX_RANGE_M:g} m of the lidar, got one {np.linalg.norm(T[:3, 3]):.4g} m away",
                 )
             inst = self.tables["instance"].get(a.get("instance_token"), {})
             cat = self.tables["category"].get(inst.get("category_token"))
@@ -559,11 +594,17 @@ def _inspect_nuscenes(
             continue
         if not path.is_file():
             add(
-                path, channel, f"the {channel} file of sample {frame_id} named by sample_data {tok} (missing)"
+                path,
+                channel,
+                f"the {channel} file of sample {frame_id} named by sample_data {tok} ({absent(path)})",
             )
             continue
+        why = outside_root(path, root)
+        if why:
+            add(path, channel, why)
+            continue
         if channel == LIDAR_CHANNEL:
-            for f, r in check_points_bytes(path.read_bytes(), 5, "nuscenes", min_points):
+            for f, r in check_points_file(path, 5, "nuscenes", min_points):
                 add(path, f, r)
             continue
         if not channel.startswith("CAM"):
@@ -582,7 +623,14 @@ def _inspect_nuscenes(
                     f"got {repr(cs.get('camera_intrinsic'))[:200]}",
                 )
                 K = None
-        rgb, size, err = decode_image_checked(path.read_bytes(), keep_images, decode)
+            elif check_focal(float(K[0, 0]), float(K[1, 1])):
+                add(
+                    tdir / "calibrated_sensor.json",
+                    f"{cs['token']}.camera_intrinsic",
+                    check_focal(float(K[0, 0]), float(K[1, 1])),
+                )
+                K = None
+        rgb, size, err = decode_image_checked(path.read_bytes(), keep_images, decode, image_format_of(path))
         if err:
             add(path, "image", err)
             continue
@@ -610,8 +658,17 @@ def _inspect_nuscenes(
             size = np.asarray(ann.get("size", []), dtype=np.float64)
         except (TypeError, ValueError):
             size = np.zeros(0)
-        if size.shape != (3,) or not np.all(np.isfinite(size)) or not np.all(size > 0):
-            add(apath, f"{tok}.size", f"three positive numbers (w, l, h), got {ann.get('size')!r}")
+        if (
+            size.shape != (3,)
+            or not np.all(np.isfinite(size))
+            or not np.all(size > 0)
+            or np.any(size > MAX_BOX_SIZE_M)
+        ):
+            add(
+                apath,
+                f"{tok}.size",
+                f"three positive numbers (w, l, h) of at most {MAX_BOX_SIZE_M:g} m, got {ann.get('size')!r}",
+            )
         try:
             _transform(ann, apath, tok)
         except DatasetError as e:

@@ -19,6 +19,19 @@ if TYPE_CHECKING:
     from pfactory.sensors.checks import FrameCheck, Problem
 
 
+def check_frame_id(frame_id: object, root: Path) -> None:
+    """DatasetError unless `frame_id` is a plain name (no `/`, `\\`, NUL, not empty, `.` or `..`)."""
+    if (
+        not isinstance(frame_id, str)
+        or not frame_id
+        or frame_id in (".", "..")
+        or any(c in frame_id for c in ("/", "\\", "\x00"))
+    ):
+        raise DatasetError(
+            root, "frame id", f"a frame name without path separators or '..', got {str(frame_id)[:80]!r}"
+        )
+
+
 class DatasetReader(ABC):
     """One raw dataset root of one layout. Subclasses set `layout` and `root`."""
 
@@ -35,7 +48,11 @@ class DatasetReader(ABC):
         """Ids of the frames the reader can read, in a stable order."""
 
     def read(self, frame_id: str, with_labels: bool = True) -> Frame:
-        """Read one frame into the lidar-frame convention; DatasetError (with its frame id) on any problem."""
+        """Read one frame into the lidar-frame convention; DatasetError (with its frame id) on any problem.
+
+        A frame id is a name, never a path: one with a path separator, `..` or NUL is refused (no read
+        outside the dataset root through an id such as `../../etc/passwd`)."""
+        check_frame_id(frame_id, self.root)
         try:
             return self._read(frame_id, with_labels)
         except DatasetError as e:
