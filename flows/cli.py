@@ -123,17 +123,29 @@ def data_check(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the report as JSON here.")
     ] = None,
+    set_param: SetOpt = None,
+    params_file: ParamsOpt = Path("params.yaml"),
 ) -> None:
     """Validate a dataset: every problem with its file, field and what was expected.
 
+    Also refuses what `factory prepare` would, with the same prepare parameters (params.yaml and -S):
+    fewer than prepare.min_points points, or fewer inside prepare.pc_range.
     Exit 0 when clean, 1 when not. Example: factory data check ../shared/data/real/kitti
     """
     from pfactory.fsutil import atomic_write_text
     from pfactory.sensors.errors import DatasetError
     from pfactory.sensors.validate import check_dataset, format_report
 
+    prepare = _params(params_file, set_param).prepare
     try:
-        report = check_dataset(root)
+        report = check_dataset(root, min_points=prepare.min_points)
+        if report.frames_ok:
+            from pfactory.data.prepare import roi_problems
+            from pfactory.sensors.datasets import open_dataset
+
+            roi = roi_problems(open_dataset(root), report.frames_ok, prepare)
+            report.problems += roi
+            report.frames_ok = [f for f in report.frames_ok if f not in {p["frame_id"] for p in roi}]
     except DatasetError as e:
         _fail(str(e))
     typer.echo(format_report(report))
@@ -665,11 +677,20 @@ def bench_cmd(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point: an error the user can act on (a bad input, parameter or output path, a
+    full disk: `pfactory.failures.explain`) is one red line and its exit code, not a traceback."""
     try:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as e:
+        from pfactory.failures import explain
+
+        known = explain(e)
+        if known is None:
+            raise
+        typer.secho(known[0], fg=typer.colors.RED, err=True)
+        sys.exit(known[1])
 
 
 if __name__ == "__main__":

@@ -127,6 +127,14 @@ def stage_main(
             raise
         print(f"{stage}: {e}", file=sys.stderr)
         sys.exit(code)
+    except Exception as e:
+        from pfactory.failures import explain
+
+        known = explain(e)
+        if known is None:
+            raise
+        print(f"{stage}: {known[0]}", file=sys.stderr)
+        sys.exit(known[1])
     record_stage_time(stage, time.perf_counter() - t0)
     if metrics is not None:
         print(json.dumps(metrics, indent=2, sort_keys=True, default=str))

@@ -51,9 +51,8 @@ def run(
     work starts), `EvaluateTaskError` when a unit fails on a worker.
     """
     from pfactory.evaluate.evaluation import evaluate
-    from pfactory.tracking import configure_environment
-
     from pfactory.fsutil import check_output_dir
+    from pfactory.tracking import configure_environment
 
     ev = section_of(params, STAGE, EvaluateParams)
     check_output_dir(out, STAGE, (optimized, model, data))  # refuse a foreign --out before any work

@@ -435,9 +435,27 @@ def open_prepared(root: str | Path) -> PreparedDataset:
     """Open a prepared directory: reads `manifest.json`, checks its schema version and status."""
     root = Path(root)
     path = root / MANIFEST
+    if not root.is_dir():
+        raise SchemaError(f"{root}: {'missing' if not root.exists() else 'not a directory'}; expected a prepared "
+                          "directory (run `factory prepare`)")  # fmt: skip
     if not path.is_file():
-        raise SchemaError(f"{root}: no {MANIFEST}; not a prepared directory (run `factory prepare`)")
-    manifest = json.loads(path.read_text())
+        raw = (
+            (root / "training" / "velodyne").is_dir()
+            or (root / "velodyne").is_dir()
+            or (root / "samples").is_dir()
+        )
+        hint = (
+            f"it is a raw dataset: prepare it first (factory prepare --raw {root} --out DIR) and pass DIR"
+            if raw
+            else "run `factory prepare`"
+        )
+        raise SchemaError(f"{root}: no {MANIFEST}; not a prepared directory ({hint})")
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise SchemaError(f"{path}: not a JSON manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise SchemaError(f"{path}: expected a JSON object")
     check_schema_version(manifest.get("schema_version"), path)
     if not manifest.get("passed", True):
         raise SchemaError(f"{path}: the prepare run that wrote it failed: {manifest.get('failure')}")

@@ -42,7 +42,7 @@ def save_model(
     """Write `model.pt` and `model_config.json` atomically into `out`; returns their paths."""
     out = Path(out)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    weights = atomic_write_bytes(out / WEIGHTS, save_bytes(state))
+    weights = atomic_write_bytes(out / WEIGHTS, save_bytes(state), clean_stale=True)
     config = {
         "format": CONFIG_FORMAT,
         "model": model.params.model_dump(mode="json"),
@@ -55,14 +55,59 @@ def save_model(
     return {"weights": weights, "config": cfg}
 
 
+class CheckpointError(ValueError):
+    """A weights/checkpoint file that cannot be loaded as a plain state dict: names the file and why."""
+
+
+def load_state(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+    """`torch.load(path, weights_only=True)`, with one-line errors naming the file (CheckpointError).
+
+    Nothing is ever unpickled beyond tensors and plain containers: a file holding other objects (a pickle
+    planted under a model file's name, a checkpoint from another tool) is refused, and so is a truncated one.
+    """
+    import pickle
+
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, expected a PyTorch weights file")
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        text = str(e)
+        detail = text.split("WeightsUnpickler error:", 1)[1] if "WeightsUnpickler error:" in text else text
+        detail = " ".join(detail.split())[:200]
+        raise CheckpointError(
+            f"{path}: refused: not a plain state dict of tensors ({detail}); pfactory loads weights only "
+            "and never executes code from a model file"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        detail = " ".join(str(e).split())[:200]
+        raise CheckpointError(
+            f"{path}: not a readable PyTorch file, truncated or corrupt ({detail})"
+        ) from None
+
+
 def read_config(model_dir: str | Path) -> dict[str, Any]:
     """`model_config.json` of a trained-model directory, format-checked."""
-    path = Path(model_dir) / CONFIG
+    model_dir = Path(model_dir)
+    path = model_dir / CONFIG
+    if not model_dir.is_dir():
+        what = "missing" if not model_dir.exists() else "not a directory"
+        raise FileNotFoundError(
+            f"{model_dir}: {what}; expected a trained-model directory (run `factory train`)"
+        )
     if not path.is_file():
         raise FileNotFoundError(
             f"{path}: no model config; not a trained-model directory (run `factory train`)"
         )
-    config = json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a JSON model config ({e})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(config).__name__}")
     if int(config.get("format", 0)) > CONFIG_FORMAT:
         raise ValueError(
             f"{path}: model config format {config['format']} is newer than this pfactory ({CONFIG_FORMAT})"
@@ -77,6 +122,12 @@ def load_model(
     config = read_config(model_dir)
     params = ModelParams.model_validate(config["model"])
     model = build_model(params, tuple(config["image_size"]))
-    state = torch.load(Path(model_dir) / WEIGHTS, map_location=map_location, weights_only=True)
-    model.load_state_dict(state)
+    state = load_state(Path(model_dir) / WEIGHTS, map_location)
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as e:
+        detail = " ".join(str(e).split())[:200]
+        raise CheckpointError(
+            f"{Path(model_dir) / WEIGHTS}: weights that do not fit the model of {CONFIG} ({detail})"
+        ) from None
     return model.to(map_location).eval(), config

@@ -8,11 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from pfactory import artifacts as af
 from pfactory.fsutil import atomic_write_bytes
-from pfactory.model.io import save_bytes
+from pfactory.model.io import CheckpointError, load_state, save_bytes
 from pfactory.model.params import ModelParams
 from pfactory.train.data import DataInfo
 from pfactory.train.params import TrainParams
@@ -40,14 +38,22 @@ def trajectory_config(model_p: ModelParams, train_p: TrainParams) -> dict[str, A
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
+    """The checkpoint at `path` (None when there is none); CheckpointError when it is not a loadable one."""
+    if not path.exists():
         return None
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = load_state(path)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}; delete it to train from scratch") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: expected a checkpoint dict, got {type(state).__name__}; delete it to "
+                              "train from scratch")  # fmt: skip
+    return state
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Atomic: a temporary sibling, fsync, rename; a SIGKILL leaves the previous checkpoint intact."""
-    atomic_write_bytes(path, save_bytes(state))
+    atomic_write_bytes(path, save_bytes(state), clean_stale=True)
 
 
 def resume_mismatch(state: dict[str, Any], config: dict[str, Any], info: DataInfo) -> str | None:

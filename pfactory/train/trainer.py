@@ -76,6 +76,10 @@ def model_for_data(mp: ModelParams, info: DataInfo) -> ModelParams:
     return ModelParams.model_validate({**mp.model_dump(), **update})
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/Inf: stop before writing weights that are garbage (the message says the step)."""
+
+
 class Trainer:
     """One training run of `params.model` with `params.train` on `data`, writing into `out`.
 
@@ -207,6 +211,16 @@ class Trainer:
                 if self.in_epoch >= self.steps_per_epoch:  # stopped exactly at an epoch end
                     self.epoch, self.in_epoch = self.epoch + 1, 0
             train_s = self.elapsed_before + self.train_time()
+            bad = [
+                n
+                for n, t in self.model.state_dict().items()
+                if t.is_floating_point() and not torch.isfinite(t).all()
+            ]
+            if bad:
+                raise TrainingDiverged(
+                    f"{len(bad)} weight tensors hold NaN/Inf after step {self.step} (e.g. {bad[0]}): the run "
+                    f"diverged; lower train.lr (now {self.tp.lr:g}). No model was written"
+                )
             # A finished checkpoint already holds the final validation: then only re-emit the outputs.
             if not self.finished:
                 self.val_curves.append(self.validate())
@@ -238,6 +252,12 @@ class Trainer:
                                self.use_bf16)  # fmt: skip
             self.step += 1
             self.in_epoch += 1
+            if not math.isfinite(terms["loss"]):
+                raise TrainingDiverged(
+                    f"the training loss is {terms['loss']} at step {self.step} (epoch {self.epoch}): the run "
+                    f"diverged; lower train.lr (now {tp.lr:g}) or check the prepared data {self.data}. "
+                    "No model was written"
+                )
             dt = time.perf_counter() - t_step
             record = {"step": self.step, "epoch": self.epoch, "lr": self.optimizer.param_groups[0]["lr"],
                       "samples_per_s": tp.batch_size / dt, "data_wait_fraction": t_data / dt, **terms}  # fmt: skip
