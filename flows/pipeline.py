@@ -171,7 +171,14 @@ def pipeline(
 
     from pfactory.config import load_params
     from pfactory.progress import PROGRESS_ENV
-    from pfactory.tracking import PARENT_ENV, experiment_id, flatten, lineage_tags
+    from pfactory.tracking import (
+        PARENT_ENV,
+        experiment_id,
+        flatten,
+        lineage_tags,
+        process_tags,
+        reap_orphan_runs,
+    )
 
     t_start = time.perf_counter()
     root_path = configure_environment(root)
@@ -190,6 +197,7 @@ def pipeline(
 
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     exp_id = experiment_id(root_path)
+    reap_orphan_runs(exp_id)  # runs left RUNNING by killed earlier runs (their processes are gone)
     results: dict[str, Any] = {
         "run_id": run_id,
         "workspace": str(ws.path),
@@ -204,7 +212,13 @@ def pipeline(
     with mlflow.start_run(
         experiment_id=exp_id,
         run_name=name or run_id,
-        tags={"pipeline": "true", "run_id": run_id, "workspace": str(ws.path), **lineage_tags(root_path)},
+        tags={
+            "pipeline": "true",
+            "run_id": run_id,
+            "workspace": str(ws.path),
+            **lineage_tags(root_path),
+            **process_tags(),
+        },
     ) as run:
         results["mlflow_run_id"] = run.info.run_id
         flat = flatten(params.model_dump(mode="json"))

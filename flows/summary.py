@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from pfactory.tracking import redact_uri
+
 
 def _fmt(v: Any, digits: int = 3) -> str:
     if v is None:
@@ -103,7 +105,7 @@ def render_summary(result: dict[str, Any], wall_s: float | None = None) -> Any:
         Text(
             "where: workspace "
             f"{ws} (params.yaml, dvc.lock, artifacts/, logs/)\n"
-            f"look:  mlflow ui --backend-store-uri {os.environ.get('MLFLOW_TRACKING_URI', '')}\n"
+            f"look:  mlflow ui --backend-store-uri {redact_uri(os.environ.get('MLFLOW_TRACKING_URI', ''))}\n"
             "       prefect server start   (flow runs; PREFECT_HOME is under artifacts/.state/prefect)\n"
             f"       cd {ws} && dvc metrics show && dvc plots show\n"
             f"       factory compare   |   factory lineage {result.get('registered_model', 'MODEL')}@champion"

@@ -62,6 +62,13 @@ def configure_environment(root: str | Path | None = None) -> Path:
         "MLFLOW_TRACKING_URI": f"sqlite:///{mlflow_dir / 'mlflow.db'}",
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
+        # A tracking server that does not answer fails a request after ~7 s (retries after 0, 2, 4 s),
+        # not MLflow's ~4.5 min (7 retries, backoff 2, up to 120 s each): an unreachable server at start is
+        # a fast, clear error; one that dies mid-run fails the stage promptly (its run is then reaped, see
+        # `reap_orphan_runs`). A server that rate-limits for longer: raise these.
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
         "PREFECT_HOME": str(state / "prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "WARNING",
@@ -84,6 +91,22 @@ def configure_environment(root: str | Path | None = None) -> Path:
         if os.environ[key] == defaults[key]:
             Path(defaults[key]).mkdir(parents=True, exist_ok=True)
     return root
+
+
+def redact_uri(uri: str) -> str:
+    """`uri` with the password of its user info replaced by `***` (`http://me:s3cret@host` ->
+    `http://me:***@host`): tracking/registry URIs are printed and logged only through this."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return "<unparseable URI>"
+    if parts.password is None and "@" not in parts.netloc:
+        return uri
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}" if user else f"***@{host}"))
 
 
 def artifact_location(root: Path) -> str:
@@ -156,12 +179,45 @@ def lineage_tags(root: Path) -> dict[str, str]:
     return tags
 
 
+class TrackingUnavailable(ConnectionError):
+    """The MLflow tracking server does not answer: the message names it (password redacted), what to try."""
+
+
+_CHECKED: set[str] = set()
+
+
+def check_tracking_server(uri: str | None = None, timeout_s: float = 5.0) -> None:
+    """For an http(s) tracking URI, one request to the server's `/health` (no retries): TrackingUnavailable
+    when nothing answers, in seconds -- instead of MLflow's client retrying every later call. Any HTTP
+    answer (even 401/404: a server behind auth, or without /health) counts as reachable. Once per process."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri.startswith(("http://", "https://")) or uri in _CHECKED:
+        return
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+    except requests.RequestException as e:
+        reason = type(e).__name__
+        if isinstance(e, requests.ConnectionError):
+            reason = "connection refused or host unreachable"
+        elif isinstance(e, requests.Timeout):
+            reason = f"no answer within {timeout_s:g} s"
+        raise TrackingUnavailable(
+            f"the MLflow tracking server {redact_uri(uri)} does not answer ({reason}): start it, fix "
+            "MLFLOW_TRACKING_URI, or unset MLFLOW_TRACKING_URI to track into the local sqlite store"
+        ) from None
+    _CHECKED.add(uri)
+
+
 def experiment_id(root: Path, name: str = EXPERIMENT) -> str:
     """The id of experiment `name`, created (artifacts under `root`) when missing. Safe when two processes
-    create it at the same moment: the loser of the race reads the winner's experiment."""
+    create it at the same moment: the loser of the race reads the winner's experiment. A tracking server
+    that does not answer is a TrackingUnavailable in seconds (`check_tracking_server`)."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    check_tracking_server()
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
@@ -172,6 +228,54 @@ def experiment_id(root: Path, name: str = EXPERIMENT) -> str:
         if exp is None:
             raise
         return exp.experiment_id
+
+
+def process_tags() -> dict[str, str]:
+    """Tags naming the process that owns a run (`reap_orphan_runs` reads them)."""
+    import socket
+
+    import psutil
+
+    return {
+        "pfactory.host": socket.gethostname(),
+        "pfactory.pid": str(os.getpid()),
+        "pfactory.pid_started": f"{psutil.Process().create_time():.3f}",
+    }
+
+
+def reap_orphan_runs(experiment: str) -> list[str]:
+    """Mark KILLED every RUNNING run of `experiment` whose process (tags of `process_tags`, this host) is
+    gone: a stage or pipeline killed by a signal, or one that lost its tracking server mid-run, cannot end
+    its own run, which would otherwise stay RUNNING forever. Returns the reaped run ids. Runs of live
+    processes, of other hosts and without the tags are left alone."""
+    import socket
+
+    import psutil
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    host = socket.gethostname()
+    runs = client.search_runs(
+        [experiment], filter_string=f"attributes.status = 'RUNNING' and tags.`pfactory.host` = '{host}'",
+        max_results=1000,
+    )  # fmt: skip
+    reaped = []
+    for run in runs:
+        tags = run.data.tags
+        try:
+            pid, started = int(tags["pfactory.pid"]), float(tags["pfactory.pid_started"])
+        except (KeyError, ValueError):
+            continue
+        try:
+            alive = abs(psutil.Process(pid).create_time() - started) < 1.0
+        except psutil.Error:
+            alive = False
+        if alive:
+            continue
+        client.set_tag(run.info.run_id, "pfactory.ended_by", f"reaped: process {pid} on {host} is gone")
+        client.set_terminated(run.info.run_id, status="KILLED")
+        reaped.append(run.info.run_id)
+    return reaped
 
 
 @contextlib.contextmanager
@@ -188,8 +292,9 @@ def stage_run(
     root = configure_environment(root)
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     exp_id = experiment_id(root)
+    reap_orphan_runs(exp_id)
     parent = os.environ.get(PARENT_ENV) or None
-    tags = {"stage": stage, **lineage_tags(root)}
+    tags = {"stage": stage, **lineage_tags(root), **process_tags()}
     with mlflow.start_run(
         experiment_id=exp_id,
         run_name=run_name or stage,

@@ -24,7 +24,7 @@ class Tracker:
             return
         import mlflow
 
-        from pfactory.tracking import configure_environment, stage_run
+        from pfactory.tracking import configure_environment, process_tags, stage_run
 
         self.mlflow = mlflow
         if run_id is not None:  # resume the killed run's MLflow run: one run, one curve
@@ -32,6 +32,7 @@ class Tracker:
             mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
             try:
                 self._stack.enter_context(mlflow.start_run(run_id=run_id))
+                mlflow.set_tags(process_tags())  # this process owns it now (`reap_orphan_runs`)
                 self.run_id = run_id
                 return
             except Exception as e:  # the run may live in another tracking store
