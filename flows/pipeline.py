@@ -66,11 +66,14 @@ def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
 def _stage_task(stage: str) -> Any:
     retries = RETRIES.get(stage, DEFAULT_RETRIES)
 
+    # persist_result=False: Prefect would otherwise pickle results and exceptions into PREFECT_HOME/storage
+    # (inside artifacts/) and unpickle them on a cache hit -- nothing is ever unpickled from an artifact dir.
     @task(
         name=stage,
         retries=retries,
         retry_delay_seconds=RETRY_DELAY_S,
         retry_condition_fn=_transient_only,
+        persist_result=False,
     )
     def run_stage(ws: Workspace) -> dict[str, Any]:
         try:
@@ -155,7 +158,7 @@ def stage_timings(ws: Workspace) -> dict[str, dict[str, float]]:
     return out
 
 
-@flow(name="perception-factory", log_prints=True)
+@flow(name="perception-factory", log_prints=True, persist_result=False)
 def pipeline(
     overrides: list[str] | None = None,
     name: str | None = None,
