@@ -241,7 +241,9 @@ def decode_image_checked(
             fmt = im.format
             size = im.size  # from the header (a draft below would change im.size)
             mode = im.mode
-            orientation = im.getexif().get(0x0112, 1) if fmt in ("JPEG", "PNG") else 1
+            # JPEG: EXIF sits in the header. PNG: PIL's getexif() would decode the image to reach an eXIf
+            # chunk after the pixels, so the chunks are walked here instead (`_png_orientation`).
+            orientation = im.getexif().get(0x0112, 1) if fmt == "JPEG" else _png_orientation(data)
             if decode or keep:
                 im.load()
             elif fmt == "JPEG":
@@ -277,6 +279,25 @@ def decode_image_checked(
             "would turn the pixels away from the calibration; save it with the rotation applied"
         )
     return rgb, size, ""
+
+
+def _png_orientation(data: bytes) -> int:
+    """The EXIF orientation of a PNG's eXIf chunk (1 when there is none), from the chunk list only."""
+    import struct
+
+    from PIL import Image
+
+    pos = 8
+    while pos + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        if kind == b"eXIf":
+            exif = Image.Exif()
+            exif.load(data[pos + 8 : pos + 8 + length])
+            return int(exif.get(0x0112, 1))
+        if kind in (b"IEND", b""):
+            break
+        pos += 12 + length
+    return 1
 
 
 def image_format_of(path: Path | str) -> str | None:
