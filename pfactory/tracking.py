@@ -66,6 +66,9 @@ def configure_environment(root: str | Path | None = None) -> Path:
         # not MLflow's ~4.5 min (7 retries, backoff 2, up to 120 s each): an unreachable server at start is
         # a fast, clear error; one that dies mid-run fails the stage promptly (its run is then reaped, see
         # `reap_orphan_runs`). A server that rate-limits for longer: raise these.
+        # MLflow prints "View run ... at: <tracking URI>/#/..." for http stores: a password in the URI would
+        # land on stdout (and in every stage log).
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
         "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
         "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",

@@ -28,4 +28,5 @@ class RejectFractionExceeded(RuntimeError):
 
 
 class SchemaError(ValueError):
-    """Prepared data written with a schema this version of pfactory cannot read."""
+    """Prepared data this version of pfactory cannot use: not a prepared directory (a raw dataset, a
+    missing path), a newer schema, the output of a failed prepare run, an empty split."""

@@ -435,9 +435,6 @@ def open_prepared(root: str | Path) -> PreparedDataset:
     """Open a prepared directory: reads `manifest.json`, checks its schema version and status."""
     root = Path(root)
     path = root / MANIFEST
-    if not root.is_dir():
-        raise SchemaError(f"{root}: {'missing' if not root.exists() else 'not a directory'}; expected a prepared "
-                          "directory (run `factory prepare`)")  # fmt: skip
     if not path.is_file():
         raw = (
             (root / "training" / "velodyne").is_dir()
@@ -447,6 +444,10 @@ def open_prepared(root: str | Path) -> PreparedDataset:
         hint = (
             f"it is a raw dataset: prepare it first (factory prepare --raw {root} --out DIR) and pass DIR"
             if raw
+            else "it does not exist; run `factory prepare`"
+            if not root.exists()
+            else "it is not a directory"
+            if not root.is_dir()
             else "run `factory prepare`"
         )
         raise SchemaError(f"{root}: no {MANIFEST}; not a prepared directory ({hint})")

@@ -89,5 +89,10 @@ def load_feeds(
         out.feeds.append(batch_to_feed(batch, keep))
         out.frame_ids.append([str(f) for f in batch.frame_ids[:keep]])
     if not out.feeds:
-        raise ValueError(f"{prepared_dir}: split {split!r} has no frames")
+        from pfactory.data.errors import SchemaError  # a ValueError: bad input data, one line at the CLI
+
+        raise SchemaError(
+            f"{prepared_dir}: split {split!r} has no frames (optimize.parity.split / int8.calibration_split): "
+            "prepare with a larger prepare.val_fraction, or point the split elsewhere"
+        )
     return out

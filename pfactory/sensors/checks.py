@@ -86,29 +86,6 @@ def _readlink(path: Path) -> str:
         return "?"
 
 
-def _in_dvc_cache(target: Path) -> bool:
-    """`target` is a file of a DVC cache (`<cache>/files/md5/xx/...`): datasets checked out with DVC's
-    symlink cache type are symlinks there, and legitimate."""
-    parts = target.parts
-    return any(parts[i : i + 2] == ("files", "md5") for i in range(len(parts) - 2))
-
-
-def outside_root(path: Path, root: Path) -> str:
-    """Empty when `path` stays inside the dataset `root` (symlinks resolved), else why not.
-
-    A symlink into a DVC cache is allowed (DVC's `cache.type: symlink`); any other file whose real
-    location is outside the root is refused, so a dataset cannot make prepare read and publish
-    `/etc/passwd` or a user's key through a link."""
-    try:
-        real = path.resolve()
-        real_root = root.resolve()
-    except OSError as e:  # a symlink loop
-        return f"a file inside the dataset root ({e.strerror or e})"
-    if real == real_root or real_root in real.parents or _in_dvc_cache(real):
-        return ""
-    return f"a file inside the dataset root {root}, got a link to {real} outside it"
-
-
 def read_checked(path: Path, max_bytes: int) -> tuple[bytes | None, str]:
     """`(bytes, "")`, or `(None, why)` when the file is larger than `max_bytes` (checked before reading)."""
     size = path.stat().st_size

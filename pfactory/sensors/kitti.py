@@ -37,7 +37,6 @@ from pfactory.sensors.checks import (
     finish_check,
     image_format_of,
     orthonormal,
-    outside_root,
     rel_path,
 )
 from pfactory.sensors.errors import DatasetError
@@ -343,9 +342,6 @@ class KittiDataset(DatasetReader):
                 continue
             if not p.is_file():
                 raise DatasetError(p, part, f"the {part} file of frame {frame_id} ({absent(p)})")
-            why = outside_root(p, self.root)
-            if why:
-                raise DatasetError(p, part, why)
         calib = parse_calib(paths["calib"])
         points = read_points(paths["velodyne"])
         K, T_cam_from_lidar = calib.camera(2)
@@ -633,11 +629,6 @@ def _inspect_kitti(
             )
         else:
             add(want, part, f"the {part} file of frame {frame_id} ({absent(want)})")
-    for part, path in list(present.items()):
-        why = outside_root(path, root)
-        if why:
-            add(path, part, why)
-            del present[part]
 
     # Calibration first: the image check needs P2.
     calib_ok: dict[str, np.ndarray] = {}

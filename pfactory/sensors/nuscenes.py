@@ -46,7 +46,6 @@ from pfactory.sensors.checks import (
     decode_image_checked,
     finish_check,
     image_format_of,
-    outside_root,
     problem,
     rel_path,
 )
@@ -287,8 +286,6 @@ class NuScenesDataset(DatasetReader):
             raise DatasetError(
                 lidar_path, "points", f"the lidar file of sample {frame_id} ({absent(lidar_path)})"
             )
-        if outside_root(lidar_path, self.root):
-            raise DatasetError(lidar_path, "points", outside_root(lidar_path, self.root))
         raw = read_points(lidar_path, dims=5)
         points = np.concatenate([raw[:, :3], raw[:, 3:4] / 255.0], axis=1).astype(np.float32)  # [N, 4]
         T_ego_from_lidar, T_global_from_ego_l = self._pose(lidar_sd)
@@ -301,8 +298,6 @@ class NuScenesDataset(DatasetReader):
                 raise DatasetError(
                     path, channel, f"the {channel} image of sample {frame_id} ({absent(path)})"
                 )
-            if outside_root(path, self.root):
-                raise DatasetError(path, channel, outside_root(path, self.root))
             T_ego_from_cam, T_global_from_ego_c = self._pose(sd)
             cs = self.tables["calibrated_sensor"][sd["calibrated_sensor_token"]]
             K = np.asarray(cs.get("camera_intrinsic") or [], dtype=np.float64)
@@ -598,10 +593,6 @@ def _inspect_nuscenes(
                 channel,
                 f"the {channel} file of sample {frame_id} named by sample_data {tok} ({absent(path)})",
             )
-            continue
-        why = outside_root(path, root)
-        if why:
-            add(path, channel, why)
             continue
         if channel == LIDAR_CHANNEL:
             for f, r in check_points_file(path, 5, "nuscenes", min_points):
