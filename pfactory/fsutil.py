@@ -155,6 +155,24 @@ def mark_output(directory: str | os.PathLike[str], stage: str) -> Path:
     return atomic_write_text(Path(directory) / OUTPUT_MARKER, json.dumps({"stage": stage}) + "\n")
 
 
+# Outputs written before the marker existed: a stage's own signature file and nothing but the names the
+# stage writes (fnmatch patterns) -- replaced like a marked output; a user's file beside them is refused.
+LEGACY_OUTPUTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "synth": ("synth.json", ("synth.json", "training", "samples", "sweeps", "v1.0-*")),
+    "prepare": ("manifest.json", ("manifest.json", "rejected.jsonl", "train", "val")),
+    "optimize": ("backend.json", ("backend.json", "*.json", "*.onnx", "onnxruntime", "tensorrt")),
+    "evaluate": ("kpis.json", ("kpis.json", "pr", "report")),
+    "promote": ("release.json", ("release.json", "*.json", "*.jsonl", "*.md", "optimized")),
+}
+
+
+def _legacy_output(entries: list[str], stage: str) -> bool:
+    import fnmatch
+
+    signature, allowed = LEGACY_OUTPUTS.get(stage, ("", ()))
+    return signature in entries and all(any(fnmatch.fnmatch(e, a) for a in allowed) for e in entries)
+
+
 def _overlap(out: Path, inp: Path) -> str | None:
     if out == inp:
         return "is also an input of this stage"
@@ -197,7 +215,7 @@ def check_output_dir(
             )
         entries = sorted(e.name for e in p.iterdir())
         owner = output_owner(p)
-        if entries and owner != stage:
+        if entries and owner != stage and not (owner is None and _legacy_output(entries, stage)):
             if owner is not None:
                 why = f"holds the output of the {owner} stage, not of {stage}; refusing to replace it"
             else:
