@@ -1,0 +1,237 @@
+"""Fixtures of the fault suite: clean datasets to plant faults in, the `factory` entry point run in-process,
+the ledger every fault test records into, and the size switch.
+
+Size: CI runs every case of the bad-input corpus and the hostile-parameter/path/security probes in full (they
+take seconds), and the heavy matrices (SIGKILL per stage, concurrent runs, infrastructure) at small size:
+one trial per kill point on a tiny pipeline. `PFACTORY_FAULTS_FULL=1` (what `python -m tests.faults.run
+--full` sets) runs the full matrix: every kill point, 3 trials at random offsets each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.faults.ledger import LEDGER_ENV, Ledger, machine, now
+from tests.registry.conftest import bench, registry  # noqa: F401 - the promotion bench, a fresh registry
+
+REPO = Path(__file__).resolve().parents[2]
+FULL = os.environ.get("PFACTORY_FAULTS_FULL", "") not in ("", "0", "false")
+LEDGER = Ledger()
+_T0 = time.time()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = os.environ.get(LEDGER_ENV)
+    if path and LEDGER.entries:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        )
+        LEDGER.save(
+            path,
+            {
+                "when": now(),
+                "commit": commit.stdout.strip() or "?",
+                "machine": machine(),
+                "full": FULL,
+                "seconds": time.time() - _T0,
+                "exitstatus": int(exitstatus),
+                "command": os.environ.get("PFACTORY_FAULTS_COMMAND", "pytest tests/faults"),
+            },
+        )
+
+
+@pytest.fixture(scope="session")
+def ledger() -> Ledger:
+    return LEDGER
+
+
+@pytest.fixture(scope="session")
+def full() -> bool:
+    return FULL
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _offline_state(tmp_path_factory) -> Iterator[None]:
+    """MLflow, Prefect, Dask state of in-process runs in a tmp dir (not the checkout's artifacts/)."""
+    state = tmp_path_factory.mktemp("faults-state")
+    keys = {
+        "MLFLOW_TRACKING_URI": f"sqlite:///{state / 'mlflow.db'}",
+        "PREFECT_HOME": str(state / "prefect"),
+        "DASK_TEMPORARY_DIRECTORY": str(state / "dask"),
+        "PFACTORY_FAULTS_PREFECT_HOME": str(
+            state / "prefect-runs"
+        ),  # what tests/faults/pipeline.py runs share
+    }
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update(keys)
+    for k in ("PREFECT_HOME", "DASK_TEMPORARY_DIRECTORY", "PFACTORY_FAULTS_PREFECT_HOME"):
+        Path(keys[k]).mkdir(parents=True, exist_ok=True)
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def clean_kitti(tmp_path_factory) -> Path:
+    """6 synthetic frames in the KITTI layout (208x64 images): frame ids 000000..000005."""
+    from pfactory.sensors.synth import generate_dataset
+
+    out = tmp_path_factory.mktemp("clean") / "kitti"
+    generate_dataset(out, frames=6, seed=3, cameras=1, image_size=(208, 64))
+    return out
+
+
+@pytest.fixture(scope="session")
+def clean_nuscenes(tmp_path_factory) -> Path:
+    """4 synthetic samples in the nuScenes layout, 2 cameras (208x64 JPEGs)."""
+    from pfactory.sensors.synth import generate_dataset
+
+    out = tmp_path_factory.mktemp("clean") / "nuscenes"
+    generate_dataset(out, frames=4, seed=5, cameras=2, image_size=(208, 64))
+    return out
+
+
+def copy_dataset(src: Path, dst: Path) -> Path:
+    """A writable copy (real copies, no links: planting must never touch the clean original)."""
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+def factory(*args: str) -> Result:
+    """`factory ARGS` through the console-script entry (`pfactory.cli.main`), in this process: exit code,
+    stdout, stderr. An exception escaping `main` is a crash: it is returned as exit code -1 with its
+    traceback in `err`, so a test can assert there is none."""
+    import traceback
+
+    from pfactory.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = sys.argv
+    sys.argv = ["factory", *args]
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        code = -1
+        err.write(traceback.format_exc())
+    finally:
+        sys.argv = argv
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def one_line_error(r: Result) -> bool:
+    """A clean failure: no traceback, a non-empty message."""
+    return r.code not in (0, -1) and "Traceback" not in r.text and bool(r.err.strip() or r.out.strip())
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """Environment for a `factory` subprocess: no inherited service addresses, this interpreter first."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MLFLOW_", "PREFECT_", "DASK_", "DVC_", "PFACTORY_"))
+    }
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_measured(
+    cmd: list[str], cwd: Path = REPO, timeout: float = 300, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Run `cmd`: (completed process, seconds, peak resident memory of its process tree in MiB, sampled
+    every 20 ms). Killed (with its children) at `timeout`, returned with returncode -9."""
+    import threading
+
+    import psutil
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env if env is not None else clean_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        ps = psutil.Process(proc.pid)
+        while not done.is_set():
+            with contextlib.suppress(psutil.Error):
+                rss = ps.memory_info().rss + sum(
+                    c.memory_info().rss for c in ps.children(recursive=True) if c.is_running()
+                )
+                peak[0] = max(peak[0], rss)
+            done.wait(0.02)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+    finally:
+        done.set()
+        thread.join()
+    return (
+        subprocess.CompletedProcess(cmd, proc.returncode, out, err),
+        time.perf_counter() - t0,
+        peak[0] / 2**20,
+    )
+
+
+def factory_subprocess(
+    *args: str, cwd: Path = REPO, timeout: float = 300, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, float, float]:
+    """`factory ARGS` in a fresh interpreter: (process, seconds, peak RSS in MiB) (`run_measured`)."""
+    return run_measured([sys.executable, "-m", "pfactory.cli", *args], cwd, timeout, env)
+
+
+@pytest.fixture(scope="session")
+def baseline(tmp_path_factory) -> dict:
+    """An undisturbed tiny `factory run` (CI: through train; full matrix: every stage) in a fresh project:
+    its project (DVC cache, run-cache, MLflow store), stage process times and deterministic digest."""
+    from tests.faults.pipeline import digest, finish, make_project, start_run, watch
+
+    project = make_project(tmp_path_factory.mktemp("baseline"))
+    run = start_run(project, "baseline", *UNTIL)
+    watch(run)
+    result = finish(run)
+    return {
+        "project": project,
+        "seen": run.seen,
+        "digest": digest(Path(result["workspace"])),
+        "result": result,
+    }
+
+
+UNTIL: list[str] = [] if FULL else ["--until", "train"]
