@@ -88,7 +88,7 @@ def _offline_state(tmp_path_factory) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def clean_kitti(tmp_path_factory) -> Path:
     """6 synthetic frames in the KITTI layout (208x64 images): frame ids 000000..000005."""
-    from pfactory.sensors.synth import generate_dataset
+    from pfactory.sensors.synth.dataset import generate_dataset
 
     out = tmp_path_factory.mktemp("clean") / "kitti"
     generate_dataset(out, frames=6, seed=3, cameras=1, image_size=(208, 64))
@@ -98,7 +98,7 @@ def clean_kitti(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def clean_nuscenes(tmp_path_factory) -> Path:
     """4 synthetic samples in the nuScenes layout, 2 cameras (208x64 JPEGs)."""
-    from pfactory.sensors.synth import generate_dataset
+    from pfactory.sensors.synth.dataset import generate_dataset
 
     out = tmp_path_factory.mktemp("clean") / "nuscenes"
     generate_dataset(out, frames=4, seed=5, cameras=2, image_size=(208, 64))
@@ -123,12 +123,12 @@ class Result:
 
 
 def factory(*args: str) -> Result:
-    """`factory ARGS` through the console-script entry (`pfactory.cli.main`), in this process: exit code,
+    """`factory ARGS` through the console-script entry (`flows.cli.main`), in this process: exit code,
     stdout, stderr. An exception escaping `main` is a crash: it is returned as exit code -1 with its
     traceback in `err`, so a test can assert there is none."""
     import traceback
 
-    from pfactory.cli import main
+    from flows.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     argv = sys.argv
@@ -213,7 +213,7 @@ def factory_subprocess(
     *args: str, cwd: Path = REPO, timeout: float = 300, env: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess, float, float]:
     """`factory ARGS` in a fresh interpreter: (process, seconds, peak RSS in MiB) (`run_measured`)."""
-    return run_measured([sys.executable, "-m", "pfactory.cli", *args], cwd, timeout, env)
+    return run_measured([sys.executable, "-m", "flows.cli", *args], cwd, timeout, env)
 
 
 @pytest.fixture(scope="session")

@@ -60,7 +60,7 @@ def start_run(project: Path, name: str, *extra: str, env: dict[str, str] | None 
     env = {**({"PREFECT_HOME": home} if home else {}), **(env or {})}
     f = open(log, "w")  # noqa: SIM115 - the child keeps writing after this returns
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pfactory.cli", "run", *tiny_args(), *extra, "--name", name, "--json"],
+        [sys.executable, "-m", "flows.cli", "run", *tiny_args(), *extra, "--name", name, "--json"],
         cwd=project, env={**clean_env(project), **(env or {})}, stdout=subprocess.PIPE, stderr=f, text=True,
         start_new_session=True,
     )  # fmt: skip
