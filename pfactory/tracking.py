@@ -107,9 +107,10 @@ def redact_uri(uri: str) -> str:
         return "<unparseable URI>"
     if parts.password is None and "@" not in parts.netloc:
         return uri
-    user = parts.username or ""
     host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}" if user else f"***@{host}"))
+    # A user name alone may be the secret itself (a token as user info): then nothing of it is shown.
+    netloc = f"{parts.username}:***@{host}" if parts.password is not None and parts.username else f"***@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def artifact_location(root: Path) -> str:
