@@ -16,6 +16,7 @@ import numpy as np
 
 from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.frame import Frame
+from pfactory.sensors.io import MAX_POINTS, max_point_bytes
 
 Problem = dict[str, Any]  # {"frame_id": str | None, "file": str, "field": str, "reason": str}
 
@@ -32,9 +33,6 @@ ORTHONORMAL_TOL = 1e-3
 INTENSITY_RANGE = {"kitti": (0.0, 1.0), "nuscenes": (0.0, 255.0)}
 # Image extensions a KITTI image_2 file might carry; only `.png` is read.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
-# At most this many points in one sweep (a 128-beam lidar returns ~0.3 M; 10 M is far beyond any sensor).
-# A bigger file is refused from its size before it is read, so memory stays bounded (a 2 GB sparse file).
-MAX_POINTS = 10_000_000
 # Points exactly at the sensor origin are no returns (a zero-filled or sparse file); more than this share is
 # a broken sweep.
 MAX_ORIGIN_FRACTION = 0.5
@@ -92,10 +90,6 @@ def read_checked(path: Path, max_bytes: int) -> tuple[bytes | None, str]:
     if size > max_bytes:
         return None, f"at most {max_bytes} bytes, got {size} bytes ({size / 2**30:.2f} GiB)"
     return path.read_bytes(), ""
-
-
-def max_point_bytes(dims: int) -> int:
-    return MAX_POINTS * dims * 4
 
 
 def check_points_file(path: Path, dims: int, layout: str, min_points: int = MIN_POINTS) -> list[tuple[str, str]]:

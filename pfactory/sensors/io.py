@@ -13,6 +13,15 @@ import numpy as np
 
 from pfactory.sensors.errors import DatasetError, error_text
 
+# At most this many points in one sweep (a 128-beam lidar returns ~0.3 M; 10 M is far beyond any sensor).
+# A bigger file is refused from its size before it is read, so memory stays bounded (a 2 GB sparse file).
+MAX_POINTS = 10_000_000
+
+
+def max_point_bytes(dims: int) -> int:
+    """The largest point file of `dims` float32 columns accepted (`MAX_POINTS` records)."""
+    return MAX_POINTS * dims * 4
+
 
 def decode_image(data: bytes, path: str | Path = "<bytes>") -> np.ndarray:
     """Decode PNG/JPEG bytes into `[H, W, 3]` uint8 RGB, fully (truncation is an error)."""
@@ -28,8 +37,6 @@ def decode_image(data: bytes, path: str | Path = "<bytes>") -> np.ndarray:
 
 def read_points(path: str | Path, dims: int = 4) -> np.ndarray:
     """Read a float32 point file `[N, dims]`; DatasetError on empty, ragged or non-finite data."""
-    from pfactory.sensors.checks import MAX_POINTS, max_point_bytes
-
     path = Path(path)
     try:
         size = path.stat().st_size
