@@ -22,10 +22,11 @@ Flow, one frame at a time in dataset order, with bounded buffers:
 Memory is bounded by one DALI batch in flight, the frames waiting for it and one row group
 per split -- it does not grow with the dataset (measured: benchmarks/bench_prepare.py).
 
-Interruption: nothing is written to `out/` until the run completes; a killed run leaves only
-a staging directory `.<out>.partial-<pid>-*`, removed by the next run once its process is
-gone. A re-run restarts cleanly and, since every step is deterministic, writes the same
-bytes as an uninterrupted run (tests/tasks/test_prepare.py kills one mid-run).
+Interruption: nothing is written to `out/` until the run completes (`pfactory.fsutil.atomic_directory`,
+which also refuses an `out` that is not prepare's own output or overlaps `raw`); a killed run leaves only
+a staging directory `.<out>.<pid>-*.tmp`, removed by the next run once its process is gone. A re-run
+restarts cleanly and, since every step is deterministic, writes the same bytes as an uninterrupted run
+(tests/tasks/test_prepare.py kills one mid-run).
 """
 
 from __future__ import annotations
@@ -57,8 +58,7 @@ from pfactory.data.shards import (
     SplitWriter,
     arrow_schema,
 )
-from pfactory.data.storage import staging_directory
-from pfactory.fsutil import sha256_bytes, sha256_file
+from pfactory.fsutil import atomic_directory, sha256_bytes, sha256_file
 from pfactory.sensors.checks import rel_path
 from pfactory.sensors.datasets import open_dataset
 from pfactory.sensors.errors import DatasetError
@@ -72,10 +72,6 @@ def split_of(frame_id: str, val_fraction: float) -> str:
     """ "val" for a `val_fraction` share of frame ids, chosen by sha256 of the id (stable)."""
     h = int.from_bytes(hashlib.sha256(frame_id.encode("utf-8")).digest()[:8], "big")
     return "val" if h / 2.0**64 < val_fraction else "train"
-
-
-# ----------------------------------------------------------------------------------------------
-# Staging directory: nothing under `out/` until the run is complete.
 
 
 def _malloc_trim() -> Callable[[], object] | None:
@@ -550,7 +546,7 @@ def prepare_dataset(
         raise DatasetError(raw, "frames", "at least one frame, found none")
     W, H = params.image_size
     schema = arrow_schema((3, H, W))
-    with staging_directory(out) as tmp:
+    with atomic_directory(out, stage=STAGE, inputs=[raw]) as tmp:
         writers = {s: SplitWriter(tmp, s, schema, params.shard_max_frames, params.batch_size) for s in SPLITS}
         run = new_run(dataset, params, tmp, writers, params.num_threads)
         digests = stream_frames(run, ids, 0, params.num_threads, progress)

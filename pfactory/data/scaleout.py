@@ -373,7 +373,7 @@ def _prepare_scaled(
     done = 0
     figures: dict[str, float] = {"seconds_list": t_list}
 
-    with build_output(out) as build:
+    with build_output(out, [raw]) as build:
         jobs = []
         for i, start in enumerate(range(0, len(ids), U)):
             unit_ids = ids[start : start + U]

@@ -4,7 +4,8 @@
   atomically: a local file through a temporary sibling + rename, an object through one PUT (an object
   appears whole or not at all).
 - `build_output(out)`: the build directory of a prepare run, published only when complete. Local: a
-  staging sibling renamed over `out` (`staging_directory`, as before). URL: a staging
+  staging sibling renamed over `out` (`pfactory.fsutil.atomic_directory`, the one mechanism every stage's
+  output uses: a directory that is not prepare's own output, or overlaps an input, is refused). URL: a staging
   prefix `<parent>/.<name>.partial-<host>-<pid>-<hex>` beside `out`; on success the previous output is
   unpublished (its manifest.json removed first, then the files it lists), the new files are copied in
   (server-side copies) and **manifest.json is copied last**: readers require it (`open_prepared`,
@@ -28,9 +29,11 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from pfactory.fsutil import atomic_directory, pid_alive
 
 PUBLISHING = ".pfactory-publishing"
 
@@ -165,57 +168,6 @@ class Location:
 # Output: build, then publish
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def remove_stale_staging(out: Path) -> list[Path]:
-    """Remove `.<out>.partial-<pid>-*` siblings left by runs whose process is gone."""
-    removed = []
-    if not out.parent.is_dir():
-        return removed
-    for p in out.parent.glob(f".{out.name}.partial-*"):
-        try:
-            pid = int(p.name.rsplit(".partial-", 1)[1].split("-", 1)[0])
-        except (IndexError, ValueError):
-            continue
-        if pid != os.getpid() and not _pid_alive(pid):
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-    return removed
-
-
-@contextlib.contextmanager
-def staging_directory(out: Path) -> Iterator[Path]:
-    """A fresh staging sibling of `out`, renamed over `out` when the body completes.
-
-    On an exception it is removed and `out` is untouched. On SIGKILL it stays behind, named
-    with this pid, and `remove_stale_staging` clears it on the next run.
-    """
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(out)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}-{os.urandom(4).hex()}"
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}-{os.urandom(4).hex()}"
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-
-
 class OutputError(ValueError):
     """The output location cannot be written (names it and why)."""
 
@@ -248,15 +200,19 @@ def _remove_stale_remote(parent: Location, name: str) -> None:
             if not base.startswith(mark):
                 continue
             pid = base.removeprefix(mark).split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 parent.remove_tree(base)
 
 
 @contextlib.contextmanager
-def build_output(out: str | os.PathLike[str]) -> Iterator[Location]:
-    """The build directory of `out` (see the module docstring); published when the body completes."""
+def build_output(
+    out: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str] | None] = ()
+) -> Iterator[Location]:
+    """The build directory of `out` (see the module docstring); published when the body completes.
+    A local `out` is refused (`pfactory.fsutil.OutputRefused`) when it overlaps a local one of `inputs`."""
     if not is_url(out):
-        with staging_directory(Path(out)) as tmp:
+        local = [i for i in inputs if i is not None and not is_url(i)]
+        with atomic_directory(Path(out), stage="prepare", inputs=local) as tmp:
             yield Location(tmp)
         return
     target = check_output(os.fspath(out))
@@ -302,7 +258,7 @@ def fetch_prepared(url: str, dest: Path) -> Path:
     `url` holds no manifest (not published, or still publishing) or a file does not match it."""
     from pfactory.data.errors import SchemaError
     from pfactory.data.shards import MANIFEST, REJECTED, check_schema_version
-    from pfactory.fsutil import atomic_directory, sha256_file
+    from pfactory.fsutil import sha256_file
 
     src = Location(url)
     if not src.exists(MANIFEST):
@@ -314,7 +270,7 @@ def fetch_prepared(url: str, dest: Path) -> Path:
         return dest
     listed = [(s["file"], s["sha256"]) for split in manifest["splits"].values() for s in split["shards"]]
     listed.append((REJECTED, manifest["rejected"]["sha256"]))
-    with atomic_directory(dest) as tmp:
+    with atomic_directory(dest, stage="prepare") as tmp:  # a copy of prepare's output
         for rel, _ in listed:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         try:  # one batched call: the downloads run concurrently

@@ -138,4 +138,4 @@ def test_a_unit_failing_on_a_worker_names_it_and_publishes_nothing(planted, tmp_
     with pytest.raises(PrepareTaskError, match=r"prepare unit 0 \(frames 000000\.\.000003 of .*raw\)"):
         prepare_data(raw, tmp_path / "out", small_params(unit_frames=4), "local:1")
     assert not (tmp_path / "out").exists()
-    assert not list(tmp_path.glob(".out.partial-*"))
+    assert not list(tmp_path.glob(".out.*.tmp"))

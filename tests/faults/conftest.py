@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.data.conftest import synth_kitti, synth_nuscenes  # noqa: F401 - the clean datasets
 from tests.faults.ledger import LEDGER_ENV, Ledger, machine, now
 from tests.registry.conftest import bench, registry  # noqa: F401 - the promotion bench, a fresh registry
 
@@ -86,23 +87,28 @@ def _offline_state(tmp_path_factory) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def clean_kitti(tmp_path_factory) -> Path:
-    """6 synthetic frames in the KITTI layout (208x64 images): frame ids 000000..000005."""
-    from pfactory.sensors.synth.dataset import generate_dataset
-
-    out = tmp_path_factory.mktemp("clean") / "kitti"
-    generate_dataset(out, frames=6, seed=3, cameras=1, image_size=(208, 64))
-    return out
+def clean_kitti(request: pytest.FixtureRequest) -> Path:
+    """10 synthetic frames in the KITTI layout (tests/data/conftest.py's `synth_kitti`, 208x64 images):
+    000000..000009. Never written to: every test plants its fault in a `copy_dataset`."""
+    return request.getfixturevalue("synth_kitti")
 
 
 @pytest.fixture(scope="session")
-def clean_nuscenes(tmp_path_factory) -> Path:
-    """4 synthetic samples in the nuScenes layout, 2 cameras (208x64 JPEGs)."""
-    from pfactory.sensors.synth.dataset import generate_dataset
+def clean_nuscenes(request: pytest.FixtureRequest) -> Path:
+    """6 synthetic samples in the nuScenes layout, 3 cameras (tests/data/conftest.py's `synth_nuscenes`)."""
+    return request.getfixturevalue("synth_nuscenes")
 
-    out = tmp_path_factory.mktemp("clean") / "nuscenes"
-    generate_dataset(out, frames=4, seed=5, cameras=2, image_size=(208, 64))
-    return out
+
+def overrides(*pairs: str) -> list[str]:
+    """`-S k=v` arguments for each "k=v"."""
+    return [a for p in pairs for a in ("-S", p)]
+
+
+# Prepare at a tiny model input (what the corpus and the error tests run): images 104x32, batches of 4.
+SMALL_PREPARE = overrides("prepare.image_size=[104,32]", "prepare.batch_size=4")
+# Every frame may be refused (the corpus counts refusals itself).
+CORPUS_PREPARE = [*SMALL_PREPARE, *overrides("prepare.max_reject_fraction=1")]
+TINY_TRAIN = overrides("train.epochs=1", "train.batch_size=2", "train.val_every_epochs=0")
 
 
 def copy_dataset(src: Path, dst: Path) -> Path:
@@ -153,16 +159,11 @@ def one_line_error(r: Result) -> bool:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """Environment for a `factory` subprocess: no inherited service addresses, this interpreter first."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("MLFLOW_", "PREFECT_", "DASK_", "DVC_", "PFACTORY_"))
-    }
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.update(extra)
-    return env
+    """Environment for a `factory` subprocess (tests/flows/pipeline_project.py's: no inherited service
+    addresses, this interpreter first) plus `extra`."""
+    from tests.flows.pipeline_project import clean_env as project_env
+
+    return {**project_env(REPO), **extra}
 
 
 def run_measured(

@@ -83,6 +83,18 @@ def stage_process(run: Run) -> tuple[str, psutil.Process] | None:
     return None
 
 
+def wait_for_stage(run: Run, stage: str, then_s: float = 0.0, timeout: float = 600) -> bool:
+    """Wait until `stage`'s process runs under `run` (then `then_s` more seconds); False if the run ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and run.proc.poll() is None:
+        found = stage_process(run)
+        if found and found[0] == stage:
+            time.sleep(then_s)
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def watch(run: Run, kill_at: tuple[str, float] | None = None, timeout: float = 900) -> None:
     """Follow `run` until it exits, noting each stage process's start/end; with `kill_at = (stage, s)`,
     SIGKILL the whole run `s` seconds after that stage's process started."""

@@ -15,17 +15,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.faults.conftest import copy_dataset, factory, one_line_error
+from tests.faults.conftest import CORPUS_PREPARE, copy_dataset, factory, one_line_error
 from tests.faults.corpus import CASES, Case, Planted
 
-PREPARE = [
-    "-S",
-    "prepare.image_size=[104,32]",
-    "-S",
-    "prepare.batch_size=4",
-    "-S",
-    "prepare.max_reject_fraction=1",
-]
+PREPARE = CORPUS_PREPARE
 
 
 def _plant(case: Case, clean: Path, dst: Path) -> Planted:

@@ -13,17 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import copy_dataset, factory, one_line_error
+from tests.faults.conftest import SMALL_PREPARE, TINY_TRAIN, copy_dataset, factory, one_line_error, overrides
 
-PREPARE = [
-    "-S",
-    "prepare.image_size=[104,32]",
-    "-S",
-    "prepare.batch_size=4",
-    "-S",
-    "prepare.val_fraction=0.34",
-]
-TRAIN = ["-S", "train.epochs=1", "-S", "train.batch_size=2", "-S", "train.val_every_epochs=0"]
+PREPARE = [*SMALL_PREPARE, *overrides("prepare.val_fraction=0.34")]
+TRAIN = TINY_TRAIN
 
 
 @pytest.fixture(scope="module")

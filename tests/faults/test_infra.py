@@ -164,19 +164,13 @@ def _kill_server(server) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not FULL, reason="full matrix only (PFACTORY_FAULTS_FULL=1): two tiny pipeline runs")
 def test_mlflow_killed_mid_run_then_rerun(tmp_path: Path, ledger) -> None:
-    from tests.faults.pipeline import finish, make_project, stage_process, start_run, watch
+    from tests.faults.pipeline import finish, make_project, start_run, wait_for_stage, watch
     from tests.faults.servers import mlflow_server
 
     project = make_project(tmp_path / "project")
     with mlflow_server(tmp_path / "mlflow") as server:
         run = start_run(project, "mlflow-dies", env={"MLFLOW_TRACKING_URI": server.url})
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and run.proc.poll() is None:
-            found = stage_process(run)
-            if found and found[0] == "train":
-                time.sleep(2)
-                break
-            time.sleep(0.05)
+        wait_for_stage(run, "train", then_s=2)
         t_kill = time.perf_counter()
         _kill_server(server)
         watch(run, timeout=600)
@@ -217,19 +211,13 @@ def test_mlflow_killed_mid_run_then_rerun(tmp_path: Path, ledger) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not FULL, reason="full matrix only (PFACTORY_FAULTS_FULL=1): two tiny pipeline runs")
 def test_prefect_server_lost_mid_run_then_rerun(tmp_path: Path, ledger) -> None:
-    from tests.faults.pipeline import finish, make_project, stage_process, start_run, watch
+    from tests.faults.pipeline import finish, make_project, start_run, wait_for_stage, watch
     from tests.faults.servers import prefect_server
 
     project = make_project(tmp_path / "project")
     with prefect_server(tmp_path / "prefect") as server:
         run = start_run(project, "prefect-dies", env=server.client_env)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and run.proc.poll() is None:
-            found = stage_process(run)
-            if found and found[0] == "train":
-                time.sleep(2)
-                break
-            time.sleep(0.05)
+        wait_for_stage(run, "train", then_s=2)
         t_kill = time.perf_counter()
         _kill_server(server)
         watch(run, timeout=900)

@@ -13,17 +13,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.faults.conftest import copy_dataset, factory_subprocess
+from tests.faults.conftest import CORPUS_PREPARE, copy_dataset, factory_subprocess
 
 BOUND_MIB = 1536
-PREPARE = [
-    "-S",
-    "prepare.image_size=[104,32]",
-    "-S",
-    "prepare.batch_size=4",
-    "-S",
-    "prepare.max_reject_fraction=1",
-]
+PREPARE = CORPUS_PREPARE
 
 
 def _both(raw: Path, tmp_path: Path, victim: str, words: str) -> tuple[bool, str]:

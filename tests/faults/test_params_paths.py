@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import copy_dataset, factory, factory_subprocess, one_line_error
+from tests.faults.conftest import SMALL_PREPARE, copy_dataset, factory, factory_subprocess, one_line_error
 
 BOMB = "".join(
     f"{c}: &{c} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['x'] * 9)}]\n"
@@ -104,7 +104,7 @@ def raw(clean_kitti: Path, tmp_path: Path) -> Path:
     return copy_dataset(clean_kitti, tmp_path / "raw")
 
 
-PREPARE = ["-S", "prepare.image_size=[104,32]", "-S", "prepare.batch_size=4"]
+PREPARE = SMALL_PREPARE
 
 
 def _user_dir(path: Path) -> Path:

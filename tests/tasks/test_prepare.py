@@ -298,7 +298,7 @@ def test_killed_run_leaves_no_shard_and_rerun_is_identical(synth12: Path, tmp_pa
         deadline = time.monotonic() + 120
         staged: list[Path] = []
         while time.monotonic() < deadline:
-            staged = list(tmp_path.glob(".out.partial-*/train/shard-00002.parquet"))
+            staged = list(tmp_path.glob(".out.*.tmp/train/shard-00002.parquet"))
             if staged or proc.poll() is not None:
                 break
             time.sleep(0.005)
@@ -309,10 +309,10 @@ def test_killed_run_leaves_no_shard_and_rerun_is_identical(synth12: Path, tmp_pa
         if proc.poll() is None:
             proc.kill()
     assert not out.exists()  # nothing a later stage would read
-    assert len(list(tmp_path.glob(".out.partial-*"))) == 1
+    assert len(list(tmp_path.glob(".out.*.tmp"))) == 1
 
     prepare_dataset(raw, out, PrepareParams(**SMALL))  # the rerun
-    assert not list(tmp_path.glob(".out.partial-*"))  # the dead run's staging is cleared
+    assert not list(tmp_path.glob(".out.*.tmp"))  # the dead run's staging is cleared
     prepare_dataset(raw, tmp_path / "clean", PrepareParams(**SMALL))  # never interrupted
     assert _tree_bytes(out) == _tree_bytes(tmp_path / "clean")
 
