@@ -424,8 +424,14 @@ def check_schema_version(found: Any, where: str | Path) -> None:
 
 
 def open_shard(path: str | Path) -> pq.ParquetFile:
-    """Open one shard file, refusing a newer schema version."""
-    pf = pq.ParquetFile(path)
+    """Open one shard file, refusing a newer schema version; SchemaError naming the file when it is not a
+    Parquet file (truncated, replaced, planted)."""
+    import pyarrow as pa
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise SchemaError(f"{path}: not a readable Parquet shard ({' '.join(str(e).split())[:160]})") from None
     meta = pf.schema_arrow.metadata or {}
     check_schema_version(meta.get(META_VERSION, b"").decode() or None, path)
     return pf
