@@ -58,7 +58,12 @@ def read_manifest(optimized_dir: str | Path) -> dict[str, Any]:
     path = Path(optimized_dir) / MANIFEST
     if not path.is_file():
         raise ArtifactError(f"{path}: no manifest; not an optimized directory (run `factory optimize`)")
-    manifest = json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ArtifactError(f"{path}: not a JSON manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{path}: expected a JSON object")
     if int(manifest.get("format", 0)) > FORMAT:
         raise ArtifactError(
             f"{path}: manifest format {manifest['format']} is newer than this pfactory ({FORMAT})"

@@ -99,7 +99,7 @@ def tmpfs(tmp_path: Path):
 
 
 def _disk_full_case(ledger, case: str, r, mnt: Path, protect: dict[Path, str], words: str) -> None:
-    leftovers = sorted(p.name for p in mnt.rglob("*"))
+    leftovers = sorted(str(p.relative_to(mnt)) for p in mnt.rglob("*") if not p.is_dir())  # no file, half or whole
     changed = [str(p) for p, d in protect.items() if tree_digest(p) != d]
     ok = one_line_error(r) and "disk full" in r.err and words in r.err and not changed
     ok = ok and not leftovers

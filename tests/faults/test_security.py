@@ -175,7 +175,7 @@ def _targets(d: dict[str, Path]) -> list[tuple[str, str]]:
             if p.is_file():
                 out.append((kind, p.relative_to(d[kind]).as_posix()))
     out.append(("model", "checkpoint.pt"))  # train resumes from its --out: planted there below
-    return out
+    return list(dict.fromkeys(out))
 
 
 def test_planted_pickles_never_run(artifacts: dict[str, Path], tmp_path: Path, full: bool, ledger) -> None:
@@ -187,16 +187,16 @@ def test_planted_pickles_never_run(artifacts: dict[str, Path], tmp_path: Path, f
     failures = []
     for kind, rel in targets:
         work = tmp_path / f"{kind}-{rel.replace('/', '_')}"
-        d = {k: (work / k if k == kind else v) for k, v in artifacts.items()}
-        shutil.copytree(artifacts[kind], d[kind])
         marker = work / "PWNED"
-        commands = _commands(kind, d, work)
-        if rel == "checkpoint.pt":  # train's --out is where it resumes from
-            (work / "model").mkdir(exist_ok=True)
+        if rel == "checkpoint.pt":  # train resumes from its --out (work/model): planted there
+            (work / "model").mkdir(parents=True)
             (work / "model" / "checkpoint.pt").write_bytes(malicious_pickle(marker))
             commands = [_commands("prepared", artifacts, work)[0]]
         else:
+            d = {k: (work / k if k == kind else v) for k, v in artifacts.items()}
+            shutil.copytree(artifacts[kind], d[kind])
             (d[kind] / rel).write_bytes(malicious_pickle(marker))
+            commands = _commands(kind, d, work)
         for cmd in commands:
             r = factory(*cmd)
             ran = marker.exists()
