@@ -222,16 +222,40 @@ def experiment_id(root: Path, name: str = EXPERIMENT) -> str:
     from mlflow.exceptions import MlflowException
 
     check_tracking_server()
-    exp = mlflow.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return mlflow.create_experiment(name, artifact_location=artifact_location(root))
-    except MlflowException:
+    with sqlite_store_lock():
         exp = mlflow.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return mlflow.create_experiment(name, artifact_location=artifact_location(root))
+        except MlflowException:
+            exp = mlflow.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+
+@contextlib.contextmanager
+def sqlite_store_lock(uri: str | None = None) -> Iterator[None]:
+    """For a `sqlite:///` tracking store, an exclusive lock (`<db>.lock` beside it) while a process first
+    opens it: the first opening creates and migrates the schema, and four `factory run` started at once on a
+    fresh project ran MLflow's migrations concurrently and failed (alembic batch_alter_table errors). Other
+    stores: no lock."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI", "")
+    scheme, sep, rest = uri.partition(":///")
+    if not sep or not scheme.startswith("sqlite") or rest in ("", ":memory:"):
+        yield
+        return
+    import fcntl
+
+    lock = Path(rest).with_name(Path(rest).name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def process_tags() -> dict[str, str]:

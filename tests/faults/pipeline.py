@@ -296,3 +296,7 @@ def copy_cache(src: Path, dst: Path, keep_stages: list[str]) -> None:
         cmd = str((doc or {}).get("cmd", ""))
         if not any(cmd.endswith(f"tasks.{s}") for s in keep_stages):
             entry.unlink()
+    # An emptied entry directory would make DVC look up a run it cannot find: remove those too.
+    for d in sorted((d for d in runs.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True):
+        if not any(d.iterdir()):
+            d.rmdir()
