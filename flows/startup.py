@@ -118,16 +118,17 @@ def start_mlflow(console: RunConsole, root: Path) -> dict[str, Any]:
     """
     import mlflow
 
-    from pfactory.tracking import experiment_id
+    from pfactory.tracking import experiment_id, redact_uri
 
     uri = os.environ["MLFLOW_TRACKING_URI"]
+    shown = redact_uri(uri)  # a password in the URI is never printed
     db = _sqlite_file(uri)
     first = _first_start(db)
     t0 = time.perf_counter()
     what = (
         f"first run only: creating the local MLflow database ({_rel(db)})"
         if first and db is not None
-        else f"opening the MLflow store {uri}"
+        else f"opening the MLflow store {shown}"
     )
     try:
         with console.status(what + " …", announce=first):
@@ -136,7 +137,7 @@ def start_mlflow(console: RunConsole, root: Path) -> dict[str, Any]:
     except Exception as e:
         last = str(e).strip().splitlines()
         raise ServiceFailed(
-            f"the MLflow tracking store {uri}",
+            f"the MLflow tracking store {shown}",
             [f"{type(e).__name__}: {last[0] if last else ''}"[:300]],
             [
                 "a tracking server: check that it answers (GET /health) and MLFLOW_TRACKING_URI",

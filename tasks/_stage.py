@@ -120,21 +120,19 @@ def stage_main(
     try:
         metrics = body(params, args) if add_arguments is not None else body(params)
     except Exception as e:
-        code = next((c for kind, c in (failures or {}).items() if isinstance(e, kind)), None)
-        if code != EXIT_USAGE and is_transient(e):
-            _exit_transient(stage, e)
-        if code is None:
-            raise
-        print(f"{stage}: {e}", file=sys.stderr)
-        sys.exit(code)
-    except Exception as e:
         from pfactory.failures import explain
 
-        known = explain(e)
-        if known is None:
-            raise
-        print(f"{stage}: {known[0]}", file=sys.stderr)
-        sys.exit(known[1])
+        code = next((c for kind, c in (failures or {}).items() if isinstance(e, kind)), None)
+        known = explain(e) if code is None else None  # one line for what a user can act on (failures.py)
+        if code != EXIT_USAGE and is_transient(e) and (known is None or known[1] != EXIT_TRANSIENT):
+            _exit_transient(stage, e)
+        if code is None:
+            if known is None:
+                raise
+            print(f"{stage}: {known[0]}", file=sys.stderr)
+            sys.exit(known[1])
+        print(f"{stage}: {e}", file=sys.stderr)
+        sys.exit(code)
     record_stage_time(stage, time.perf_counter() - t0)
     if metrics is not None:
         print(json.dumps(metrics, indent=2, sort_keys=True, default=str))
