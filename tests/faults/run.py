@@ -3,6 +3,9 @@
     python -m tests.faults.run --full          # the full matrix; writes docs/RELIABILITY.md
     python -m tests.faults.run                 # the CI-size subset; prints the table
     python -m tests.faults.run -- -k crash     # extra pytest arguments after --
+    python -m tests.faults.run --render LEDGER --report docs/RELIABILITY.md
+                                               # the table of a ledger another pytest run wrote (the full
+                                               # suite with PFACTORY_FAULTS_LEDGER=LEDGER set)
 
 The table is generated from the ledger the tests record (tests/faults/ledger.py), so the published figures
 are those of the run that wrote them: fault class, cases, trials, survived, lost or wrongly kept.
@@ -27,8 +30,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="the full matrix (every kill point x 3 trials)")
     parser.add_argument("--report", type=Path, default=None, help=f"write the table here (--full: {REPORT})")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        default=None,
+        metavar="LEDGER",
+        help="no pytest run: render the ledger a run wrote ($PFACTORY_FAULTS_LEDGER)",
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
+    if args.render is not None:
+        meta, entries = load(args.render)
+        text = render(meta, entries)
+        if args.report is None:
+            print(text)
+        else:
+            args.report.write_text(text)
+            print(f"wrote {args.report} ({len(entries)} trials)")
+        return 0
     report = args.report or (REPORT if args.full else None)
     command = "python -m tests.faults.run" + (" --full" if args.full else "")
     with tempfile.TemporaryDirectory(prefix="pfactory-faults-") as tmp:
