@@ -289,6 +289,20 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_json_object(
+    path: str | os.PathLike[str], error: type[Exception], what: str = "JSON manifest"
+) -> dict[str, Any]:
+    """The JSON object in the file `path`; `error("<path>: not a <what> (...)")` when it is not UTF-8
+    JSON, `error("<path>: expected a JSON object, got <type>")` when it holds another JSON value."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, ValueError) as e:
+        raise error(f"{path}: not a {what} ({e})") from None
+    if not isinstance(doc, dict):
+        raise error(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
 def check_listed_file(
     path: Path,
     sha256: str,

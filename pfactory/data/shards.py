@@ -39,7 +39,6 @@ of float32 (3x128x416: 320 KiB instead of 640 KiB) and its rounding error (<= 2^
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ import pyarrow.parquet as pq
 
 from pfactory import artifacts as af
 from pfactory.data.errors import SchemaError
+from pfactory.fsutil import read_json_object
 
 SCHEMA_VERSION = 1
 MANIFEST = af.PREPARED_MANIFEST
@@ -457,12 +457,7 @@ def open_prepared(root: str | Path) -> PreparedDataset:
             else "run `factory prepare`"
         )
         raise SchemaError(f"{root}: no {MANIFEST}; not a prepared directory ({hint})")
-    try:
-        manifest = json.loads(path.read_text())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise SchemaError(f"{path}: not a JSON manifest ({e})") from None
-    if not isinstance(manifest, dict):
-        raise SchemaError(f"{path}: expected a JSON object")
+    manifest = read_json_object(path, SchemaError)
     check_schema_version(manifest.get("schema_version"), path)
     if not manifest.get("passed", True):
         raise SchemaError(f"{path}: the prepare run that wrote it failed: {manifest.get('failure')}")

@@ -19,12 +19,11 @@ image size, cameras, max_detections), `outputs` (the fixed-K / invalid-detection
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
-from pfactory.fsutil import check_listed_file, sha256_file
+from pfactory.fsutil import check_listed_file, read_json_object, sha256_file
 from pfactory.inference.errors import ArtifactError
 
 # File names: pfactory/artifacts.py (the one home of every stage's output layout).
@@ -58,12 +57,7 @@ def read_manifest(optimized_dir: str | Path) -> dict[str, Any]:
     path = Path(optimized_dir) / MANIFEST
     if not path.is_file():
         raise ArtifactError(f"{path}: no manifest; not an optimized directory (run `factory optimize`)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ArtifactError(f"{path}: not a JSON manifest ({e})") from None
-    if not isinstance(manifest, dict):
-        raise ArtifactError(f"{path}: expected a JSON object")
+    manifest = read_json_object(path, ArtifactError)
     if int(manifest.get("format", 0)) > FORMAT:
         raise ArtifactError(
             f"{path}: manifest format {manifest['format']} is newer than this pfactory ({FORMAT})"

@@ -9,14 +9,13 @@ In/out of the train stage's directory (`paths.model`):
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pfactory import artifacts as af
-from pfactory.fsutil import atomic_write_bytes, atomic_write_json
+from pfactory.fsutil import atomic_write_bytes, atomic_write_json, read_json_object
 from pfactory.model.detector import PaintedPillarDetector, build_model
 from pfactory.model.params import ModelParams
 
@@ -102,12 +101,7 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{path}: no model config; not a trained-model directory (run `factory train`)"
         )
-    try:
-        config = json.loads(path.read_text())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a JSON model config ({e})") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    config = read_json_object(path, CheckpointError, "JSON model config")
     if int(config.get("format", 0)) > CONFIG_FORMAT:
         raise ValueError(
             f"{path}: model config format {config['format']} is newer than this pfactory ({CONFIG_FORMAT})"
