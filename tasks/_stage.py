@@ -123,8 +123,11 @@ def stage_main(
         from pfactory.failures import explain
 
         code = next((c for kind, c in (failures or {}).items() if isinstance(e, kind)), None)
-        known = explain(e) if code is None else None  # one line for what a user can act on (failures.py)
-        if code != EXIT_USAGE and is_transient(e) and (known is None or known[1] != EXIT_TRANSIENT):
+        known = explain(e)  # one line for what a user can act on (pfactory/failures.py)
+        if known is not None and known[1] == EXIT_TRANSIENT:  # e.g. a tracking server that does not answer
+            print(f"{stage}: {known[0]}", file=sys.stderr)
+            sys.exit(EXIT_TRANSIENT)
+        if code != EXIT_USAGE and is_transient(e):
             _exit_transient(stage, e)
         if code is None:
             if known is None:

@@ -102,6 +102,15 @@ def _upload(local: Path, url: str) -> None:
     fs.put([str(p) for p in files], [f"{url}/{p.relative_to(local).as_posix()}" for p in files])
 
 
+def _local_published(root: Path) -> dict[str, str]:
+    """`tree(root)` of a local prepared output without its ownership marker: a local directory says it is
+    prepare's own output with `.pfactory-output`; an object-storage prefix with its manifest (published last)
+    and `.pfactory-publishing` (`pfactory.data.storage`), so the published objects never carry the marker."""
+    from pfactory.fsutil import OUTPUT_MARKER
+
+    return {k: v for k, v in tree(root).items() if k != OUTPUT_MARKER}
+
+
 def _remote_tree(url: str) -> dict[str, str]:
     import hashlib
 
@@ -139,7 +148,7 @@ def test_s3_raw_to_s3_shards_on_dask_then_train_reads_them(s3, raw_local, tmp_pa
     ]
     res = CliRunner().invoke(app, args, env={"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"})
     assert res.exit_code == 0, res.output
-    assert _remote_tree(out) == tree(tmp_path / "local")  # every shard, rejected.jsonl, manifest.json
+    assert _remote_tree(out) == _local_published(tmp_path / "local")  # every shard, rejected.jsonl, manifest.json
     from pfactory.data.storage import Location
 
     rejected = [json.loads(x) for x in Location(out).read_bytes("rejected.jsonl").decode().splitlines()]
@@ -170,7 +179,7 @@ def test_nuscenes_layout_from_s3(s3, synth_nuscenes, tmp_path) -> None:
     out = f"s3://{BUCKET}/prepared/nuscenes"
     result = prepare_data(f"s3://{BUCKET}/raw/nuscenes", out, small_params(unit_frames=2), "local:2")
     assert result.metrics["frames_total"] == 6 and result.metrics["images"] == 18
-    assert _remote_tree(out) == tree(tmp_path / "local")
+    assert _remote_tree(out) == _local_published(tmp_path / "local")
 
 
 def test_publish_protocol_on_s3(s3, raw_local, tmp_path) -> None:
@@ -191,7 +200,7 @@ def test_publish_protocol_on_s3(s3, raw_local, tmp_path) -> None:
     from pfactory.data.prepare import prepare_dataset
 
     prepare_dataset(raw, prepare_dataset_tree, small_params())
-    assert second == tree(prepare_dataset_tree)
+    assert second == _local_published(prepare_dataset_tree)
 
     # Readers require the manifest: without it the prefix is not a prepared output.
     loc = Location(out)

@@ -59,9 +59,11 @@ def test_split_hash_follows_the_shard_hashes() -> None:
 def test_params_validate_edges_and_addresses() -> None:
     assert EvaluateParams().range_buckets_m == ((0.0, 20.0), (20.0, 40.0), (40.0, math.inf))
     assert EvaluateParams(range_edges_m=[0, 30]).range_buckets_m == ((0.0, 30.0), (30.0, math.inf))
-    for bad in ([10, 20], [0, 20, 20], [0, math.inf]):
+    for bad in ([10, 20], [0, 20, 20]):
         with pytest.raises(ValidationError, match="strictly increasing"):
             EvaluateParams(range_edges_m=bad)
+    with pytest.raises(ValidationError, match="finite number"):  # every params float is finite (section.py)
+        EvaluateParams(range_edges_m=[0, math.inf])
     with pytest.raises(ValidationError, match="'local:N' with N >= 1"):
         EvaluateParams(dask_address="local:0")
     assert EvaluateParams(dask_address="tcp://10.0.0.1:8786").dask_address == "tcp://10.0.0.1:8786"
