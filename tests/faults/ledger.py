@@ -105,7 +105,13 @@ def render(meta: dict[str, Any], entries: list[Entry]) -> str:
             if meta.get("full")
             else "CI size (one trial per kill point; the heaviest infrastructure cases only in `--full`)."
         )
-        + f" pytest exit status {meta.get('exitstatus', '?')}.",
+        + f" pytest exit status {meta.get('exitstatus', '?')}."
+        + "".join(
+            f" Then {r.get('cases', '?')} case(s) rerun by `{r.get('command', '?')}` at commit `{r.get('commit', '?')}`"
+            f" ({r.get('when', '?')}, load {str(r.get('machine', '?')).rsplit('load ', 1)[-1]}, pytest exit status "
+            f"{r.get('exitstatus', '?')}): their rows are the rerun's."
+            for r in meta.get("rerun", [])
+        ),
         "",
         "*Survived* means what each test demands (tests/faults/): a bad input is refused with a one-line "
         "error naming its file and field, the frame alone refused by prepare and every other frame kept; a "

@@ -3,7 +3,7 @@
     python -m tests.faults.run --full          # the full matrix; writes docs/RELIABILITY.md
     python -m tests.faults.run                 # the CI-size subset; prints the table
     python -m tests.faults.run -- -k crash     # extra pytest arguments after --
-    python -m tests.faults.run --render LEDGER --report docs/RELIABILITY.md
+    python -m tests.faults.run --render LEDGER [RERUN_LEDGER ...] --report docs/RELIABILITY.md
                                                # the table of a ledger another pytest run wrote (the full
                                                # suite with PFACTORY_FAULTS_LEDGER=LEDGER set)
 
@@ -33,14 +33,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--render",
         type=Path,
+        nargs="+",
         default=None,
         metavar="LEDGER",
-        help="no pytest run: render the ledger a run wrote ($PFACTORY_FAULTS_LEDGER)",
+        help="no pytest run: render the ledger a run wrote ($PFACTORY_FAULTS_LEDGER); a later ledger's "
+        "cases (a rerun of some tests) replace the same cases of the earlier ones, and the header says so",
     )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     if args.render is not None:
-        meta, entries = load(args.render)
+        meta, entries = load(args.render[0])
+        for later in args.render[1:]:
+            m2, e2 = load(later)
+            redone = {(e.fault_class, e.case) for e in e2}
+            entries = [e for e in entries if (e.fault_class, e.case) not in redone] + e2
+            meta = {**meta, "rerun": [*meta.get("rerun", []), {**m2, "cases": len(redone)}]}
         text = render(meta, entries)
         if args.report is None:
             print(text)

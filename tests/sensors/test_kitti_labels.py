@@ -92,11 +92,11 @@ def test_first_bad_file_in_order_and_unreadable_files(tmp_path: Path) -> None:
         read_label_table(paths, False)
     with pytest.raises(DatasetError, match=r"2\.txt: line 1 height: a finite number, got 'nan'"):
         read_label_table(paths[::2], False)
-    with pytest.raises(DatasetError, match=r"missing\.txt: label: a readable text file"):
+    with pytest.raises(DatasetError, match=r"missing\.txt: label: a readable UTF-8 text file"):
         read_label_table([paths[0], tmp_path / "missing.txt"], False)
     bad_utf8 = tmp_path / "b.txt"
     bad_utf8.write_bytes(b"\xff\xfe" + GOOD.encode())
-    with pytest.raises(DatasetError, match=r"b\.txt: label: a readable text file"):
+    with pytest.raises(DatasetError, match=r"b\.txt: label: a readable UTF-8 text file"):
         read_label_table([bad_utf8], False)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pfactory.fsutil import sha256_file
+from pfactory.fsutil import OUTPUT_MARKER, sha256_file
 from pfactory.inference.params import OptimizeParams, ParityParams
 from pfactory.inference.parity import compare_outputs, gate
 
@@ -82,7 +82,7 @@ def test_stage_writes_artifacts_evidence_and_mlflow(dataset, tmp_path, monkeypat
     manifest = json.loads((out / "backend.json").read_text())
     assert manifest["primary"] == {"backend": "onnxruntime", "precision": "int8"}
     assert {f: sha256_file(out / f) for f in manifest["files"]} == manifest["files"]
-    assert set(manifest["files"]) == files - {"backend.json"}
+    assert set(manifest["files"]) == files - {"backend.json", OUTPUT_MARKER}  # the marker: fsutil, written last
     arts = {a["precision"]: a for a in manifest["artifacts"]}
     assert set(arts) == {"fp32", "int8"} and arts["int8"]["quantization"]["calibration_frames"] == 3
     assert manifest["onnx"]["checks"]["checker"] == "passed" and manifest["onnx"]["opset"] >= 18
