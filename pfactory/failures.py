@@ -71,6 +71,13 @@ def _free(path: str | os.PathLike[str] | None) -> str:
     return f"{free / 2**20:.1f} MiB"
 
 
+def _tracking_store() -> str | None:
+    """The file of a `sqlite:///...` MLFLOW_TRACKING_URI, else None."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    scheme, sep, rest = uri.partition(":///")
+    return rest if sep and scheme.startswith("sqlite") and rest else None
+
+
 def disk_full_message(exc: BaseException) -> str:
     """`disk full writing <path> (<free> free there): nothing was replaced; free space or write elsewhere`."""
     path = None
@@ -78,6 +85,8 @@ def disk_full_message(exc: BaseException) -> str:
         if isinstance(e, OSError) and e.filename:
             path = e.filename
             break
+    if path is None and any("database or disk is full" in str(e) for e in _chain(exc)):
+        path = _tracking_store()  # sqlite says "full" without a file name: the MLflow store's file
     where = f"writing {path}" if path else f"while writing (the file system of {Path.cwd()})"
     return (
         f"disk full {where} ({_free(path)} free there): the output was not published and nothing already "

@@ -147,6 +147,7 @@ def test_disk_full_tracking_store(clean_kitti: Path, tmp_path: Path, tmpfs, ledg
         proc.returncode == 1
         and "Traceback" not in proc.stderr
         and "disk full" in proc.stderr
+        and str(mnt / "mlflow.db") in proc.stderr  # the store's file, not the working directory
         and len(lines) <= 3
     )
     ledger.record("infra", "disk full: the MLflow store (sqlite on a 64 KB tmpfs)", ok,
