@@ -230,7 +230,9 @@ def promote(
             raise ValueError("a candidate that is not registered yet needs the MLflow run to log it to")
         version = reg.find_version(c, name, candidate.run_id, ev.backend["manifest_sha256"])
         if version is None:
-            source = reg.log_candidate(c, candidate.run_id, candidate.optimized, candidate.kpis_file)
+            source, model_id = reg.log_candidate(
+                c, candidate.run_id, candidate.optimized, candidate.kpis_file, data
+            )
             tags = {
                 **ev.tags(),
                 "run_id": candidate.run_id,
@@ -241,7 +243,7 @@ def promote(
             version = reg.register_version(
                 c, name, source, candidate.run_id, tags,
                 f"mAP {ev.kpis['mAP']:.4f} on {ev.data['split']} of {ev.data['prepared_hash'][:12]}; "
-                f"{ev.backend['primary']} p99 {ev.latency['p99_ms']:.1f} ms",
+                f"{ev.backend['primary']} p99 {ev.latency['p99_ms']:.1f} ms", model_id,
             )  # fmt: skip
 
     before = reg.champion(c, name, params.alias)

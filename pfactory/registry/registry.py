@@ -1,13 +1,14 @@
 """MLflow model-registry operations: register a candidate, read/move the alias under a lock, the audit trail.
 
-Registered form (docs/PROMOTE.md, "What a version is"): the candidate's files are logged as plain run
-artifacts under `candidate/` of its run (`candidate/optimized/...`, `candidate/eval/kpis.json`) and the
-version is created with `MlflowClient.create_model_version(name, source="runs:/<run>/candidate", run_id)`.
-MLflow 3's `mlflow.register_model("runs:/...")` only registers an MLflow Model (a folder with an `MLmodel`
-file) or a LoggedModel and raises for anything else, so it is not used; `create_model_version` stores the
-source as given, and `mlflow.artifacts.download_artifacts("models:/<name>/<version>")` resolves it back to
-the run's artifact store (local, `mlflow-artifacts:` proxy, S3...), which is what rollback and champion
-re-evaluation use. No MLmodel, no dependency inference, no pickles.
+Registered form (docs/PROMOTE.md, "What a version is"): the candidate is logged as an MLflow model of its
+run (`mlmodel.log_detector`: MLflow's ONNX flavor with a signature, an input example and pinned requirements,
+plus the candidate's files under `optimized/` and `eval/kpis.json` in the same model directory), and the
+version is created from it with `MlflowClient.create_model_version(name, source="models:/<model id>",
+run_id, model_id)`: `mlflow.pyfunc.load_model("models:/<name>@champion")` loads it and `mlflow models serve`
+serves it. `mlflow.artifacts.download_artifacts("models:/<name>/<version>")` gives the whole directory
+(`optimized/`, `eval/kpis.json`), which is what rollback and champion re-evaluation use; versions registered
+before this layout (source `runs:/<run>/candidate`: plain run artifacts `candidate/optimized/...`,
+`candidate/eval/kpis.json`) download to the same two paths.
 
 Audit trail: one registered-model tag per alias move, `audit.<6-digit id>` = the JSON record
 (`{"id", "action", "model", "alias", "from", "to", "at", "by", "reason", "gates", ...}`), plus
@@ -39,7 +40,6 @@ from typing import Any
 
 from pfactory.registry.errors import LockTimeout, RegistryError
 
-CANDIDATE_PATH = "candidate"
 AUDIT_PREFIX = "audit."
 AUDIT_HEAD = "audit.head"
 STATUS_TAG = "promotion.status"
@@ -137,11 +137,16 @@ def ensure_registered_model(c: Any, name: str, description: str | None = None) -
             raise
 
 
-def log_candidate(c: Any, run_id: str, optimized: Path, kpis_file: Path) -> str:
-    """Log the candidate's files to run `run_id` under `candidate/`; returns the version source URI."""
-    c.log_artifacts(run_id, str(optimized), f"{CANDIDATE_PATH}/optimized")
-    c.log_artifact(run_id, str(kpis_file), f"{CANDIDATE_PATH}/eval")
-    return f"runs:/{run_id}/{CANDIDATE_PATH}"
+def log_candidate(
+    c: Any, run_id: str, optimized: Path, kpis_file: Path, data: Path | None = None
+) -> tuple[str, str]:
+    """Log the candidate as an MLflow model of run `run_id` (`mlmodel.log_detector`: the ONNX flavor, a
+    signature, an input example from the first val frame of `data`, pinned requirements, and the candidate's
+    files under `optimized/` + `eval/`); returns (version source URI `models:/<model id>`, model id)."""
+    from pfactory.registry import mlmodel
+
+    example = mlmodel.example_feed(data) if data is not None else None
+    return mlmodel.log_detector(run_id, optimized, kpis_file, example)
 
 
 def find_version(c: Any, name: str, run_id: str, manifest_sha256: str) -> int | None:
@@ -161,11 +166,15 @@ def find_version(c: Any, name: str, run_id: str, manifest_sha256: str) -> int | 
 
 
 def register_version(
-    c: Any, name: str, source: str, run_id: str, tags: Mapping[str, str], description: str
-) -> int:
-    """A new version of `name` from `source` (created with the model if needed); returns its number."""
+    c: Any, name: str, source: str, run_id: str, tags: Mapping[str, str], description: str,
+    model_id: str | None = None,
+) -> int:  # fmt: skip
+    """A new version of `name` from `source` (created with the model if needed); returns its number.
+    `model_id`: the LoggedModel the version is (MLflow 3: the version page links to it)."""
     ensure_registered_model(c, name, "3D object detector (perception-factory); promoted through gates")
-    mv = c.create_model_version(name, source, run_id=run_id, tags=dict(tags), description=description)
+    mv = c.create_model_version(
+        name, source, run_id=run_id, tags=dict(tags), description=description, model_id=model_id
+    )
     return int(mv.version)
 
 
