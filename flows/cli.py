@@ -12,6 +12,7 @@ a failed gate), 2 bad usage or bad parameters.
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 from pathlib import Path
@@ -38,23 +39,57 @@ SetOpt = Annotated[
         "--set-param", "-S", help="Override a parameter, DVC syntax: -S section.key=value (repeatable)."
     ),
 ]
-ParamsOpt = Annotated[Path, typer.Option("--params", help="The params file.")]
+ParamsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--params",
+        help="The params file. Default: the project's params.yaml (the project is found from the current "
+        "folder upward, like git and DVC find theirs); its paths are relative to the project.",
+    ),
+]
 
 
-def _params(params_file: Path, overrides: list[str] | None):
-    """Load params or exit 2 with the validation message (names the key and the expectation)."""
-    from pfactory.config import ParamsError, load_params
+def _stage_names() -> list[str]:
+    """The stages dvc.yaml declares (the project's, found from the cwd; else the installed one), read with
+    yaml alone so that `--until` is a choice list checked before anything heavy is imported."""
+    import yaml
 
+    from pfactory.tracking import project_root
+
+    for path in (project_root() / "dvc.yaml", Path(__file__).resolve().parents[1] / "dvc.yaml"):
+        if path.is_file():
+            return list((yaml.safe_load(path.read_text()) or {}).get("stages") or {})
+    return []
+
+
+Stage = enum.Enum("Stage", {name: name for name in _stage_names()}, type=str)
+
+
+def _params_file(params_file: Path | None) -> Path:
+    """`--params`, else the params.yaml of the project the current folder is in (`tracking.project_root`)."""
+    if params_file is not None:
+        return params_file
+    from pfactory.tracking import project_root
+
+    return project_root() / "params.yaml"
+
+
+def _params(params_file: Path | None, overrides: list[str] | None):
+    """Load params or exit 2 with the validation message (names the key and the expectation). Their `paths`
+    are made relative to the params file's folder (the project root) when the command runs elsewhere."""
+    from pfactory.config import ParamsError, anchored, load_params
+
+    path = _params_file(params_file)
     try:
-        return load_params(params_file, overrides or [])
+        return anchored(load_params(path, overrides or []), path.parent)
     except ParamsError as e:
         _fail(str(e), code=2)
 
 
-def _stage_argv(params_file: Path, overrides: list[str] | None, **options: object) -> list[str]:
+def _stage_argv(params_file: Path | None, overrides: list[str] | None, **options: object) -> list[str]:
     """The arguments of `python -m tasks.<stage>` for a `factory <stage>` command: the stage's own entry
     (`tasks/_stage.py`) decides default paths, output and exit codes for both."""
-    argv = ["--params", str(params_file)]
+    argv = ["--params", str(_params_file(params_file))]
     for o in overrides or []:
         argv += ["-S", o]
     for key, value in options.items():
@@ -78,7 +113,7 @@ def _console():
 
 
 @app.command("params")
-def params_cmd(set_param: SetOpt = None, params_file: ParamsOpt = Path("params.yaml")) -> None:
+def params_cmd(set_param: SetOpt = None, params_file: ParamsOpt = None) -> None:
     """Print the resolved parameters (params.yaml + overrides) as YAML.
 
     Example: factory params -S prepare.val_fraction=0.25
@@ -120,9 +155,7 @@ def data_synth(
 @data_app.command("check")
 def data_check(
     root: Annotated[Path, typer.Argument(help="Dataset directory (KITTI or nuScenes layout).")],
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Also write the report as JSON here.")
-    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of text.")] = False,
     set_param: SetOpt = None,
     params_file: ParamsOpt = Path("params.yaml"),
 ) -> None:
@@ -130,9 +163,9 @@ def data_check(
 
     Also refuses what `factory prepare` would, with the same prepare parameters (params.yaml and -S):
     fewer than prepare.min_points points, or fewer inside prepare.pc_range.
-    Exit 0 when clean, 1 when not. Example: factory data check ../shared/data/real/kitti
+    Exit 0 when clean, 1 when not. Examples: factory data check ../shared/data/real/kitti  |
+    factory data check DIR --json > report.json
     """
-    from pfactory.fsutil import atomic_write_text
     from pfactory.sensors.errors import DatasetError
     from pfactory.sensors.validate import check_dataset, format_report
 
@@ -148,28 +181,41 @@ def data_check(
             report.frames_ok = [f for f in report.frames_ok if f not in {p["frame_id"] for p in roi}]
     except DatasetError as e:
         _fail(str(e))
-    typer.echo(format_report(report))
-    if json_out is not None:
-        atomic_write_text(json_out, report.to_json())
+    typer.echo(report.to_json() if json_out else format_report(report))
     raise typer.Exit(0 if report.ok else 1)
 
 
 @data_app.command("show")
 def data_show(
-    root: Annotated[Path, typer.Argument(help="Dataset directory.")],
-    frame_id: Annotated[str, typer.Argument(help="Frame id (KITTI: 000123; nuScenes: sample token).")],
+    root: Annotated[
+        Path | None, typer.Argument(help="Dataset directory. Default: paths.raw (the project's dataset).")
+    ] = None,
+    frame_id: Annotated[
+        str | None,
+        typer.Argument(help="Frame id (KITTI: 000123; nuScenes: sample token). Default: the first frame."),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Output PNG.")] = Path("frame.png"),
 ) -> None:
     """Render a frame: camera image(s) with projected 3D boxes and a bird's-eye view.
 
-    Example: factory data show ../shared/data/real/kitti 000001 --out frame.png
+    Examples: factory data show  |  factory data show ../shared/data/real/kitti 000001 --out frame.png
     """
     from pfactory.sensors.datasets import open_dataset
     from pfactory.sensors.errors import DatasetError
     from pfactory.sensors.show import render_frame
 
+    if root is None:
+        root = Path(_params(None, None).paths.raw)
+        if not root.is_dir():
+            _fail(f"data show: no dataset at {root} (paths.raw); run `factory run` or pass DIR [FRAME_ID]", code=2)
     try:
-        frame = open_dataset(root).read(frame_id)
+        dataset = open_dataset(root)
+        if frame_id is None:
+            ids = dataset.frame_ids()
+            if not ids:
+                _fail(f"data show: {root} has no frames", code=2)
+            frame_id = ids[0]
+        frame = dataset.read(frame_id)
     except DatasetError as e:
         _fail(str(e))
     typer.echo(str(render_frame(frame, out)))
@@ -180,9 +226,16 @@ def run_cmd(
     set_param: SetOpt = None,
     name: Annotated[str | None, typer.Option(help="Run name (MLflow run and Prefect flow run).")] = None,
     until: Annotated[
-        str | None,
-        typer.Option(help="Stop after this stage (synth, prepare, train, optimize, evaluate, promote)."),
+        Stage | None, typer.Option(help="Stop after this stage (the stages dvc.yaml declares).")
     ] = None,
+    checkout: Annotated[
+        bool,
+        typer.Option(
+            "--checkout/--no-checkout",
+            help="On success, copy the run's outputs to the project's own paths (params.yaml paths), so "
+            "follow-up commands (factory evaluate, data show, ...) use them by default.",
+        ),
+    ] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the full result as JSON.")] = False,
 ) -> None:
     """Run the whole pipeline: a Prefect flow running the dvc.yaml stages in a fresh run workspace
@@ -197,16 +250,14 @@ def run_cmd(
     import time
 
     t0 = time.perf_counter()
-    _params(Path("params.yaml"), set_param)  # refuse bad overrides before anything starts
+    _params(None, set_param)  # refuse bad overrides before anything starts
     from flows.pipeline import STAGES
     from flows.run import run_command
 
-    stages = None
-    if until is not None:
-        if until not in STAGES:
-            _fail(f"--until must be one of {', '.join(STAGES)}, got {until!r}", code=2)
-        stages = list(STAGES[: STAGES.index(until) + 1])
-    code = run_command(set_param or [], name=name, stages=stages, json_out=json_out, started=t0)
+    stages = list(STAGES[: STAGES.index(until.value) + 1]) if until is not None else None
+    code = run_command(
+        set_param or [], name=name, stages=stages, json_out=json_out, started=t0, checkout=checkout
+    )
     raise typer.Exit(code)
 
 
@@ -230,7 +281,7 @@ def prepare_cmd(
         ),
     ] = None,
     set_param: SetOpt = None,
-    params_file: ParamsOpt = Path("params.yaml"),
+    params_file: ParamsOpt = None,
 ) -> None:
     """Prepare a raw dataset into Parquet shards (+ manifest.json, rejected.jsonl).
 
@@ -256,7 +307,7 @@ def train_cmd(
         typer.Option(help="Model output directory (resumes from its checkpoint). Default: paths.model."),
     ] = None,
     set_param: SetOpt = None,
-    params_file: ParamsOpt = Path("params.yaml"),
+    params_file: ParamsOpt = None,
 ) -> None:
     """Train the detector; resumes when OUT holds a checkpoint. Multi-process: torchrun -m tasks.train.
 
@@ -272,9 +323,11 @@ def profile_cmd(
     what: Annotated[str, typer.Argument(help="What to profile: train.")],
     steps: Annotated[int, typer.Option(min=1, help="Training steps to trace.")] = 5,
     data: Annotated[Path | None, typer.Option(help="Prepared shards. Default: paths.prepared.")] = None,
-    out: Annotated[Path, typer.Option(help="Trace output directory.")] = Path("artifacts/profile"),
+    out: Annotated[
+        Path | None, typer.Option(help="Trace output directory. Default: <paths.artifacts>/profile.")
+    ] = None,
     set_param: SetOpt = None,
-    params_file: ParamsOpt = Path("params.yaml"),
+    params_file: ParamsOpt = None,
 ) -> None:
     """Write a torch.profiler trace (Chrome/Perfetto JSON) and print the top ops.
 
@@ -283,12 +336,20 @@ def profile_cmd(
     if what != "train":
         _fail(f"can only profile 'train', got {what!r}", code=2)
     params = _params(params_file, set_param)
+    data = data or Path(params.paths.prepared)
+    if not (data / "manifest.json").is_file():
+        _fail(
+            f"profile: no prepared data at {data} (manifest.json); run `factory run` (or `factory run --until "
+            "prepare`) first, or pass --data DIR",
+            code=2,
+        )
     from pfactory.tracking import configure_environment
 
     configure_environment()
     from pfactory.train.profile import profile_train
 
-    typer.echo(str(profile_train(params, data or Path(params.paths.prepared), steps, out)))
+    out = out or Path(params.paths.artifacts) / "profile"
+    typer.echo(str(profile_train(params, data, steps, out)))
 
 
 @app.command("optimize")
@@ -304,7 +365,7 @@ def optimize_cmd(
         str | None, typer.Option(help="fp32 | fp16 | int8 (default: optimize.precision)")
     ] = None,
     set_param: SetOpt = None,
-    params_file: ParamsOpt = Path("params.yaml"),
+    params_file: ParamsOpt = None,
 ) -> None:
     """Export one ONNX graph (points + images -> boxes), build the backend, gate on parity, time it.
 
@@ -340,7 +401,7 @@ def evaluate_cmd(
     ] = None,
     no_track: Annotated[bool, typer.Option("--no-track", help="Do not open an MLflow run.")] = False,
     set_param: SetOpt = None,
-    params_file: ParamsOpt = Path("params.yaml"),
+    params_file: ParamsOpt = None,
 ) -> None:
     """Run the optimized detector (and its PyTorch checkpoint) over a prepared split on Dask; write KPIs.
 
@@ -365,7 +426,7 @@ def kpi_cmd(
         float, typer.Option(help="Per-frame counts and the error breakdown use detections scoring >= this.")
     ] = 0.3,
     set_param: SetOpt = None,
-    params_file: ParamsOpt = Path("params.yaml"),
+    params_file: ParamsOpt = None,
 ) -> None:
     """Detection KPIs (nuScenes AP at 0.5/1/2/4 m, ATE/ASE/AOE, per class and range) and the error
     breakdown (tp, duplicate, classification, localization, both, background, missed) from KITTI files.
@@ -512,7 +573,7 @@ def deploy_cmd(
     Needs a Prefect server (PREFECT_API_URL); for work pools use prefect.yaml (`prefect deploy --all`).
     Example: factory deploy --cron "0 3 * * *" -S train.epochs=20
     """
-    _params(Path("params.yaml"), set_param)  # refuse bad overrides before deploying them
+    _params(None, set_param)  # refuse bad overrides before deploying them
     from flows.deploy import PIPELINE_ENTRYPOINT, DeployError, make_spec, pipeline_parameters
     from flows.deploy import serve as serve_flow
     from flows.pipeline import pipeline
@@ -537,11 +598,12 @@ def deploy_cmd(
 @app.command("promote")
 def promote_cmd(
     ref: Annotated[
-        str,
+        str | None,
         typer.Argument(
-            help="A registered version (3, MODEL/3, MODEL@alias) or an MLflow run id (its candidate files)."
+            help="A registered version (3, MODEL/3, MODEL@alias) or an MLflow run id (its candidate files). "
+            "Default: the version the last `factory run` registered (<paths.artifacts>/promotion.json)."
         ),
-    ],
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Gate only; register and change nothing.")
     ] = False,
@@ -552,14 +614,26 @@ def promote_cmd(
     release: Annotated[Path | None, typer.Option(help="Release folder. Default: paths.release.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     set_param: SetOpt = None,
-    params_file: ParamsOpt = Path("params.yaml"),
+    params_file: ParamsOpt = None,
 ) -> None:
     """Promote a version or a run's candidate to champion through the gates of params.promote.
 
     Exit 0 promoted (or a dry run that would promote), 1 refused, 2 unknown version/run.
-    Examples: factory promote 3 --dry-run  |  factory promote 0a1b...(run id) -S promote.min_map=0.5
+    Examples: factory promote --dry-run  |  factory promote 3 --dry-run  |
+    factory promote 0a1b...(run id) -S promote.min_map=0.5
     """
     params = _params(params_file, set_param)
+    if ref is None:
+        from pfactory import artifacts as af
+
+        last = af.promotion(Path(params.paths.artifacts)) or {}
+        if last.get("version") is None:
+            _fail(
+                f"promote: no registered version in {Path(params.paths.artifacts) / af.PROMOTION} (no `factory "
+                "run` finished here yet); pass VERSION, MODEL@ALIAS or a run id (`factory lineage` lists them)",
+                code=2,
+            )
+        ref = str(last["version"])
     from pfactory.tracking import configure_environment
 
     configure_environment()
@@ -594,12 +668,14 @@ def rollback_cmd(
     ] = None,
     reason: Annotated[str | None, typer.Option(help="Why (recorded in the audit record).")] = None,
     release: Annotated[Path | None, typer.Option(help="Release folder. Default: paths.release.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     set_param: SetOpt = None,
-    params_file: ParamsOpt = Path("params.yaml"),
+    params_file: ParamsOpt = None,
 ) -> None:
     """Move the champion alias back to the previous champion (audited; a second rollback undoes it).
 
-    Exit 1 when there is nothing to roll back to. Example: factory rollback --reason "pedestrian misses"
+    Exit 1 when there is nothing to roll back to. Examples: factory rollback --reason "pedestrian misses"  |
+    factory rollback --to 2 --json
     """
     params = _params(params_file, set_param)
     from pfactory.registry import RegistryError
@@ -609,7 +685,14 @@ def rollback_cmd(
         result = rollback(params.promote, release or Path(params.paths.release), to=to, reason=reason)
     except RegistryError as e:
         _fail(f"rollback: {e}")
-    typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return
+    from rich.console import Console
+
+    from pfactory.registry.report import rollback_view
+
+    Console().print(rollback_view(result))
 
 
 @app.command("lineage")
@@ -617,12 +700,13 @@ def lineage_cmd(
     ref: Annotated[
         str | None,
         typer.Argument(
-            help="MODEL[@ALIAS], MODEL/VERSION or a version number. Default: promote.model_name@alias."
+            help="MODEL[@ALIAS], MODEL/VERSION or a version number. Default: promote.model_name@alias, else "
+            "(no champion yet) the version the last `factory run` registered."
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     set_param: SetOpt = None,
-    params_file: ParamsOpt = Path("params.yaml"),
+    params_file: ParamsOpt = None,
 ) -> None:
     """Where a registered model came from: version -> run -> commit, data hashes, params, KPIs, audit.
 
@@ -636,7 +720,14 @@ def lineage_cmd(
     try:
         result = lineage(ref or f"{p.model_name}@{p.alias}", p.model_name, p.alias)
     except RegistryError as e:
-        _fail(f"lineage: {e}", code=2)
+        from pfactory import artifacts as af
+
+        last = (af.promotion(Path(params.paths.artifacts)) or {}).get("version")
+        if ref is not None or last is None:
+            _fail(f"lineage: {e}; pass MODEL/VERSION or a version number", code=2)
+        # No champion yet: the version the last `factory run` registered (<paths.artifacts>/promotion.json).
+        _console().print(f"no {p.alias} yet: showing v{last}, registered by the last factory run", highlight=False)
+        result = lineage(str(last), p.model_name, p.alias)
     if as_json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
         return
@@ -649,17 +740,20 @@ def lineage_cmd(
         console.print(table)
 
 
-@app.command("bench", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(
+    "bench",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+)
 def bench_cmd(
     ctx: typer.Context,
     name: Annotated[
-        str,
+        str | None,
         typer.Argument(
             help="Benchmark: benchmarks/bench_<name>.py (cli, kernels, kpi, prepare, synth, ...)."
         ),
-    ],
+    ] = None,
 ) -> None:
-    """Run a side-by-side benchmark (extra arguments go to it; see its --help).
+    """Run a side-by-side benchmark; every other argument goes to it (`factory bench NAME --help`: its options).
 
     Example: factory bench kernels --device cpu --quick
     """
@@ -668,9 +762,13 @@ def bench_cmd(
     from pfactory.tracking import configure_environment, project_root
 
     root = project_root()
+    known = sorted(p.stem.removeprefix("bench_") for p in (root / "benchmarks").glob("bench_*.py"))
+    if name is None or name in ("--help", "-h"):
+        typer.echo(ctx.get_help())
+        typer.echo(f"\nBenchmarks: {', '.join(known)} (factory bench NAME --help shows each one's options)")
+        raise typer.Exit(0 if name else 2)
     script = root / "benchmarks" / f"bench_{name}.py"
     if not script.is_file():
-        known = sorted(p.stem.removeprefix("bench_") for p in (root / "benchmarks").glob("bench_*.py"))
         _fail(f"no benchmark {name!r} in {root / 'benchmarks'}; known: {', '.join(known)}", code=2)
     configure_environment(root)
     raise typer.Exit(subprocess.call([sys.executable, str(script), *ctx.args], cwd=root))

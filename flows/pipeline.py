@@ -9,8 +9,9 @@ stages wrote (kpis.json, latency.json, promotion.json) to fill the MLflow parent
 One MLflow parent run per pipeline run (tag `pipeline=true`), every stage run nested under it through
 `PFACTORY_PARENT_RUN_ID`. The parent run carries (what `factory compare` reads):
     params   the resolved params, flattened (`train.lr`, `synth.frames`, ...)
-    metrics  eval/mAP, eval/NDS, eval/<Class>/{mean_ap, ap_<th>, ate, ase, aoe}, eval/<bucket>/mAP,
-             eval/delta/mAP, eval/reference/mAP, latency/p50_ms, latency/p99_ms (batch 1, primary
+    metrics  the headline KPIs (`artifacts.headline_scalars`): eval/mAP, eval/NDS, eval/<Class>/{mean_ap,
+             ate, ase, aoe}, eval/<bucket>/mAP, eval/delta/mAP, eval/reference/mAP (the evaluate stage's run
+             has the per-threshold / per-range detail), latency/p50_ms, latency/p99_ms (batch 1, primary
              artifact), time/<stage>_s (wall per stage, DVC included), time/total_s,
              time/stage_startup_s (interpreter + imports of the stage processes), orchestration/seconds
              + orchestration/fraction (wall outside the stage processes: Prefect, DVC, MLflow)
@@ -36,8 +37,9 @@ configure_environment()  # before Prefect is imported: PREFECT_HOME, analytics o
 
 from prefect import flow, get_run_logger, task  # noqa: E402
 
-from flows import runlog  # noqa: E402
+from flows import parent_run, runlog  # noqa: E402
 from flows.console import current as current_console  # noqa: E402
+from flows.experiment import checkout_outputs, experiment_tags, save_experiment  # noqa: E402
 from flows.failure import openable  # noqa: E402
 from flows.workspace import StageFailed, Workspace, create_workspace, new_run_id  # noqa: E402
 
@@ -129,10 +131,9 @@ def collect_metrics(ws: Workspace) -> tuple[dict[str, float], dict[str, Any]]:
     summary: dict[str, Any] = {}
     kpis = af.kpis(ws.abs(p.eval))
     if kpis is not None:
-        metrics.update(af.kpi_scalars(kpis, prefix="eval/"))
-        for key in ("reference", "delta"):
-            if isinstance(kpis.get(key), dict) and kpis[key].get("mAP") is not None:
-                metrics[f"eval/{key}/mAP"] = float(kpis[key]["mAP"])
+        # The headline only (tens of numbers, what the runs table can show); the evaluate stage's run
+        # keeps every per-threshold / per-range figure.
+        metrics.update(af.headline_scalars(kpis, prefix="eval/"))
         summary["kpis"] = {
             "mAP": kpis.get("mAP"),
             "NDS": kpis.get("NDS"),
@@ -164,11 +165,15 @@ def pipeline(
     name: str | None = None,
     root: str | None = None,
     stages: list[str] | None = None,
+    checkout: bool = True,
 ) -> dict[str, Any]:
     """Run the stage DAG on params.yaml + `overrides` in a fresh workspace; returns the run summary.
 
-    `stages`: a prefix of STAGES to stop early (default: all). The summary has `run_id`, `workspace`,
-    `mlflow_run_id`, per-stage results, `timings_s`, `kpis`, `promotion` and `orchestration`.
+    `stages`: a prefix of STAGES to stop early (default: all). `checkout`: on success, copy the run's outputs
+    to the project's own paths (`flows.experiment.checkout_outputs`), so follow-up commands find them. The
+    summary has `run_id`, `workspace`, `mlflow_run_id`, per-stage results, `timings_s`, `kpis`, `promotion`,
+    `orchestration`, `experiment` (the DVC experiment: name, rev, baseline; None without a git commit) and
+    `checked_out` (the output paths brought to the root; None with `checkout=False`).
     """
     import mlflow
 
@@ -191,7 +196,7 @@ def pipeline(
     if unknown:
         raise ValueError(f"unknown stages {unknown}; known: {list(STAGES)}")
     run_id = new_run_id(name)
-    ws = create_workspace(root_path, params, run_id)
+    ws = create_workspace(root_path, params, run_id, overrides or [])
     runlog.attach(ws.path / "logs" / "prefect.log")  # `factory run`: Prefect's own records, off the terminal
     console = current_console()
     logger = get_run_logger()
@@ -256,6 +261,10 @@ def pipeline(
             if (ws.path / "dvc.lock").is_file():
                 mlflow.log_artifact(str(ws.path / "dvc.lock"))
                 mlflow.set_tags({f"data.{k}.md5": v for k, v in ws.out_hashes().items()})
+        # The finished run as DVC sees it: an experiment of the project, its outputs at the root's paths.
+        results["experiment"] = save_experiment(ws, name)
+        mlflow.set_tags(experiment_tags(ws, results["experiment"]))
+        results["checked_out"] = checkout_outputs(ws) if checkout else None
         metrics, summary = collect_metrics(ws)
         results.update(summary)
         stage_t = stage_timings(ws)
@@ -280,6 +289,7 @@ def pipeline(
             }
         )
         mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+        results["lineage"] = parent_run.decorate(mlflow.MlflowClient(), exp_id, run.info.run_id, ws, results)
         decision = (results.get("promotion") or {}).get("decision")
         if decision:
             mlflow.set_tag("promotion.decision", decision)

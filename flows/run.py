@@ -26,9 +26,11 @@ def run_command(
     stages: list[str] | None = None,
     json_out: bool = False,
     started: float | None = None,
+    checkout: bool = True,
 ) -> int:
     """Run the pipeline as `factory run` does; returns the exit code. `started`: the command's start
-    (`time.perf_counter()`), for the summary's command-level orchestration share."""
+    (`time.perf_counter()`), for the summary's command-level orchestration share. `checkout`: bring the run's
+    outputs to the project's paths on success (`flows.experiment.checkout_outputs`)."""
     from pfactory.tracking import configure_environment
 
     t0 = started if started is not None else time.perf_counter()
@@ -59,7 +61,7 @@ def run_command(
             try:
                 startup = start_services(console, root)
                 flow = pipeline.with_options(flow_run_name=name) if name else pipeline
-                result = flow(overrides=overrides, name=name, stages=stages)
+                result = flow(overrides=overrides, name=name, stages=stages, checkout=checkout)
                 result["startup"] = startup
             except StageFailed as e:
                 failure = stage_failure(
@@ -85,7 +87,7 @@ def run_command(
     else:
         from rich.console import Console
 
-        from flows.summary import render_summary
+        from flows.summary import print_summary
 
-        Console().print(render_summary(result, wall_s=time.perf_counter() - t0))
+        print_summary(result, wall_s=time.perf_counter() - t0, console=Console())
     return 0

@@ -16,6 +16,44 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def _rel(path: str) -> str:
+    """`path` relative to the cwd when it is below it (shorter hints), else as given."""
+    try:
+        return os.path.relpath(path) if path and not os.path.relpath(path).startswith("..") else path
+    except ValueError:
+        return path
+
+
+def where_and_look(result: dict[str, Any]) -> str:
+    """Where the run's files are and the commands to look at it, one command per line (none longer than it
+    must be: paths relative to the cwd), so a narrow terminal wraps a line, never a command in two."""
+    ws = _rel(result.get("workspace", ""))
+    state = _rel(os.environ.get("PREFECT_HOME", "artifacts/.state/prefect"))
+    exp = result.get("experiment")
+    lines = [f"where: workspace {ws}", "  (params.yaml, dvc.lock, artifacts/, logs/)"]
+    if result.get("checked_out"):
+        lines.append("  its outputs are also at the project's paths: follow-up commands use them")
+    uri = redact_uri(os.environ.get("MLFLOW_TRACKING_URI", ""))
+    if uri.startswith("sqlite:///"):
+        uri = "sqlite:///" + _rel(uri.removeprefix("sqlite:///"))
+    lines += [
+        "look:",
+        f"  mlflow ui --backend-store-uri {uri}",
+        f"  PREFECT_HOME={state} prefect server start",
+    ]
+    if exp:
+        lines += [
+            "  dvc exp show --only-changed",
+            f"  dvc exp apply {exp['name']}",
+            f"  dvc metrics diff {exp['name']} <other run>",
+        ]
+    else:
+        lines.append("  (not a DVC experiment: the project has no git commit; `git init && git add -A && git commit`)")
+        lines.append(f"  cd {ws} && dvc metrics show")
+    lines += ["  dvc plots show --open", "  factory compare", f"  factory lineage {result.get('registered_model', 'MODEL')}@champion"]
+    return "\n".join(lines)
+
+
 def render_summary(result: dict[str, Any], wall_s: float | None = None) -> Any:
     """A rich renderable of a `flows.pipeline.pipeline` result (`wall_s`: the command's own wall time)."""
     from rich.console import Group
@@ -80,35 +118,19 @@ def render_summary(result: dict[str, Any], wall_s: float | None = None) -> Any:
         parts.append(Text(f"parity gate (optimize): {'passed' if result['parity_passed'] else 'FAILED'}"))
 
     promo = result.get("promotion")
-    if promo:
-        t = Table(title=f"promotion: {promo.get('decision')}", title_justify="left")
-        for col in ("gate", "value", "threshold", "passed", "margin"):
-            t.add_column(col)
-        for g in promo.get("gates", []):
-            t.add_row(
-                g["name"],
-                _fmt(g.get("value")),
-                _fmt(g.get("threshold")),
-                str(g.get("passed")),
-                _fmt(g.get("margin")),
-            )
-        parts.append(t)
-        parts.append(
-            Text(
-                f"registered version {promo.get('version')}; champion {promo.get('champion_before')} -> "
-                f"{promo.get('champion_after')}"
-            )
-        )
+    if promo:  # the same table as `factory promote` (one renderer)
+        from pfactory.registry.report import promotion_view
 
-    ws = result.get("workspace", "")
-    parts.append(
-        Text(
-            "where: workspace "
-            f"{ws} (params.yaml, dvc.lock, artifacts/, logs/)\n"
-            f"look:  mlflow ui --backend-store-uri {redact_uri(os.environ.get('MLFLOW_TRACKING_URI', ''))}\n"
-            "       prefect server start   (flow runs; PREFECT_HOME is under artifacts/.state/prefect)\n"
-            f"       cd {ws} && dvc metrics show && dvc plots show\n"
-            f"       factory compare   |   factory lineage {result.get('registered_model', 'MODEL')}@champion"
-        )
-    )
+        parts.append(promotion_view(promo))
+
     return Group(*parts)
+
+
+def print_summary(result: dict[str, Any], wall_s: float | None = None, console: Any = None) -> None:
+    """Print the summary, then the where/look lines with soft wrapping: rich never breaks a command in two
+    (a narrow terminal wraps the long line itself, and a copy of it stays one command)."""
+    from rich.console import Console
+
+    console = console or Console()
+    console.print(render_summary(result, wall_s))
+    console.print(where_and_look(result), soft_wrap=True, highlight=False, markup=False)

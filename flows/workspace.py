@@ -2,22 +2,28 @@
 
 Why: overrides (`-S train.lr=...`) live in `params.yaml`, and `dvc.lock` + the stage outputs live
 beside it; two runs sharing one directory would overwrite each other's params, outputs and lock
-(DESIGN.md §3: "concurrent runs are isolated"). A workspace is what `dvc exp run --temp` makes, without
-needing a git commit first:
+(DESIGN.md §3: "concurrent runs are isolated"). A workspace is what `dvc exp run --temp` makes:
 
     artifacts/runs/<run_id>/
-        .dvc/config         no_scm; cache.dir = the project's `.dvc/cache` (shared: content-addressed,
-                            and DVC's run-cache there lets a run skip a stage another run already
-                            computed with the same code, deps and params)
-        dvc.yaml            copied from the project (the one declaration of the stage DAG)
-        params.yaml         the project's params + this run's overrides, resolved and validated
-        pfactory/ tasks/ kernels/   the code as it was when the run started (what the stages import:
-                            `python -m tasks.<stage>` runs with the workspace as cwd; DVC hashes them)
+        (git)  a git worktree of the project, detached at HEAD, plus the project's uncommitted changes
+               (modified tracked files, deleted ones, and untracked files of the stage code dirs), so the
+               run uses the code as it is in the project right now and `dvc exp save` can record it as a
+               DVC experiment in the project's own repository (`flows.experiment`)
+        (copy) when the project has no git commit: the stage code dirs copied, `.dvc/config` no_scm
+        .dvc/config.local   cache.dir = the project's `.dvc/cache` (shared: content-addressed, and DVC's
+                            run-cache there lets a run skip a stage another run already computed with the
+                            same code, deps and params)
+        dvc.yaml            the project's (the one declaration of the stage DAG)
+        params.yaml         the project's params + this run's overrides (git: the overridden keys edited in
+                            place, comments kept, the way `dvc exp run -S` writes them; copy: resolved)
+        pfactory/ tasks/ kernels/   the code the stages import (`python -m tasks.<stage>` runs with the
+                            workspace as cwd; DVC hashes them)
         artifacts/...       the stage outputs, `dvc.lock` records their hashes
 
 `dvc repro` in the project root runs the same DAG without Prefect; `dvc repro` inside a workspace
-replays that run. Workspaces are kept (they are the run's artifacts); `factory gc`-style cleanup is a
-`rm -rf artifacts/runs/<id>` since every tracked output is also in the DVC cache.
+replays that run. Workspaces are kept (they are the run's artifacts); cleanup is `git worktree remove
+--force artifacts/runs/<id>` (or `rm -rf` + `git worktree prune`): every tracked output is also in the DVC
+cache, and a run saved as an experiment stays in `dvc exp show` (`dvc exp apply` restores it).
 """
 
 from __future__ import annotations
@@ -77,6 +83,14 @@ class Workspace:
     params: Any
     stage_seconds: dict[str, float] = field(default_factory=dict)
     attempts: dict[str, int] = field(default_factory=dict)  # `repro` calls per stage (1 + retries)
+    mode: str = "copy"
+    """"git": a git worktree of the project (its runs become DVC experiments); "copy": no git commit."""
+    baseline: str | None = None
+    """git: the commit the worktree is detached at (the experiment's baseline)."""
+    untracked: list[str] = field(default_factory=list)
+    """git: the project's untracked code files copied in (included in the experiment commit)."""
+    params_written: str = "resolved"
+    """How params.yaml got the overrides: "edited" (in place, DVC's way) | "resolved" (full dump)."""
 
     def abs(self, rel: str | Path) -> Path:
         """A `params.paths` entry resolved inside the workspace (absolute paths stay as they are)."""
@@ -152,20 +166,155 @@ class Workspace:
         return hashes
 
 
-def create_workspace(root: Path, params: Any, run_id: str) -> Workspace:
-    """Make `artifacts/runs/<run_id>/` for `params` (already resolved with the run's overrides).
+def git_commit(root: Path) -> str | None:
+    """HEAD's sha when `root` is the top level of a git work tree with at least one commit, else None."""
+    try:
+        top = _git(root, "rev-parse", "--show-toplevel").strip()
+        head = _git(root, "rev-parse", "--verify", "--quiet", "HEAD^{commit}").strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head if head and Path(top).resolve() == Path(root).resolve() else None
 
-    Built in a temporary sibling and renamed into place, so a half-made workspace is never used.
-    """
-    from pfactory.config import params_to_yaml
+
+def _git(cwd: Path, *args: str, input: bytes | None = None) -> str:
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    for k in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):  # a hook's environment must not leak in
+        env.pop(k, None)
+    out = subprocess.run(
+        ["git", *args], cwd=cwd, env=env, input=input, capture_output=True, check=True, timeout=120
+    )
+    return out.stdout.decode()
+
+
+def _z(text: str) -> list[str]:
+    return [p for p in text.split("\0") if p]
+
+
+def _overlay_changes(root: Path, tree: Path) -> list[str]:
+    """Copy the project's uncommitted changes into worktree `tree`: tracked files that differ from HEAD
+    (staged or not; deleted ones deleted) and the untracked, not ignored files of `CODE_DIRS`. Returns the
+    untracked files copied (relative paths: `dvc exp save` must be told to include them)."""
+    for rel in _z(_git(root, "diff", "--name-only", "-z", "--no-renames", "HEAD")):
+        src, dst = root / rel, tree / rel
+        if src.is_file() or src.is_symlink():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst, follow_symlinks=False)
+        elif dst.exists() or dst.is_symlink():
+            dst.unlink()
+    untracked = _z(_git(root, "ls-files", "--others", "--exclude-standard", "-z", "--", *CODE_DIRS))
+    untracked = [rel for rel in untracked if not _IGNORED_CODE.search(rel)]
+    for rel in untracked:
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / rel, tree / rel)
+    return untracked
+
+
+_IGNORED_CODE = re.compile(r"(^|/)__pycache__/|\.pyc$|\.egg-info(/|$)")
+
+
+def _hydra_override(text: str, raw: dict[str, Any]) -> str:
+    """`section.key=value` for DVC's params writer: `+section.key=value` when the file lacks the key (a
+    schema default being set), as `dvc exp run -S` needs it written."""
+    spec = text.split(":", 1)[1] if ":" in text.split("=", 1)[0] else text
+    key = spec.split("=", 1)[0].strip().lstrip("+")
+    node: Any = raw
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return "+" + spec.lstrip("+")
+        node = node[part]
+    return spec
+
+
+def write_params(path: Path, params: Any, overrides: list[str]) -> str:
+    """Write the run's params to `path` (a copy of the project's params.yaml): the overridden keys edited in
+    place with DVC's own writer (comments and layout kept; what `dvc exp run -S` does), checked to read back
+    as `params`; when they would not (a value DVC's override grammar reads differently), the resolved params
+    instead. Returns "edited" | "resolved"."""
+    import yaml
+
+    from pfactory.config import load_params, params_to_yaml
     from pfactory.fsutil import atomic_write_text
 
+    if path.is_file() and overrides:
+        original = path.read_text()
+        try:
+            from dvc.utils.hydra import apply_overrides
+
+            raw = yaml.safe_load(original) or {}
+            apply_overrides(path, [_hydra_override(o, raw) for o in overrides])
+            if load_params(path).model_dump(mode="json") == params.model_dump(mode="json"):
+                return "edited"
+        except Exception:  # DVC's override grammar refused it, or it reads back differently
+            pass
+        atomic_write_text(path, original)
+    if path.is_file() and load_params(path).model_dump(mode="json") == params.model_dump(mode="json"):
+        return "edited"
+    atomic_write_text(path, params_to_yaml(params))
+    return "resolved"
+
+
+def _dvc_config_local(root: Path, tree: Path) -> None:
+    """`.dvc/config.local` of a git workspace: the project's local config (remotes...) with the cache
+    pointed at the project's `.dvc/cache`."""
+    import configobj
+
+    cache = root / ".dvc" / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    local = root / ".dvc" / "config.local"
+    conf = configobj.ConfigObj(str(local) if local.is_file() else None)
+    conf.filename = str(tree / ".dvc" / "config.local")
+    conf.setdefault("cache", {})["dir"] = str(cache)
+    conf.setdefault("core", {})["analytics"] = "false"
+    conf.write()
+
+
+def create_workspace(root: Path, params: Any, run_id: str, overrides: list[str] | None = None) -> Workspace:
+    """Make `artifacts/runs/<run_id>/` for `params` (the project's params.yaml + `overrides`, resolved).
+
+    A git worktree (module docstring) when the project is a git repository with a commit, else a copy.
+    Built under a temporary name and moved into place, so a half-made workspace is never used.
+    """
     root = Path(root).resolve()
     path = root / RUNS_DIR / run_id
     if path.exists():
         raise FileExistsError(f"{path}: a run workspace with this id exists already")
     tmp = path.with_name(f".{run_id}.tmp")
-    tmp.mkdir(parents=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    head = git_commit(root)
+    if head is None:
+        _fill_copy(root, tmp, params)
+        _logs_dir(tmp)
+        os.replace(tmp, path)
+        return Workspace(root=root, path=path, run_id=run_id, params=params, mode="copy")
+    _git(root, "worktree", "add", "--detach", "--quiet", str(tmp), head)
+    try:
+        untracked = _overlay_changes(root, tmp)
+        params_written = write_params(tmp / "params.yaml", params, list(overrides or []))
+        _dvc_config_local(root, tmp)
+        _logs_dir(tmp)
+        _git(root, "worktree", "move", str(tmp), str(path))
+    except BaseException:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tmp)], cwd=root, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Workspace(
+        root=root, path=path, run_id=run_id, params=params, mode="git", baseline=head,
+        untracked=untracked, params_written=params_written,
+    )  # fmt: skip
+
+
+def _logs_dir(ws: Path) -> None:
+    """`logs/` of a workspace (stage logs, timings, progress): ignored by git, not part of the experiment."""
+    (ws / "logs").mkdir(exist_ok=True)
+    (ws / "logs" / ".gitignore").write_text("*\n")
+
+
+def _fill_copy(root: Path, tmp: Path, params: Any) -> None:
+    """The workspace of a project without a git commit: code dirs copied, no_scm DVC config."""
+    from pfactory.config import params_to_yaml
+    from pfactory.fsutil import atomic_write_text
+
+    tmp.mkdir()
     try:
         for d in CODE_DIRS:
             shutil.copytree(root / d, tmp / d, ignore=_IGNORE)
@@ -181,8 +330,6 @@ def create_workspace(root: Path, params: Any, run_id: str) -> Workspace:
             f"[cache]\n    dir = {cache}\n"
         )
         (tmp / ".dvc" / ".gitignore").write_text("/config.local\n/tmp\n/cache\n")
-        os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Workspace(root=root, path=path, run_id=run_id, params=params)

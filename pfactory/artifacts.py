@@ -55,7 +55,8 @@ TRT_DIR = "tensorrt"
 PARITY = "parity.json"
 LATENCY = "latency.json"
 # evaluate (`paths.eval`)
-KPIS = "kpis.json"  # DVC metrics (layout: docs/EVALUATE.md)
+KPIS = "kpis.json"  # every KPI: per class, threshold, range, error type, frame (layout: docs/EVALUATE.md)
+EVAL_METRICS = "metrics.json"  # the headline KPIs of kpis.json (`headline`): what DVC shows (dvc metrics)
 PR_DIR = "pr"  # <class>.csv, DVC plots
 REPORT_DIR = "report"  # predictions, per-frame counts, PNGs, timings
 # promote (`paths.release`; the decision record under `paths.artifacts`)
@@ -113,6 +114,48 @@ def backend_manifest(optimized: Path) -> dict[str, Any] | None:
 def promotion(artifacts: Path) -> dict[str, Any] | None:
     """promote's decision record (promotion.json under `paths.artifacts`), or None."""
     return read_json(Path(artifacts) / PROMOTION)
+
+
+def headline(kpis: dict[str, Any]) -> dict[str, Any]:
+    """The headline of a kpis.json: the few numbers `dvc metrics show` / `dvc exp show` display and the
+    pipeline's MLflow run carries: mAP, NDS, per class its AP (mean over thresholds) and TP errors, mAP per
+    range bucket, the optimized - PyTorch delta, the reference mAP, frames, p50/p99 latency (batch 1)."""
+
+    def num(x: Any) -> float | None:
+        ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+        return float(x) if ok else None
+
+    out: dict[str, Any] = {"mAP": num(kpis.get("mAP")), "NDS": num(kpis.get("NDS"))}
+    out["classes"] = {
+        name: {k: num(c.get(src)) for k, src in (("ap", "mean_ap"), ("ate", "ate"), ("ase", "ase"), ("aoe", "aoe"))}
+        for name, c in (kpis.get("classes") or {}).items()
+    }
+    out["by_range"] = {b: num(block.get("mAP")) for b, block in (kpis.get("by_range") or {}).items()}
+    out["delta_mAP"] = num((kpis.get("delta") or {}).get("mAP"))
+    out["reference_mAP"] = num((kpis.get("reference") or {}).get("mAP"))
+    out["frames"] = (kpis.get("data") or {}).get("frames")
+    lat = kpis.get("latency") or {}
+    primary = (lat.get("batch_1") or {}).get(lat.get("runner", ""), {})
+    if primary:
+        out["latency_ms"] = {"p50": num(primary.get("p50_ms")), "p99": num(primary.get("p99_ms"))}
+    return out
+
+
+def headline_scalars(kpis: dict[str, Any], prefix: str = "eval/") -> dict[str, float]:
+    """`headline` as MLflow metrics, named like `kpi_scalars`: `eval/mAP`, `eval/Car/mean_ap`, `eval/Car/ate`,
+    `eval/0-20/mAP`, `eval/delta/mAP`, `eval/reference/mAP` (the pipeline run's KPIs; the stage runs keep the
+    detail)."""
+    h = headline(kpis)
+    out = {f"{prefix}mAP": h["mAP"], f"{prefix}NDS": h["NDS"]}
+    for name, c in h["classes"].items():
+        out[f"{prefix}{name}/mean_ap"] = c["ap"]
+        for k in ("ate", "ase", "aoe"):
+            out[f"{prefix}{name}/{k}"] = c[k]
+    for bucket, m in h["by_range"].items():
+        out[f"{prefix}{bucket.replace('+', '-inf')}/mAP"] = m
+    out[f"{prefix}delta/mAP"] = h["delta_mAP"]
+    out[f"{prefix}reference/mAP"] = h["reference_mAP"]
+    return {k: float(v) for k, v in out.items() if v is not None}
 
 
 def kpi_scalars(metrics: dict[str, Any], prefix: str = "val/") -> dict[str, float]:

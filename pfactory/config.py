@@ -259,6 +259,17 @@ def load_params(path: str | Path | None = "params.yaml", overrides: list[str] | 
         raise ParamsError(_format_validation_error(e, source)) from None
 
 
+def anchored(params: Params, base: str | Path) -> Params:
+    """`params` with its relative `paths` made absolute under `base` (the folder of the params file: the
+    project root), so a command run from another folder finds the project's files; unchanged when `base` is
+    the current folder (`dvc repro`, a run workspace, `factory` at the root)."""
+    base = Path(base).resolve()
+    if base == Path.cwd().resolve():
+        return params
+    paths = {k: v if Path(v).is_absolute() else str(base / v) for k, v in params.paths.model_dump().items()}
+    return params.model_copy(update={"paths": params.paths.model_copy(update=paths)})
+
+
 def params_to_yaml(params: Params) -> str:
     """The resolved params as YAML, as `params.yaml` holds them (what a run workspace gets and `factory
     params` shows): each shared value once, in its home section."""

@@ -39,10 +39,12 @@ LINEAGE_PACKAGES = (
 
 
 def project_root(start: str | Path | None = None) -> Path:
-    """The project root: the nearest parent holding `params.yaml` or `dvc.yaml`, else the cwd."""
+    """The project root: the nearest folder from `start` (default: the cwd) upward that holds `dvc.yaml`,
+    `params.yaml` or a `.dvc/` folder, the way git and DVC find theirs (a run workspace under
+    artifacts/runs/ is a project of its own); the cwd when there is none (the embedded defaults)."""
     here = Path(start or os.getcwd()).resolve()
     for p in (here, *here.parents):
-        if (p / "params.yaml").is_file() or (p / "dvc.yaml").is_file():
+        if (p / "dvc.yaml").is_file() or (p / "params.yaml").is_file() or (p / ".dvc").is_dir():
             return p
     return here
 
@@ -214,25 +216,34 @@ def check_tracking_server(uri: str | None = None, timeout_s: float = 5.0) -> Non
     _CHECKED.add(uri)
 
 
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+"""MLflow 3's experiment type: "Machine learning" (runs, metrics, models), not the GenAI view (traces)."""
+
+
 def experiment_id(root: Path, name: str = EXPERIMENT) -> str:
-    """The id of experiment `name`, created (artifacts under `root`) when missing. Safe when two processes
-    create it at the same moment: the loser of the race reads the winner's experiment. A tracking server
-    that does not answer is a TrackingUnavailable in seconds (`check_tracking_server`)."""
+    """The id of experiment `name`, created (artifacts under `root`, tagged a machine-learning experiment)
+    when missing; an existing one without the experiment-type tag gets it. Safe when two processes create it
+    at the same moment: the loser of the race reads the winner's experiment. A tracking server that does not
+    answer is a TrackingUnavailable in seconds (`check_tracking_server`)."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
     check_tracking_server()
     with sqlite_store_lock():
         exp = mlflow.get_experiment_by_name(name)
-        if exp is not None:
-            return exp.experiment_id
-        try:
-            return mlflow.create_experiment(name, artifact_location=artifact_location(root))
-        except MlflowException:
-            exp = mlflow.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            return exp.experiment_id
+        if exp is None:
+            try:
+                return mlflow.create_experiment(
+                    name, artifact_location=artifact_location(root), tags=EXPERIMENT_KIND
+                )
+            except MlflowException:
+                exp = mlflow.get_experiment_by_name(name)
+                if exp is None:
+                    raise
+        for k, v in EXPERIMENT_KIND.items():
+            if k not in (exp.tags or {}):
+                mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, k, v)
+        return exp.experiment_id
 
 
 @contextlib.contextmanager
@@ -304,6 +315,7 @@ def reap_orphan_runs(experiment: str) -> list[str]:
         client.set_terminated(run.info.run_id, status="KILLED")
         reaped.append(run.info.run_id)
     return reaped
+
 
 
 @contextlib.contextmanager

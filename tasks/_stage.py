@@ -101,7 +101,7 @@ def stage_main(
     `failures`: exception type -> exit code; such an error prints `<stage>: <message>` on stderr and
     exits with its code (the first matching type, in order). A transient error (`is_transient`) exits 75
     instead, unless the table calls it a usage error (2); any other exception propagates (exit 1)."""
-    from pfactory.config import ParamsError, load_params
+    from pfactory.config import ParamsError, anchored, load_params
     from pfactory.tracking import configure_environment
 
     parser = argparse.ArgumentParser(prog=f"python -m tasks.{stage}")
@@ -111,8 +111,8 @@ def stage_main(
         add_arguments(parser)
     args = parser.parse_args(argv)
     configure_environment()
-    try:
-        params = load_params(args.params, args.set_param)
+    try:  # paths in params.yaml are relative to its folder (the project root), wherever this runs
+        params = anchored(load_params(args.params, args.set_param), Path(args.params).parent)
     except ParamsError as e:
         print(e, file=sys.stderr)
         sys.exit(EXIT_USAGE)

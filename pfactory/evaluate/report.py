@@ -151,6 +151,7 @@ def write_reports(ev: Any, inputs: Any, tmp: Path, doc: dict, kpis: Any, ref: An
     """kpis.json, pr/<class>.csv, report/{pr_curves,per_frame}.json and report/pr.png of one evaluation."""
     report = tmp / "report"
     atomic_write_json(tmp / af.KPIS, doc)
+    atomic_write_json(tmp / af.EVAL_METRICS, af.headline(doc))  # what DVC shows; the detail is kpis.json
     tp_th = doc["params"]["dist_th_tp_m"]
     th_key = next(k for k in next(iter(doc["classes"].values()))["ap"] if float(k) == tp_th)
     write_pr_csv(tmp / "pr", kpis, th_key)

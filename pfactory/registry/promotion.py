@@ -197,6 +197,7 @@ def _publish(
     )  # fmt: skip
     if before is not None and before != version:
         reg.set_version_tags(c, name, before, {reg.STATUS_TAG: f"replaced by v{version} ({action})"})
+    reg.describe_model(c, name, params.alias)  # the registry page: champion + audit trail, readable
     return record
 
 

@@ -10,10 +10,13 @@ serves it. `mlflow.artifacts.download_artifacts("models:/<name>/<version>")` giv
 before this layout (source `runs:/<run>/candidate`: plain run artifacts `candidate/optimized/...`,
 `candidate/eval/kpis.json`) download to the same two paths.
 
-Audit trail: one registered-model tag per alias move, `audit.<6-digit id>` = the JSON record
-(`{"id", "action", "model", "alias", "from", "to", "at", "by", "reason", "gates", ...}`), plus
-`audit.head` = the last id; versions carry `promotion.*` tags. Durable (in the registry DB), queryable
-(`client.get_registered_model(name).tags`, `audit_trail()`), and written under the registry lock.
+Audit trail: one registered-model tag per alias move, `audit.<6-digit id>` = one readable line
+(`promote v2 -> v3 | 2026-12-01T10:00:00+00:00 | alice@host | run 0a1b... | all 4 gates passed vs champion
+v2`, `format_audit` / `parse_audit`), plus `audit.head` = the last id; the registered model's description
+is a markdown table of the trail (what the registry page shows); versions carry `promotion.*` tags; the full
+records (gates, data) are in the release folder's `audit.jsonl`. Durable (in the registry DB), queryable
+(`client.get_registered_model(name).tags`, `audit_trail()`), and written under the registry lock. Tags
+written as JSON records by earlier versions are still read.
 
 The registry lock (`registry_lock`): an exclusive `fcntl.lockf` on `<db>.registry.lock` beside a local
 sqlite store, else on `artifacts/.state/registry-locks/<hash of the URI>.lock` in the project. It
@@ -32,6 +35,7 @@ import getpass
 import hashlib
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator, Mapping
@@ -209,6 +213,38 @@ def set_version_tags(c: Any, name: str, version: int, tags: Mapping[str, Any]) -
         c.set_model_version_tag(name, str(version), k, str(v))
 
 
+_AUDIT_LINE = re.compile(r"^(?P<action>[\w-]+) (?P<from>v\d+|none) -> (?P<to>v\d+|none)$")
+
+
+def _v(text: str) -> int | None:
+    return None if text == "none" else int(text.removeprefix("v"))
+
+
+def format_audit(record: Mapping[str, Any]) -> str:
+    """The readable tag value of an audit record (module docstring)."""
+    frm = f"v{record['from']}" if record.get("from") is not None else "none"
+    to = f"v{record['to']}" if record.get("to") is not None else "none"
+    run = f"run {record['run_id']}" if record.get("run_id") else "run -"
+    return " | ".join([f"{record['action']} {frm} -> {to}", str(record["at"]), str(record["by"]), run,
+                       str(record.get("reason") or "")])  # fmt: skip
+
+
+def parse_audit(key: str, value: str) -> dict[str, Any]:
+    """An audit record from its tag (`audit.<id>`): the readable line, or an earlier version's JSON."""
+    if value.lstrip().startswith("{"):
+        return json.loads(value)
+    head, at, by, run, reason = [*value.split(" | ", 4), "", "", "", ""][:5]
+    m = _AUDIT_LINE.match(head.strip())
+    if m is None:
+        raise RegistryError(f"registered-model tag {key}: not an audit record: {value!r}")
+    run_id = run.removeprefix("run ").strip()
+    return {
+        "id": int(key.removeprefix(AUDIT_PREFIX)), "action": m["action"], "from": _v(m["from"]),
+        "to": _v(m["to"]), "at": at, "by": by, "run_id": None if run_id in ("", "-") else run_id,
+        "reason": reason,
+    }  # fmt: skip
+
+
 def audit_trail(c: Any, name: str) -> list[dict[str, Any]]:
     """Every audit record of `name`, oldest first ([] when the model does not exist)."""
     from mlflow.exceptions import MlflowException
@@ -219,8 +255,30 @@ def audit_trail(c: Any, name: str) -> list[dict[str, Any]]:
         if _is(e, "RESOURCE_DOES_NOT_EXIST"):
             return []
         raise
-    records = [json.loads(v) for k, v in tags.items() if k.startswith(AUDIT_PREFIX) and k != AUDIT_HEAD]
+    records = [parse_audit(k, v) for k, v in tags.items() if k.startswith(AUDIT_PREFIX) and k != AUDIT_HEAD]
     return sorted(records, key=lambda r: r["id"])
+
+
+def describe_model(c: Any, name: str, alias: str) -> None:
+    """The registered model's description: the champion and the audit trail as markdown (the registry page)."""
+    current = champion(c, name, alias)
+    trail = audit_trail(c, name)
+    lines = [
+        "3D object detector (perception-factory), promoted through KPI, parity and latency gates.",
+        "",
+        f"**`{alias}`: version {current}**" if current is not None else f"No `{alias}` yet.",
+        f"Load it: `mlflow.pyfunc.load_model(\"models:/{name}@{alias}\")`; serve it: "
+        f"`mlflow models serve -m models:/{name}@{alias} --env-manager local`.",
+        "",
+        "| # | when | by | move | reason |",
+        "|---|---|---|---|---|",
+    ]
+    for r in reversed(trail[-20:]):
+        frm = f"v{r['from']}" if r.get("from") is not None else "-"
+        lines.append(f"| {r['id']} | {r['at']} | {r['by']} | {r['action']} {frm} → v{r['to']} | {r.get('reason', '')} |")
+    if len(trail) > 20:
+        lines.append(f"| … | | | | {len(trail) - 20} older records: `factory lineage`, release/audit.jsonl |")
+    c.update_registered_model(name, description="\n".join(lines))
 
 
 def next_audit_id(c: Any, name: str) -> int:
@@ -238,9 +296,7 @@ def next_audit_id(c: Any, name: str) -> int:
 
 def write_audit(c: Any, name: str, record: Mapping[str, Any]) -> None:
     """Store `record` as `audit.<id>` and advance `audit.head` (call under the registry lock)."""
-    c.set_registered_model_tag(
-        name, f"{AUDIT_PREFIX}{int(record['id']):06d}", json.dumps(record, sort_keys=True)
-    )
+    c.set_registered_model_tag(name, f"{AUDIT_PREFIX}{int(record['id']):06d}", format_audit(record))
     c.set_registered_model_tag(name, AUDIT_HEAD, str(record["id"]))
 
 

@@ -49,6 +49,17 @@ def promotion_view(result: Mapping[str, Any]) -> Any:
     return table
 
 
+def rollback_view(result: Mapping[str, Any]) -> Any:
+    """One readable block for `factory rollback`: the alias move, the audit record, the release folder."""
+    from rich.text import Text
+
+    return Text.assemble(
+        ("rolled back", "bold yellow"),
+        f": champion v{result['champion_before']} -> v{result['champion_after']} (audit record "
+        f"{result['audit_id']})\nreason: {result.get('reason') or '-'}\nrelease: {result.get('release')}",
+    )
+
+
 def _ts(ms: Any) -> str:
     if not isinstance(ms, int | float):
         return str(ms)

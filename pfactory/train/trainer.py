@@ -8,7 +8,7 @@ Files out (`out` = `paths.model`):
                        (`pfactory.model.io.load_model`)
     curves.json        one record per step: loss terms, lr, samples/s, data-wait fraction (DVC plots)
     val_curves.json    one record per validation: epoch, step, mAP, NDS, AP per class at each threshold
-    metrics.json       final summary: time, throughput, val KPIs (DVC metrics)
+    metrics.json       final summary: time, throughput, last validation mAP / NDS (DVC metrics)
 
 `Trainer(params, data, out).train()` builds everything (runtime, loader, model, optimizer,
 schedule, checkpoint, tracker) and runs the loop; `tasks/train.py` is the stage around it.
@@ -423,7 +423,11 @@ def finish(
         "val": final.get("kpis"),
         "mlflow_run_id": tracker.run_id,
     }
-    atomic_write_json(out / af.TRAIN_METRICS, summary)
+    # DVC's metrics file: the last validation's mAP and NDS only (evaluate's metrics.json has the headline KPIs;
+    # every validation's detail is in the MLflow run, `val/...`; the returned summary keeps the full KPIs).
+    val = summary["val"]
+    val_head = {k: val.get(k) for k in ("mAP", "NDS")} if val else None
+    atomic_write_json(out / af.TRAIN_METRICS, {**summary, "val": val_head})
     tracker.metrics(
         {
             "train/seconds": summary["train_seconds"],

@@ -204,7 +204,7 @@ def test_dvc_exp_run_with_a_param_override(project: Path) -> None:
         diff = dvc(project, "metrics", "diff", "--all", "--json", env=git_identity)  # unchanged ones too
         assert diff.returncode == 0, diff.stderr
         out = json.loads(diff.stdout)
-        kpis = out.get("diff", out)["artifacts/eval/kpis.json"]  # {path: {metric: {old, new, diff}}}
+        kpis = out.get("diff", out)["artifacts/eval/metrics.json"]  # {path: {metric: {old, new, diff}}}
         assert "mAP" in kpis and kpis["mAP"]["old"] is not None and kpis["mAP"]["new"] is not None, kpis
 
 

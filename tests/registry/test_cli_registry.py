@@ -68,12 +68,18 @@ def test_promote_rollback_lineage_commands(bench, tmp_path, registry) -> None:
     assert res.exit_code == 0 and "KPIs: mAP" in res.output and "git commit" in res.output, res.output
 
     res = _cli(tmp_path, bench, "rollback", "--reason", "pedestrian misses in the field")
-    assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["champion_after"] == 1
-    rec = json.loads(registry.get_registered_model("test-detector").tags["audit.000003"])
+    assert res.exit_code == 0, res.output  # readable by default
+    assert "rolled back: champion v2 -> v1 (audit record 3)" in res.output and "pedestrian misses" in res.output
+    res = _cli(tmp_path, bench, "rollback", "--to", "2", "--json")  # and JSON on request (undoes it)
+    assert res.exit_code == 0 and json.loads(res.output)["champion_after"] == 2, res.output
+    from pfactory.registry import registry as reg
+
+    tags = registry.get_registered_model("test-detector").tags
+    rec = reg.parse_audit("audit.000003", tags["audit.000003"])
     assert (rec["action"], rec["from"], rec["to"], rec["reason"]) == (
         "rollback", 2, 1, "pedestrian misses in the field"
     )  # fmt: skip
+    assert tags["audit.000003"].startswith("rollback v2 -> v1 | ")
 
     assert _cli(tmp_path, bench, "lineage", "test-detector/9").exit_code == 2
     res = _cli(tmp_path, bench, "promote", "9")

@@ -113,7 +113,18 @@ def test_first_promotion_registers_tags_and_writes_the_release(bench, tmp_path, 
     assert len(audit) == 1 and (audit[0]["from"], audit[0]["to"], audit[0]["action"]) == (None, 1, "promote")
     assert "@" in audit[0]["by"] and audit[0]["gates"][0]["name"] == "min_map"
     rm_tags = registry.get_registered_model("test-detector").tags
-    assert json.loads(rm_tags["audit.000001"]) == audit[0] and rm_tags["audit.head"] == "1"
+    # The registry's tag is one readable line (not JSON) that reads back as the record's alias move.
+    line = rm_tags["audit.000001"]
+    assert line.startswith("promote none -> v1 | ") and audit[0]["by"] in line and not line.startswith("{")
+    from pfactory.registry import registry as reg
+
+    back = reg.parse_audit("audit.000001", line)
+    assert {k: back[k] for k in ("id", "action", "from", "to", "at", "by", "reason")} == {
+        k: audit[0][k] for k in ("id", "action", "from", "to", "at", "by", "reason")
+    }
+    assert rm_tags["audit.head"] == "1"
+    desc = registry.get_registered_model("test-detector").description
+    assert "**`champion`: version 1**" in desc and "| 1 |" in desc and "promote - → v1" in desc
     assert not list(tmp_path.glob(".release.*")), "the temporary release folder must be gone"
 
 

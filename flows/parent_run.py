@@ -1,0 +1,144 @@
+"""What the pipeline's MLflow parent run shows in the MLflow UI besides its params and headline metrics.
+
+- per stage, how it was done and by which MLflow run: tags `stage.<stage>.how` (ran | run-cache | up to
+  date) and `stage.<stage>.run_id`. A stage DVC restored from its run-cache has no run of its own in this
+  pipeline run: its `stage.<stage>.run_id` is the run that computed those outputs (found by the output's
+  md5, recorded as `data.<out>.md5` on the parent that ran it; for train also the run id the train stage
+  wrote into its metrics.json), with `stage.<stage>.from_parent` = that run's pipeline run;
+- the run's description (`mlflow.note.content`, markdown on the run page): a table of the stages with links
+  to those runs, the DVC experiment and the workspace;
+- the evaluate stage's report images (PR curves, bird's-eye views of the worst frames) and the HTML report
+  under `report/`, logged from the workspace's files: they are there whether evaluate ran in this run or
+  was restored from the run-cache; `pr.png` and the BEV renders also as MLflow images (the run page's
+  image grid).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pfactory import artifacts as af
+
+STAGE_TAG = "stage.{}.{}"
+MAX_IMAGES = 8
+
+
+def _md5_of_stage(lock: dict[str, Any], stage: str) -> tuple[str, str] | None:
+    """(out path, md5) of the first output `stage` records in dvc.lock, or None."""
+    for out in ((lock.get("stages") or {}).get(stage) or {}).get("outs", []):
+        if out.get("md5"):
+            return out["path"], out["md5"]
+    return None
+
+
+def _own_stage_runs(client: Any, exp_id: str, parent_id: str) -> dict[str, str]:
+    """{stage: run id} of the stage runs nested under `parent_id`."""
+    runs = client.search_runs([exp_id], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=200)
+    return {r.data.tags["stage"]: r.info.run_id for r in runs if r.data.tags.get("stage")}
+
+
+def _producer(client: Any, exp_id: str, parent_id: str, stage: str, out: tuple[str, str]) -> tuple[str, str] | None:
+    """(stage run id, its parent run id) of the earliest pipeline run that ran `stage` producing `out`."""
+    path, md5 = out
+    runs = client.search_runs(
+        [exp_id],
+        f"tags.`data.{path}.md5` = '{md5}' and tags.`stage.{stage}.how` = 'ran'",
+        order_by=["attributes.start_time ASC"],
+        max_results=5,
+    )
+    for r in runs:
+        if r.info.run_id != parent_id and r.data.tags.get(STAGE_TAG.format(stage, "run_id")):
+            return r.data.tags[STAGE_TAG.format(stage, "run_id")], r.info.run_id
+    return None
+
+
+def stage_lineage(client: Any, exp_id: str, parent_id: str, ws: Any, stages: dict[str, Any]) -> dict[str, dict]:
+    """Per stage of this run: `{"how", "run_id", "from_parent"}` (module docstring); also set as tags."""
+    lock = ws.lock()
+    own = _own_stage_runs(client, exp_id, parent_id)
+    out: dict[str, dict] = {}
+    for stage, r in stages.items():
+        entry: dict[str, Any] = {"how": r["how"], "run_id": own.get(stage), "from_parent": None}
+        if entry["run_id"] is None and r["how"] != "ran":
+            key = _md5_of_stage(lock, stage)
+            found = _producer(client, exp_id, parent_id, stage, key) if key else None
+            if found:
+                entry["run_id"], entry["from_parent"] = found
+            elif stage == "train":  # the train stage records its MLflow run in its metrics file
+                doc = af.read_json(ws.abs(ws.params.paths.model) / af.TRAIN_METRICS) or {}
+                entry["run_id"] = doc.get("mlflow_run_id")
+        out[stage] = entry
+    tags = {STAGE_TAG.format(s, "how"): e["how"] for s, e in out.items()}
+    tags.update({STAGE_TAG.format(s, "run_id"): e["run_id"] for s, e in out.items() if e["run_id"]})
+    tags.update({STAGE_TAG.format(s, "from_parent"): e["from_parent"] for s, e in out.items() if e["from_parent"]})
+    from mlflow.entities import RunTag
+
+    client.log_batch(parent_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+    return out
+
+
+def description(exp_id: str, results: dict[str, Any], lineage: dict[str, dict]) -> str:
+    """The parent run's markdown description (module docstring)."""
+
+    def link(run_id: str | None) -> str:
+        return f"[{run_id[:8]}](#/experiments/{exp_id}/runs/{run_id})" if run_id else "-"
+
+    lines = [f"**factory run** `{results['run_id']}`", ""]
+    exp = results.get("experiment")
+    if exp:
+        lines.append(
+            f"DVC experiment **`{exp['name']}`** (commit `{exp['rev'][:8]}` on `{exp['baseline'][:8]}`): "
+            f"`dvc exp show`, `dvc exp apply {exp['name']}`"
+        )
+    else:
+        lines.append("Not a DVC experiment: the project has no git commit (`git init && git add -A && git commit`).")
+    lines += ["", f"Workspace `{results.get('workspace')}`", "", "| stage | how | MLflow run | note |", "|---|---|---|---|"]
+    for stage, e in lineage.items():
+        note = ""
+        if e["how"] != "ran" and e["run_id"]:
+            note = f"outputs computed by {link(e['run_id'])}" + (
+                f" in pipeline run {link(e['from_parent'])}" if e["from_parent"] else ""
+            )
+        elif e["how"] != "ran":
+            note = "outputs restored by DVC; the run that computed them is not in this experiment"
+        lines.append(f"| {stage} | {e['how']} | {link(e['run_id'])} | {note} |")
+    promo = results.get("promotion") or {}
+    if promo.get("decision"):
+        lines += ["", f"Promotion: **{promo['decision']}** (version {promo.get('version')}): {promo.get('reason', '')}"]
+    return "\n".join(lines)
+
+
+def log_report(client: Any, parent_id: str, eval_dir: Path) -> list[str]:
+    """Log the evaluate stage's report files (`eval/report/`: PNGs, BEV renders, report.html) to the parent
+    run under `report/`, and the images as MLflow images (to the active run: call it with the parent run
+    active); returns the artifact paths logged."""
+    import mlflow
+    from PIL import Image
+
+    report = Path(eval_dir) / af.REPORT_DIR
+    if not report.is_dir():
+        return []
+    logged: list[str] = []
+    files = [p for p in sorted(report.rglob("*")) if p.is_file() and p.suffix.lower() in (".png", ".html", ".svg")]
+    for p in files:
+        rel = p.relative_to(report)
+        folder = "report" + (f"/{rel.parent.as_posix()}" if rel.parent != Path(".") else "")
+        client.log_artifact(parent_id, str(p), folder)
+        logged.append(f"{folder}/{p.name}")
+    pngs = [p for p in files if p.suffix.lower() == ".png"][:MAX_IMAGES]
+    for step, p in enumerate(pngs):
+        with Image.open(p) as im:
+            key = "pr_curves" if p.name.startswith("pr") else "worst_frames_bev"
+            mlflow.log_image(im.convert("RGB"), key=key, step=step, synchronous=True)  # the active run
+    return logged
+
+
+def decorate(client: Any, exp_id: str, parent_id: str, ws: Any, results: dict[str, Any]) -> dict[str, dict]:
+    """Stage lineage tags, the description and the report on parent run `parent_id`; returns the lineage."""
+    lineage = stage_lineage(client, exp_id, parent_id, ws, results.get("stages", {}))
+    client.set_tag(parent_id, "mlflow.note.content", description(exp_id, results, lineage))
+    log_report(client, parent_id, ws.abs(ws.params.paths.eval))
+    client.log_text(parent_id, json.dumps(lineage, indent=2, sort_keys=True), "lineage.json")
+    return lineage
