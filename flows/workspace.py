@@ -325,9 +325,10 @@ def _fill_copy(root: Path, tmp: Path, params: Any) -> None:
         cache = root / ".dvc" / "cache"
         cache.mkdir(parents=True, exist_ok=True)
         (tmp / ".dvc").mkdir()
+        template = root / ".dvc" / "plots" / "offline.html"  # dvc plots show: Vega inlined (offline)
         (tmp / ".dvc" / "config").write_text(
             "[core]\n    no_scm = true\n    analytics = false\n    autostage = false\n"
-            f"[cache]\n    dir = {cache}\n"
+            f"[cache]\n    dir = {cache}\n" + (f"[plots]\n    html_template = {template}\n" if template.is_file() else "")
         )
         (tmp / ".dvc" / ".gitignore").write_text("/config.local\n/tmp\n/cache\n")
     except BaseException:
