@@ -246,6 +246,7 @@ def promote(
                 f"mAP {ev.kpis['mAP']:.4f} on {ev.data['split']} of {ev.data['prepared_hash'][:12]}; "
                 f"{ev.backend['primary']} p99 {ev.latency['p99_ms']:.1f} ms", model_id,
             )  # fmt: skip
+            reg.describe_model(c, name, params.alias)
 
     before = reg.champion(c, name, params.alias)
     if version is not None and before == version:

@@ -50,6 +50,14 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def runs(project: Path) -> dict[str, dict]:
     """Two `factory run` at the same moment, different train.lr; their --json results by name."""
+    # The MLflow store is created first: two processes creating one sqlite store at the same moment race in
+    # its migrations (the command's service start-up creates it before the flow; not what is tested here).
+    db = project / "artifacts" / "mlflow" / "mlflow.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-c", f"import mlflow; mlflow.MlflowClient('sqlite:///{db}').search_experiments()"],
+        cwd=project, env=clean_env(project), check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
     procs = {
         name: subprocess.Popen(
             [sys.executable, "-m", "flows.cli", "run", *tiny_args(), "-S", f"train.lr={lr}", "--name", name,
