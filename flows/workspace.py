@@ -192,9 +192,11 @@ def _z(text: str) -> list[str]:
 
 def _overlay_changes(root: Path, tree: Path) -> list[str]:
     """Copy the project's uncommitted changes into worktree `tree`: tracked files that differ from HEAD
-    (staged or not; deleted ones deleted) and the untracked, not ignored files of `CODE_DIRS`. Returns the
+    (staged or not; deleted ones deleted; not dvc.lock) and the untracked, not ignored files of `CODE_DIRS`. Returns the
     untracked files copied (relative paths: `dvc exp save` must be told to include them)."""
     for rel in _z(_git(root, "diff", "--name-only", "-z", "--no-renames", "HEAD")):
+        if rel == "dvc.lock":  # the run records its own (the project's may be an earlier run's, brought back)
+            continue
         src, dst = root / rel, tree / rel
         if src.is_file() or src.is_symlink():
             dst.parent.mkdir(parents=True, exist_ok=True)
