@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.flows.conftest import free_port
+from tests.flows.conftest import _start, _stop, free_port
 from tests.registry import helpers as H
 
 
@@ -83,21 +79,6 @@ def test_champion_loads_as_pyfunc_and_predicts_like_the_runner(bench, tmp_path, 
     assert mv.source.startswith("models:/m-") and mv.run_id  # the LoggedModel of the run
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"mlflow models serve exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"mlflow models serve not healthy at {url} after {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_a_rest_request(bench, tmp_path, registry) -> None:
     cand = _promote_champion(bench, tmp_path)
@@ -108,10 +89,8 @@ def test_mlflow_models_serve_answers_a_rest_request(bench, tmp_path, registry) -
     mlflow_exe = bindir / "mlflow"
     cmd = [str(mlflow_exe), "models", "serve", "-m", "models:/test-detector@champion", "--env-manager", "local",
            "-h", "127.0.0.1", "-p", str(port), "-w", "1"]  # fmt: skip
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    server = _start("mlflow models serve", cmd, env, f"http://127.0.0.1:{port}/ping", f"http://127.0.0.1:{port}", log)
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}/ping", proc, log)
         feed = _val_feed(bench["prepared_a"])
         body = json.dumps({"inputs": {k: v.tolist() for k, v in feed.items()}}).encode()
         req = urllib.request.Request(
@@ -127,10 +106,4 @@ def test_mlflow_models_serve_answers_a_rest_request(bench, tmp_path, registry) -
         np.testing.assert_allclose(np.asarray(answer["scores"], np.float32), want["scores"], rtol=0, atol=0)
         np.testing.assert_allclose(np.asarray(answer["boxes"], np.float32), want["boxes"], rtol=0, atol=0)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group (start_new_session)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+        _stop(server)  # SIGTERM to the server's process group (uvicorn worker too), SIGKILL after 15 s
