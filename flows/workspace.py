@@ -288,7 +288,8 @@ def create_workspace(root: Path, params: Any, run_id: str, overrides: list[str] 
         _logs_dir(tmp)
         os.replace(tmp, path)
         return Workspace(root=root, path=path, run_id=run_id, params=params, mode="copy")
-    _git(root, "worktree", "add", "--detach", "--quiet", str(tmp), head)
+    # No hooks: a `dvc install`ed post-checkout hook would run `dvc checkout` in the new worktree.
+    _git(root, "-c", "core.hooksPath=/dev/null", "worktree", "add", "--detach", "--quiet", str(tmp), head)
     try:
         untracked = _overlay_changes(root, tmp)
         params_written = write_params(tmp / "params.yaml", params, list(overrides or []))
