@@ -210,6 +210,7 @@ def pipeline(
         "run_id": run_id,
         "workspace": str(ws.path),
         "registered_model": params.promote.model_name,
+        "mlflow_experiment_id": exp_id,
         "stages": {},
         "timings_s": {},
     }

@@ -39,11 +39,14 @@ def where_and_look(result: dict[str, Any]) -> str:
     lines += [
         "look:",
         f"  mlflow ui --backend-store-uri {uri}",
+        # MLflow 3's UI opens in its GenAI view unless told (a browser setting): this link opens the runs table
+        f"    then http://127.0.0.1:5000/#/experiments/{result.get('mlflow_experiment_id', '')}/runs"
+        "?workflowType=machine_learning",
         f"  PREFECT_HOME={state} prefect server start",
     ]
     if exp:
         lines += [
-            "  dvc exp show --only-changed",
+            "  dvc exp show --only-changed --drop '/'",
             f"  dvc exp apply {exp['name']}",
             f"  dvc metrics diff {exp['name']} <other run>",
         ]
