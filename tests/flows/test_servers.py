@@ -42,6 +42,8 @@ def test_pipeline_against_real_mlflow_and_prefect_servers(
 ) -> None:
     from mlflow.tracking import MlflowClient
 
+    from pfactory.registry.registry import audit_trail
+
     project = make_project(tmp_path_factory.mktemp("served-project"))
     env = {"MLFLOW_TRACKING_URI": mlflow_server.url, "PREFECT_API_URL": prefect_server.url}
     # The first model of a registry is promoted when it passes the absolute gates; a 1-epoch model on
@@ -63,8 +65,9 @@ def test_pipeline_against_real_mlflow_and_prefect_servers(
     assert mv.run_id == result["mlflow_run_id"]  # the version points at the pipeline run
     assert client.get_model_version_by_alias("served-detector", "champion").version == str(version)
     model = client.get_registered_model("served-detector")
-    audits = [json.loads(v) for k, v in model.tags.items() if k.startswith("audit.") and k != "audit.head"]
+    audits = audit_trail(client, "served-detector")  # the readable audit tags, parsed back
     assert any(a.get("to") == version and a.get("action") == "promote" for a in audits), model.tags
+    assert all(not v.startswith("{") for k, v in model.tags.items() if k.startswith("audit.")), model.tags
     # The release folder of the run's workspace carries the same audit record and a model card.
     release = Path(result["workspace"]) / "artifacts" / "release"
     assert (release / "MODEL_CARD.md").is_file()
