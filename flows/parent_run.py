@@ -7,22 +7,20 @@
   wrote into its metrics.json), with `stage.<stage>.from_parent` = that run's pipeline run;
 - the run's description (`mlflow.note.content`, markdown on the run page): a table of the stages with links
   to those runs, the DVC experiment and the workspace;
-- the evaluate stage's report images (PR curves, bird's-eye views of the worst frames) and the HTML report
-  under `report/`, logged from the workspace's files: they are there whether evaluate ran in this run or
-  was restored from the run-cache; `pr.png` and the BEV renders also as MLflow images (the run page's
-  image grid).
+- the evaluate stage's report (report.html, PR curves, bird's-eye views of the worst frames) under
+  `report/` and its PNGs as MLflow images (`pfactory.report.run.log_report`, logged from the workspace's
+  files: there whether evaluate ran in this run or was restored from the run-cache; the stage itself
+  logs no report to the parent).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
 
 STAGE_TAG = "stage.{}.{}"
-MAX_IMAGES = 8
 
 
 def _md5_of_stage(lock: dict[str, Any], stage: str) -> tuple[str, str] | None:
@@ -110,35 +108,12 @@ def description(exp_id: str, results: dict[str, Any], lineage: dict[str, dict]) 
     return "\n".join(lines)
 
 
-def log_report(client: Any, parent_id: str, eval_dir: Path) -> list[str]:
-    """Log the evaluate stage's report files (`eval/report/`: PNGs, BEV renders, report.html) to the parent
-    run under `report/`, and the images as MLflow images (to the active run: call it with the parent run
-    active); returns the artifact paths logged."""
-    import mlflow
-    from PIL import Image
-
-    report = Path(eval_dir) / af.REPORT_DIR
-    if not report.is_dir():
-        return []
-    logged: list[str] = []
-    files = [p for p in sorted(report.rglob("*")) if p.is_file() and p.suffix.lower() in (".png", ".html", ".svg")]
-    for p in files:
-        rel = p.relative_to(report)
-        folder = "report" + (f"/{rel.parent.as_posix()}" if rel.parent != Path(".") else "")
-        client.log_artifact(parent_id, str(p), folder)
-        logged.append(f"{folder}/{p.name}")
-    pngs = [p for p in files if p.suffix.lower() == ".png"][:MAX_IMAGES]
-    for step, p in enumerate(pngs):
-        with Image.open(p) as im:
-            key = "pr_curves" if p.name.startswith("pr") else "worst_frames_bev"
-            mlflow.log_image(im.convert("RGB"), key=key, step=step, synchronous=True)  # the active run
-    return logged
-
-
 def decorate(client: Any, exp_id: str, parent_id: str, ws: Any, results: dict[str, Any]) -> dict[str, dict]:
     """Stage lineage tags, the description and the report on parent run `parent_id`; returns the lineage."""
     lineage = stage_lineage(client, exp_id, parent_id, ws, results.get("stages", {}))
     client.set_tag(parent_id, "mlflow.note.content", description(exp_id, results, lineage))
-    log_report(client, parent_id, ws.abs(ws.params.paths.eval))
+    from pfactory.report.run import log_report
+
+    log_report(ws.abs(ws.params.paths.eval) / af.REPORT_DIR, parent_id, client)
     client.log_text(parent_id, json.dumps(lineage, indent=2, sort_keys=True), "lineage.json")
     return lineage

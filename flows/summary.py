@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pfactory.tracking import redact_uri
+from pfactory.tracking import redact_uri, runs_table_url
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
@@ -39,9 +39,9 @@ def where_and_look(result: dict[str, Any]) -> str:
     lines += [
         "look:",
         f"  mlflow ui --backend-store-uri {uri}",
-        # MLflow 3's UI opens in its GenAI view unless told (a browser setting): this link opens the runs table
-        f"    then http://127.0.0.1:5000/#/experiments/{result.get('mlflow_experiment_id', '')}/runs"
-        "?workflowType=machine_learning",
+        # MLflow 3's UI opens in its GenAI view unless told (a browser setting): this link opens the runs
+        # table with the KPI columns
+        f"    then {runs_table_url(result.get('mlflow_experiment_id', ''))}",
         f"  PREFECT_HOME={state} prefect server start",
     ]
     if exp:

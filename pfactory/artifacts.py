@@ -143,8 +143,9 @@ def headline(kpis: dict[str, Any]) -> dict[str, Any]:
 
 def headline_scalars(kpis: dict[str, Any], prefix: str = "eval/") -> dict[str, float]:
     """`headline` as MLflow metrics, named like `kpi_scalars`: `eval/mAP`, `eval/Car/mean_ap`, `eval/Car/ate`,
-    `eval/0-20/mAP`, `eval/delta/mAP`, `eval/reference/mAP` (the pipeline run's KPIs; the stage runs keep the
-    detail)."""
+    `eval/0-20/mAP`, `eval/delta/mAP`, `eval/reference/mAP`, plus the error breakdown (`error_scalars`:
+    `eval/Car/errors/localization`, `eval/Car/dap/localization`, ...): the pipeline run's KPIs; the stage
+    runs keep the detail."""
     h = headline(kpis)
     out = {f"{prefix}mAP": h["mAP"], f"{prefix}NDS": h["NDS"]}
     for name, c in h["classes"].items():
@@ -155,7 +156,28 @@ def headline_scalars(kpis: dict[str, Any], prefix: str = "eval/") -> dict[str, f
         out[f"{prefix}{bucket.replace('+', '-inf')}/mAP"] = m
     out[f"{prefix}delta/mAP"] = h["delta_mAP"]
     out[f"{prefix}reference/mAP"] = h["reference_mAP"]
+    out.update(error_scalars(kpis, prefix))
     return {k: float(v) for k, v in out.items() if v is not None}
+
+
+ERROR_COUNTS = ("tp", "duplicate", "classification", "localization", "both", "background", "missed", "heading_flip")
+"""The counts of kpis.json's error breakdown (`errors.<class>`, pfactory/metrics/errors.py) logged to MLflow."""
+
+
+def error_scalars(kpis: dict[str, Any], prefix: str = "eval/") -> dict[str, float]:
+    """kpis.json's error breakdown (docs/KPIS.md "Error breakdown") as MLflow metrics, per class:
+    `eval/<class>/errors/<label>` (detections of each label above the score threshold, `missed` ground
+    truth, `heading_flip` tp) and `eval/<class>/dap/<type>` (the AP gained by fixing every error of that
+    type). Empty when the document has no breakdown; non-finite values left out."""
+    out: dict[str, float] = {}
+    for name, block in (kpis.get("errors") or {}).items():
+        for k in ERROR_COUNTS:
+            if isinstance(block.get(k), int | float):
+                out[f"{prefix}{name}/errors/{k}"] = float(block[k])
+        for k, v in (block.get("dap") or {}).items():
+            if isinstance(v, int | float) and math.isfinite(v):
+                out[f"{prefix}{name}/dap/{k}"] = float(v)
+    return out
 
 
 def kpi_scalars(metrics: dict[str, Any], prefix: str = "val/") -> dict[str, float]:

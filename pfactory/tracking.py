@@ -10,6 +10,7 @@ when `PFACTORY_PARENT_RUN_ID` is set) tagged with the lineage of DESIGN.md §9.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import subprocess
@@ -216,8 +217,28 @@ def check_tracking_server(uri: str | None = None, timeout_s: float = 5.0) -> Non
     _CHECKED.add(uri)
 
 
-EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
-"""MLflow 3's experiment type: "Machine learning" (runs, metrics, models), not the GenAI view (traces)."""
+KPI_VIEW = "kpis"
+KPI_COLUMNS = (
+    *(f"metrics.`{m}`" for m in ("eval/mAP", "eval/NDS", "eval/delta/mAP", "latency/p99_ms", "time/total_s")),
+    "tags.`promotion.decision`",
+    "attributes.`Models`",
+)
+EXPERIMENT_KIND = {
+    "mlflow.experimentKind": "custom_model_development",
+    f"mlflow.sharedViewState.{KPI_VIEW}": json.dumps(
+        {"selectedColumns": list(KPI_COLUMNS), "columnOrder": list(KPI_COLUMNS)}
+    ),
+}
+"""The experiment's tags. `mlflow.experimentKind`: MLflow 3's experiment type "Machine learning" (runs,
+metrics, models), not the GenAI view (traces). `mlflow.sharedViewState.kpis`: a runs-table view (MLflow's
+"share view" state, plain JSON) with the headline KPI columns, opened by `runs_table_url` (the table's
+default columns are Source/Models/Dataset, kept per browser)."""
+
+
+def runs_table_url(experiment: str, base: str = "http://127.0.0.1:5000") -> str:
+    """The MLflow UI link to the experiment's runs table with the KPI columns (`EXPERIMENT_KIND`): MLflow 3.17
+    opens an experiment in its GenAI view unless the URL (or a browser setting) says machine learning."""
+    return f"{base}/#/experiments/{experiment}/runs?workflowType=machine_learning&viewStateShareKey={KPI_VIEW}"
 
 
 def experiment_id(root: Path, name: str = EXPERIMENT) -> str:
@@ -241,7 +262,7 @@ def experiment_id(root: Path, name: str = EXPERIMENT) -> str:
                 if exp is None:
                     raise
         for k, v in EXPERIMENT_KIND.items():
-            if k not in (exp.tags or {}):
+            if (exp.tags or {}).get(k) != v:
                 mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
 
@@ -315,7 +336,6 @@ def reap_orphan_runs(experiment: str) -> list[str]:
         client.set_terminated(run.info.run_id, status="KILLED")
         reaped.append(run.info.run_id)
     return reaped
-
 
 
 @contextlib.contextmanager

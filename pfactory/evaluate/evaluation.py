@@ -13,6 +13,7 @@ throughput and the MLflow scalars (`eval/...`, `time/...`).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -168,9 +169,12 @@ def log_mlflow(out: Path, scalars: dict[str, float], inputs: Any) -> None:
             mlflow.log_artifact(str(p), artifact_path="eval/report")
     if (report / "worst").is_dir():
         mlflow.log_artifacts(str(report / "worst"), artifact_path="eval/report/worst")
-    from pfactory.report.run import log_report
+    if not os.environ.get("PFACTORY_PARENT_RUN_ID"):
+        from pfactory.report.run import log_report
 
-    log_report(report / "report.html")  # the pipeline's parent run (PFACTORY_PARENT_RUN_ID), else this one
+        # A lone evaluation: its own run shows the report. Under a pipeline the flow logs it to the parent
+        # run (flows/parent_run.py), whether this stage ran or DVC restored its outputs.
+        log_report(report)
 
 
 def evaluate_to_kpis(ev: EvaluateParams, optimized: Path, data: Path) -> dict[str, Any]:

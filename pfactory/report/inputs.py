@@ -276,7 +276,9 @@ def resolve_run(c: Any, ref: str, default_model: str) -> tuple[Any, str]:
 
 
 def _stage_run(c: Any, run: Any, stage: str) -> Any | None:
-    """`run` itself if it is that stage's run, else the latest such stage run under its pipeline run."""
+    """`run` itself if it is that stage's run, else the latest such stage run under its pipeline run, else
+    (the stage was restored from DVC's run-cache: no run of its own) the run the pipeline run's
+    `stage.<stage>.run_id` tag names (the run that computed those outputs, flows/parent_run.py)."""
     if run.data.tags.get("stage") == stage:
         return run
     parent = run.data.tags.get("mlflow.parentRunId") if run.data.tags.get("stage") else None
@@ -287,7 +289,11 @@ def _stage_run(c: Any, run: Any, stage: str) -> Any | None:
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
-    return found[0] if found else None
+    if found:
+        return found[0]
+    pipeline = run if parent == run.info.run_id else c.get_run(parent)
+    linked = pipeline.data.tags.get(f"stage.{stage}.run_id")
+    return c.get_run(linked) if linked else None
 
 
 def load_run(

@@ -3,8 +3,8 @@
 `make_report(source, out, vs, ...)`: `source` is an evaluation directory, an MLflow run (id or pipeline run
 name) or `MODEL@ALIAS` / `MODEL/VERSION`; `vs` is `champion` (the registry's), `none`, or another run /
 model / evaluation directory. `write_stage_report(...)`: the evaluate stage's `report/report.html` and
-`report/worst/*.png`, from what the stage has in memory. `log_report(path)`: the one place the report goes
-to MLflow (the pipeline's parent run when `PFACTORY_PARENT_RUN_ID` is set, else the active run).
+`report/worst/*.png`, from what the stage has in memory. `log_report(report_dir, run_id)`: the one place the
+report goes to MLflow (a pipeline's parent run: the flow logs it; a lone `factory evaluate`: its own run).
 """
 
 from __future__ import annotations
@@ -134,16 +134,39 @@ def write_stage_report(
     return report_dir / "report.html"
 
 
-def log_report(path: Path) -> None:
-    """Log the report file to MLflow under `report/`: to the pipeline's parent run when
-    `PFACTORY_PARENT_RUN_ID` is set, else to the active run."""
-    import mlflow
+REPORT_SUFFIXES = (".html", ".png", ".svg")
+MAX_IMAGES = 8
 
-    parent = os.environ.get("PFACTORY_PARENT_RUN_ID")
-    if parent:
-        mlflow.MlflowClient().log_artifact(parent, str(path), "report")
-    else:
-        mlflow.log_artifact(str(path), "report")
+
+def log_report(report_dir: Path, run_id: str | None = None, client: Any = None) -> list[str]:
+    """Log an evaluation's report folder (`eval/report/`: report.html, pr.png, worst/*.png) to MLflow run
+    `run_id` (else the active run) of `client`'s store (else the current tracking URI) under `report/`, the PNGs also as MLflow images (keys `pr_curves`,
+    `worst_frames_bev`: the run page's image grid); returns the artifact paths logged.
+
+    The one owner of the report's place in MLflow: a pipeline's parent run gets it from the flow
+    (`flows/parent_run.py`, also when evaluate was restored from DVC's run-cache), a lone `factory evaluate`
+    from the stage itself (`pfactory/evaluate/evaluation.py`)."""
+    import mlflow
+    from PIL import Image
+
+    report_dir = Path(report_dir)
+    if not report_dir.is_dir():
+        return []
+    client = client or mlflow.MlflowClient()
+    run_id = run_id or mlflow.active_run().info.run_id
+    files = [p for p in sorted(report_dir.rglob("*")) if p.is_file() and p.suffix.lower() in REPORT_SUFFIXES]
+    logged: list[str] = []
+    for p in files:
+        rel = p.relative_to(report_dir)
+        folder = "report" + (f"/{rel.parent.as_posix()}" if rel.parent != Path(".") else "")
+        client.log_artifact(run_id, str(p), folder)
+        logged.append(f"{folder}/{p.name}")
+    pngs = [p for p in files if p.suffix.lower() == ".png"][:MAX_IMAGES]
+    for step, p in enumerate(pngs):
+        with Image.open(p) as im:
+            key = "pr_curves" if p.name.startswith("pr") else "worst_frames_bev"
+            client.log_image(run_id, im.convert("RGB"), key=key, step=step, synchronous=True)
+    return logged
 
 
 __all__ = ["ReportError", "log_report", "make_report", "write_stage_report"]

@@ -92,6 +92,27 @@ def test_factory_run_end_to_end(project: Path) -> None:
         kpis = json.loads((ws / "artifacts" / "eval" / "kpis.json").read_text())
         assert metrics["eval/mAP"] == pytest.approx(kpis["mAP"])
         assert "latency/p99_ms" in metrics
+        _parent_shows_the_evaluation(client, parent, kpis)
+    # The MLflow UI: a machine-learning experiment, and a shared runs-table view whose KPI columns exist.
+    exp_tags = client.get_experiment(parent.info.experiment_id).tags
+    assert exp_tags["mlflow.experimentKind"] == "custom_model_development"
+    columns = json.loads(exp_tags["mlflow.sharedViewState.kpis"])["selectedColumns"]
+    shown = [c.split(".", 1)[1].strip("`") for c in columns if c.startswith("metrics.")]
+    always = {"time/total_s"} | ({"eval/mAP", "eval/NDS", "latency/p99_ms"} if "evaluate" in stages else set())
+    assert always <= set(shown) and always <= set(metrics), (shown, sorted(metrics))
+
+
+def _parent_shows_the_evaluation(client, parent, kpis: dict) -> None:
+    """The parent run has the error breakdown as metrics and the evaluate stage's report (files + images)."""
+    metrics, pid = parent.data.metrics, parent.info.run_id
+    for cls, block in kpis["errors"].items():
+        assert metrics[f"eval/{cls}/errors/localization"] == block["localization"], cls
+        assert metrics[f"eval/{cls}/errors/missed"] == block["missed"], cls
+        assert {f"eval/{cls}/dap/{k}" for k, v in block["dap"].items() if v == v} <= set(metrics), cls
+    report = {a.path for a in client.list_artifacts(pid, "report")}
+    assert {"report/report.html", "report/pr.png"} <= report, report
+    images = {a.path for a in client.list_artifacts(pid, "images")}
+    assert any("pr_curves" in p for p in images), images
 
 
 def test_second_run_is_restored_from_the_run_cache(project: Path) -> None:
@@ -104,6 +125,26 @@ def test_second_run_is_restored_from_the_run_cache(project: Path) -> None:
     for s in compute:
         assert result["stages"][s]["restored_from_run_cache"], (s, result["stages"][s])
     assert seconds < 120
+    # The restored parent leads to the runs that computed its outputs (the first run's stage runs).
+    client = _mlflow_client(project)
+    parent = client.get_run(result["mlflow_run_id"])
+    first = client.search_runs([parent.info.experiment_id], "attributes.run_name = 'first'")[0]
+    first_stages = {
+        r.data.tags["stage"]: r.info.run_id
+        for r in client.search_runs(
+            [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{first.info.run_id}'"
+        )
+    }
+    tags = parent.data.tags
+    assert tags["stage.train.how"] == "run-cache"
+    assert tags["stage.train.run_id"] == first_stages["train"] and tags["stage.train.from_parent"] == first.info.run_id
+    assert first_stages["train"][:8] in tags["mlflow.note.content"]  # the description links it
+    if "evaluate" in compute:
+        kpis = json.loads((Path(result["workspace"]) / "artifacts" / "eval" / "kpis.json").read_text())
+        _parent_shows_the_evaluation(client, parent, kpis)  # although evaluate did not run
+        # `factory report <restored run>` follows the lineage tag to the evaluate run that computed it.
+        r = factory(project, "report", "again", "--vs", "none", "--out", "again.html")
+        assert r.returncode == 0 and (project / "again.html").is_file(), r.stdout[-2000:] + r.stderr[-2000:]
 
 
 def test_dvc_repro_without_prefect_then_nothing_to_do(project: Path) -> None:

@@ -35,15 +35,45 @@ def _headline(path: Path) -> str:
     return text[text.index("Headline KPIs") : text.index("Per class × range")]
 
 
-def test_stage_report_logged_to_the_parent_run(tracked_eval) -> None:
+def test_the_flow_owns_the_parent_runs_report(tracked_eval) -> None:
+    """Under a pipeline the stage logs its report to its own run only (`eval/report/`); the parent run's
+    `report/` (+ images) comes from `log_report`, which the flow calls (flows/parent_run.py), once."""
     import mlflow
 
+    from pfactory.report.run import log_report
+
     c = mlflow.MlflowClient(tracking_uri=tracked_eval["uri"])
-    assert [a.path for a in c.list_artifacts(tracked_eval["parent"], "report")] == ["report/report.html"]
+    pid = tracked_eval["parent"]
     ev = c.get_run(tracked_eval["metrics"]["mlflow_run_id"])
-    assert ev.data.tags["mlflow.parentRunId"] == tracked_eval["parent"]
+    assert ev.data.tags["mlflow.parentRunId"] == pid
     logged = {a.path for a in c.list_artifacts(ev.info.run_id, "eval/report")}
     assert {"eval/report/report.html", "eval/report/worst"} <= logged
+    assert c.list_artifacts(pid, "report") == [], "the stage must leave the parent's report to the flow"
+
+    paths = log_report(Path(tracked_eval["eval"]) / "report", pid, c)
+    assert "report/report.html" in paths and "report/pr.png" in paths
+    assert any(p.startswith("report/worst/") and p.endswith(".png") for p in paths), paths
+    assert {a.path for a in c.list_artifacts(pid, "report")} >= {"report/report.html", "report/pr.png", "report/worst"}
+    images = [a.path for a in c.list_artifacts(pid, "images")]
+    assert any("pr_curves" in p for p in images) and any("worst_frames_bev" in p for p in images), images
+
+
+def test_the_error_breakdown_is_on_the_runs_as_scalars(tracked_eval) -> None:
+    """The evaluate run and the pipeline's headline (`headline_scalars`) carry the breakdown's counts + dAP."""
+    import mlflow
+
+    from pfactory.artifacts import headline_scalars
+
+    kpis = tracked_eval["kpis"]
+    head = headline_scalars(kpis)
+    ev = mlflow.MlflowClient(tracking_uri=tracked_eval["uri"]).get_run(tracked_eval["metrics"]["mlflow_run_id"])
+    for cls, block in kpis["errors"].items():
+        for label in ("tp", "duplicate", "classification", "localization", "both", "background", "missed", "heading_flip"):
+            assert head[f"eval/{cls}/errors/{label}"] == block[label] == ev.data.metrics[f"eval/{cls}/errors/{label}"]
+        for k, v in block["dap"].items():
+            if v == v:  # nan (no detections of the class) is left out
+                assert head[f"eval/{cls}/dap/{k}"] == pytest.approx(v) == ev.data.metrics[f"eval/{cls}/dap/{k}"]
+    assert sum(block["num_gt"] for block in kpis["errors"].values()) > 0
 
 
 def test_eval_dir_against_the_champion(tracked_eval, cli, tmp_path: Path) -> None:

@@ -150,10 +150,12 @@ def test_stage_writes_kpis_reports_predictions_and_mlflow(setup, baseline) -> No
     assert {"eval/kpis.json", "eval/pr", "eval/report"} <= logged
     report = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "eval/report")}
     assert {"eval/report/report.html", "eval/report/worst"} <= report
-    # No pipeline run around it: the report goes to the stage run itself (tests/report: to the parent).
-    assert [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "report")] == [
-        "report/report.html"
-    ]
+    # No pipeline run around it: the report goes to the stage run itself (under a pipeline the flow logs
+    # it to the parent: tests/report/test_run.py, tests/flows/test_pipeline.py).
+    shown = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "report")}
+    assert {"report/report.html", "report/pr.png", "report/worst"} <= shown, shown
+    for cls, block in doc["errors"].items():  # the error breakdown as scalars
+        assert run.data.metrics[f"eval/{cls}/errors/background"] == block["background"], cls
 
 
 def doc_errors_keys(out: Path) -> set[str]:
