@@ -1,23 +1,28 @@
 """Triton kernels for `pfk::pillar_scatter_max` (imported lazily: this module imports triton).
 
     pillar_scatter_max_fwd(features [N, C], cell_index [N] int64, num_cells, with_winner)
-        -> canvas [num_cells, C], winner [N, C] bool (or [0, C])
-    pillar_scatter_max_bwd(grad_canvas [num_cells, C], cell_index [N], winner [N, C], num_cells)
+        -> canvas [num_cells, C], winner_cell [N] int64, winner_point [N, C] int32, winner_rows [1] int64
+           (the winner table of kernels.pillar_scatter._pillar_scatter_max_op; [0] / [0, C] without winner)
+    pillar_scatter_max_bwd(grad_canvas [num_cells, C], winner_cell, winner_point, winner_rows)
         -> grad_features [N, C]
 
 Algorithm (deterministic, no float atomics; docs/KERNELS.md, "pillar_scatter_max"):
 1. `_pillar_scatter_max_count_kernel`: counts[cell + 1] += 1 per kept point (int32 atomics, 1 per point).
-2. offsets = cumsum(counts): a CSR row pointer, offsets[cell] .. offsets[cell + 1] are cell's slots.
+2. offsets = cumsum(counts): a CSR row pointer, offsets[cell] .. offsets[cell + 1] are cell's slots;
+   rank = cumsum(counts > 0) - 1: the compact winner-table row of each occupied cell (no host sync).
 3. `_pillar_scatter_max_place_kernel`: perm[offsets[cell] + k] = n (slot k from an atomic cursor; the
    order inside a cell varies run to run, the results below do not).
 4. `_pillar_scatter_max_fwd_kernel`: one program per BLOCK_R cells x BLOCK_C channels walks its cells'
    points, keeps the running max and the argmax with the explicit tie-break "lowest point index"
    (order-independent, hence deterministic), writes every canvas element exactly once (0 for empty
-   cells: no separate memset) and marks winner[argmax, c].
-5. `_pillar_scatter_max_bwd_kernel`: grad_features[n, c] = grad_canvas[cell[n], c] if winner[n, c].
+   cells: no separate memset) and, for an occupied cell, writes its winner-table row:
+   winner_point[rank[cell], c] = argmax, winner_cell[rank[cell]] = cell.
+5. `_pillar_scatter_max_bwd_kernel`: one program per BLOCK_R table rows x BLOCK_C channels:
+   grad_features[winner_point[m, c], c] = grad_canvas[winner_cell[m], c] for rows m < M, into zeros.
+   A (point, channel) wins at most one cell, so every target is written at most once: no atomics.
 
 Bytes moved by the forward ~= features N*C*s (read once) + canvas num_cells*C*s (written once) +
-winner N*C (written) + small index traffic; there is no [num_cells, C] intermediate.
+winner table M*C*4 (written) + small index traffic; there is no [num_cells, C] intermediate.
 """
 
 from __future__ import annotations
@@ -64,7 +69,9 @@ def _pillar_scatter_max_fwd_kernel(
     perm_ptr,  # [N] int32, points grouped by cell
     offsets_ptr,  # [num_cells + 1] int32
     canvas_ptr,  # [num_cells, C] contiguous, written fully
-    winner_ptr,  # [N, C] uint8, zero-filled; only winners are written
+    rank_ptr,  # [num_cells] int32: winner-table row of each occupied cell
+    winner_cell_ptr,  # [N] int64, -1 filled; rows < M are written
+    winner_point_ptr,  # [N, C] int32, -1 filled; rows < M are written
     num_cells,
     n_points,
     C,
@@ -108,9 +115,12 @@ def _pillar_scatter_max_fwd_kernel(
     store_ok = row_ok[:, None] & col_ok[None, :]
     tl.store(canvas_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], out, mask=store_ok)
     if WITH_WINNER:
-        ones = tl.full([BLOCK_R, BLOCK_C], 1, tl.uint8)
+        row_occ = row_ok & (length > 0)  # [R]
+        table_row = tl.load(rank_ptr + rows, mask=row_occ, other=0).to(tl.int64)  # [R]
         has_arg = store_ok & occupied & (arg < n_points)  # every occupied cell has one; guard anyway
-        tl.store(winner_ptr + arg.to(tl.int64) * C + cols[None, :], ones, mask=has_arg)
+        tl.store(winner_point_ptr + table_row[:, None] * C + cols[None, :], arg, mask=has_arg)
+        if tl.program_id(1) == 0:
+            tl.store(winner_cell_ptr + table_row, rows.to(tl.int64), mask=row_occ)
 
 
 @triton.jit
@@ -118,26 +128,26 @@ def _pillar_scatter_max_bwd_kernel(
     grad_canvas_ptr,  # [num_cells, C], any strides
     stride_gc_row,
     stride_gc_col,
-    cell_ptr,  # [N] int64
-    winner_ptr,  # [N, C] uint8
-    grad_features_ptr,  # [N, C] contiguous
-    n_points,
-    num_cells,
+    winner_cell_ptr,  # [N] int64
+    winner_point_ptr,  # [N, C] int32
+    winner_rows_ptr,  # [1] int64: M, read on the device (no host sync)
+    grad_features_ptr,  # [N, C] contiguous, zero-filled
+    n_rows,
     C,
-    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
-    pts = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # [Nb]
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [R] winner-table rows
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [Cb]
-    pt_ok = pts < n_points
-    cell = tl.load(cell_ptr + pts, mask=pt_ok, other=-1)  # [Nb] int64
-    kept = pt_ok & (cell >= 0) & (cell < num_cells)
-    elem_ok = pt_ok[:, None] & (cols < C)[None, :]  # [Nb, Cb]
-    pc = pts.to(tl.int64)[:, None] * C + cols[None, :]  # [Nb, Cb] offsets into [N, C]
-    won = tl.load(winner_ptr + pc, mask=elem_ok, other=0) != 0  # [Nb, Cb]
+    m = tl.load(winner_rows_ptr)
+    row_ok = (rows < n_rows) & (rows < m)
+    cell = tl.load(winner_cell_ptr + rows, mask=row_ok, other=0)  # [R] int64
+    elem_ok = row_ok[:, None] & (cols < C)[None, :]  # [R, Cb]
+    point = tl.load(winner_point_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], mask=elem_ok, other=-1)
+    ok = elem_ok & (point >= 0)
     g_ptrs = grad_canvas_ptr + cell[:, None] * stride_gc_row + cols[None, :] * stride_gc_col
-    grad = tl.load(g_ptrs, mask=elem_ok & kept[:, None] & won, other=0.0)  # [Nb, Cb] only winners read
-    tl.store(grad_features_ptr + pc, grad, mask=elem_ok)
+    grad = tl.load(g_ptrs, mask=ok, other=0.0)  # [R, Cb] only occupied cells' gradients are read
+    tl.store(grad_features_ptr + point.to(tl.int64) * C + cols[None, :], grad, mask=ok)
 
 
 def _tile(c: int) -> tuple[int, int]:
@@ -148,14 +158,17 @@ def _tile(c: int) -> tuple[int, int]:
 
 def pillar_scatter_max_fwd(
     features: Tensor, cell_index: Tensor, num_cells: int, with_winner: bool
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Launch steps 1-4 (module docstring). Inputs already validated and contiguous."""
     n, c = features.shape
     device = features.device
+    rows = n if with_winner else 0
     canvas = torch.empty(num_cells, c, dtype=features.dtype, device=device)  # [num_cells, C]
-    winner = torch.zeros(n if with_winner else 0, c, dtype=torch.uint8, device=device)  # [N, C]
+    winner_cell = torch.full((rows,), -1, dtype=torch.int64, device=device)  # [N]
+    winner_point = torch.full((rows, c), -1, dtype=torch.int32, device=device)  # [N, C]
+    winner_rows = torch.zeros(1, dtype=torch.int64, device=device)  # [1] M
     if num_cells == 0 or c == 0:
-        return canvas, winner.view(torch.bool)
+        return canvas, winner_cell, winner_point, winner_rows
     with on_device(device):
         counts = torch.zeros(num_cells + 1, dtype=torch.int32, device=device)  # [cells+1]
         perm = torch.empty(max(n, 1), dtype=torch.int32, device=device)  # [N]
@@ -163,6 +176,10 @@ def pillar_scatter_max_fwd(
         if n > 0:
             _pillar_scatter_max_count_kernel[point_grid](cell_index, counts, n, num_cells, BLOCK=_POINT_BLOCK)
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)  # [cells+1] CSR row pointer
+        occupied = counts[1:] > 0  # [cells]
+        rank = torch.cumsum(occupied, 0, dtype=torch.int32) - 1  # [cells] winner-table row
+        if with_winner:
+            winner_rows = occupied.sum(0, keepdim=True, dtype=torch.int64)  # [1], stays on the device
         if n > 0:
             cursor = offsets.clone()  # [cells+1]
             _pillar_scatter_max_place_kernel[point_grid](
@@ -175,7 +192,9 @@ def pillar_scatter_max_fwd(
             perm,
             offsets,
             canvas,
-            winner,
+            rank,
+            winner_cell,
+            winner_point,
             num_cells,
             n,
             c,
@@ -184,31 +203,31 @@ def pillar_scatter_max_fwd(
             BLOCK_R=block_r,
             BLOCK_C=block_c,
         )
-    return canvas, winner.view(torch.bool)
+    return canvas, winner_cell, winner_point, winner_rows
 
 
-def pillar_scatter_max_bwd(grad_canvas: Tensor, cell_index: Tensor, winner: Tensor, num_cells: int) -> Tensor:
+def pillar_scatter_max_bwd(
+    grad_canvas: Tensor, winner_cell: Tensor, winner_point: Tensor, winner_rows: Tensor
+) -> Tensor:
     """Launch step 5. grad_canvas may be strided (e.g. the transpose of a [B, C, H, W] gradient)."""
-    n, c = winner.shape
-    grad_features = torch.empty(n, c, dtype=grad_canvas.dtype, device=grad_canvas.device)  # [N, C]
-    if n == 0 or c == 0:
+    n, c = winner_point.shape
+    grad_features = torch.zeros(n, c, dtype=grad_canvas.dtype, device=grad_canvas.device)  # [N, C]
+    if n == 0 or c == 0 or grad_canvas.shape[0] == 0:
         return grad_features
-    if num_cells == 0:
-        return grad_features.zero_()
-    block_n, block_c = _tile(c)
-    grid = (triton.cdiv(n, block_n), triton.cdiv(c, block_c))
+    block_r, block_c = _tile(c)
+    grid = (triton.cdiv(n, block_r), triton.cdiv(c, block_c))
     with on_device(grad_canvas.device):
         _pillar_scatter_max_bwd_kernel[grid](
             grad_canvas,
             grad_canvas.stride(0),
             grad_canvas.stride(1),
-            cell_index,
-            winner.view(torch.uint8),
+            winner_cell,
+            winner_point,
+            winner_rows,
             grad_features,
             n,
-            num_cells,
             c,
-            BLOCK_N=block_n,
+            BLOCK_R=block_r,
             BLOCK_C=block_c,
         )
     return grad_features

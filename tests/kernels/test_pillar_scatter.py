@@ -24,7 +24,9 @@ from kernels import (  # noqa: E402
 )
 from kernels._dispatch import force_triton  # noqa: E402
 from kernels.pillar_scatter import (  # noqa: E402
+    _pillar_scatter_max_backward_compact,
     _pillar_scatter_max_backward_reference,
+    _pillar_scatter_max_compact,
     _winner_from_argmax,
 )
 
@@ -149,9 +151,12 @@ def test_opcheck() -> None:
     cell = torch.randint(-1, 8, (30,))
     torch.library.opcheck(torch.ops.pfk.pillar_scatter_max.default, (features, cell, 8, True))
     torch.library.opcheck(torch.ops.pfk.pillar_scatter_max.default, (features.detach(), cell, 8, False))
-    winner = torch.rand(30, 5) > 0.5
+    _, winner_cell, winner_point, winner_rows = torch.ops.pfk.pillar_scatter_max(
+        features.detach(), cell, 8, True
+    )
     torch.library.opcheck(
-        torch.ops.pfk.pillar_scatter_max_backward.default, (torch.randn(8, 5), cell, winner, 8)
+        torch.ops.pfk.pillar_scatter_max_backward.default,
+        (torch.randn(8, 5), winner_cell, winner_point, winner_rows),
     )
 
 
@@ -257,6 +262,53 @@ def test_triton_without_grad_skips_winner_and_drops_out_of_range() -> None:
         canvas = pillar_scatter_max(features, cell, 7, check_indices=False)
     expected = pillar_scatter_max_reference(features, torch.where(cell == 99, -1, cell), 7)
     torch.testing.assert_close(canvas, expected, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# the op's CPU path (compact winner table) == the reference, forward and backward
+# --------------------------------------------------------------------------------------------------
+def _compact(features: torch.Tensor, cell: torch.Tensor, num_cells: int, grad_canvas: torch.Tensor):
+    """(canvas, grad_features, winner table) through the compact path the op runs off CUDA."""
+    canvas, winner_cell, winner_point, winner_rows = _pillar_scatter_max_compact(
+        features, cell, num_cells, True
+    )
+    grad = _pillar_scatter_max_backward_compact(grad_canvas, winner_cell, winner_point, winner_rows)
+    return canvas, grad, (winner_cell, winner_point, int(winner_rows[0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("name", "n", "c", "num_cells", "how"), CASES, ids=[c[0] for c in CASES])
+def test_compact_path_matches_reference(
+    dtype: torch.dtype, name: str, n: int, c: int, num_cells: int, how: str
+) -> None:
+    features, cell, grad = _case(n, c, num_cells, how, dtype, "cpu")  # small integers: many ties
+    canvas_ref, grad_ref = _expected(features, cell, num_cells, grad)
+    canvas, grad_c, (winner_cell, winner_point, m) = _compact(features, cell, num_cells, grad)
+    torch.testing.assert_close(canvas, canvas_ref, rtol=0, atol=0, msg=lambda e: f"canvas {name}: {e}")
+    torch.testing.assert_close(grad_c, grad_ref, rtol=0, atol=0, msg=lambda e: f"grad {name}: {e}")
+    # The table: the occupied cells in increasing order, then -1 padding up to N rows.
+    occupied = torch.unique(cell[(cell >= 0) & (cell < num_cells)])
+    assert m == occupied.numel()
+    assert torch.equal(winner_cell[:m], occupied) and bool((winner_cell[m:] == -1).all())
+    argmax = pillar_scatter_argmax_reference(features, cell, num_cells, canvas_ref)
+    assert torch.equal(winner_point[:m].long(), argmax[occupied]) and bool((winner_point[m:] == -1).all())
+
+
+def test_compact_path_nan_inf_and_out_of_range() -> None:
+    features, cell, _ = _case(200, 6, 24, "random", torch.float32, "cpu", seed=3)
+    cell = torch.where(cell >= 22, -1, cell)
+    features[:5] = -math.inf  # an all--inf cell keeps -inf and still routes its gradient
+    cell[:5] = 23
+    features[7, 2] = features[9, 2] = math.nan  # NaN is the largest value: the lowest NaN point wins
+    cell[7] = cell[9] = 22
+    cell[11] = 99  # out of range: dropped (only reachable with check_indices=False)
+    grad = torch.randn(6, 24).t()  # [24, 6] strided, as the [B, C, H, W] view's gradient arrives
+    canvas_ref, grad_ref = _expected(features, torch.where(cell == 99, -1, cell), 24, grad)
+    canvas, grad_c, _ = _compact(features, cell, 24, grad)
+    assert canvas[23, 0] == -math.inf and canvas[22, 2].isnan()
+    torch.testing.assert_close(canvas, canvas_ref, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(grad_c, grad_ref, rtol=0, atol=0)
+    assert grad_c[9, 2] == 0 and grad_c[7, 2] == grad[22, 2]
 
 
 # --------------------------------------------------------------------------------------------------
