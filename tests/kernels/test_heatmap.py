@@ -20,6 +20,7 @@ import torch  # noqa: E402
 
 from kernels import render_heatmap, render_heatmap_reference  # noqa: E402
 from kernels._dispatch import force_triton  # noqa: E402
+from kernels.heatmap import _render_heatmap_windowed  # noqa: E402
 
 ATOL, RTOL = 1e-6, 1e-5
 
@@ -118,6 +119,26 @@ def test_opcheck() -> None:
         11,
     )
     torch.library.opcheck(torch.ops.pfk.render_heatmap.default, args)
+
+
+# --------------------------------------------------------------------------------------------------
+# the op's CPU path (windows only) == reference, bitwise
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("m", "b", "k", "h", "w", "max_radius"),
+    [(0, 1, 1, 5, 7, 2), (1, 1, 1, 1, 1, 0), (30, 2, 3, 37, 70, 12), (84, 4, 3, 100, 88, 4), (5, 1, 2, 9, 9, 7)],
+    ids=["M0", "1x1_grid", "odd_grid_30_objects", "default_head_grid", "window_larger_than_grid"],
+)
+def test_windowed_matches_reference_bitwise(m: int, b: int, k: int, h: int, w: int, max_radius: int) -> None:
+    centers, radii, labels, batch = _random_objects(m, b, k, h, w, max_radius, seed=m + 1, device="cpu")
+    if m >= 4:  # what the targets feed it: masked objects with label -1, non-finite centres
+        labels[0] = -1
+        centers[1, 0] = math.nan
+        centers[2, 1] = math.inf
+        batch[3] = b  # out of range: drawn nowhere
+    expected = render_heatmap_reference(centers, radii, labels, batch, b, k, h, w)
+    actual = _render_heatmap_windowed(centers, radii, labels, batch, b, k, h, w)
+    torch.testing.assert_close(actual, expected, atol=0, rtol=0)
 
 
 # --------------------------------------------------------------------------------------------------
