@@ -6,6 +6,8 @@ argument, what was expected and what came in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -16,9 +18,12 @@ def describe(t: torch.Tensor) -> str:
     return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)} on {t.device}"
 
 
-def require(condition: bool, op: str, message: str) -> None:
+def require(condition: bool, op: str, message: str | Callable[[], str]) -> None:
+    """Raise `ValueError("<op>: <message>")` unless `condition`. A message that shows shapes is passed
+    as a zero-argument callable: it is only formatted on failure, so `torch.compile` with dynamic
+    shapes never formats a symbolic size (an f-string over a SymInt is a graph break)."""
     if not condition:
-        raise ValueError(f"{op}: {message}")
+        raise ValueError(f"{op}: {message() if callable(message) else message}")
 
 
 def require_tensor(
@@ -33,9 +38,9 @@ def require_tensor(
     require(isinstance(t, torch.Tensor), op, f"{name} must be a torch.Tensor, got {type(t).__name__}")
     assert isinstance(t, torch.Tensor)
     wanted = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-    require(t.dtype in dtypes, op, f"{name} must have dtype in ({wanted}), got {describe(t)}")
+    require(t.dtype in dtypes, op, lambda: f"{name} must have dtype in ({wanted}), got {describe(t)}")
     if ndim is not None:
-        require(t.dim() == ndim, op, f"{name} must have {ndim} dimension(s), got {describe(t)}")
+        require(t.dim() == ndim, op, lambda: f"{name} must have {ndim} dimension(s), got {describe(t)}")
 
 
 def require_same_device(op: str, **tensors: torch.Tensor) -> None:

@@ -131,7 +131,7 @@ def focal_loss(logits: Tensor, target: Tensor, alpha: float = 2.0, beta: float =
     require(
         logits.shape == target.shape,
         _OP,
-        f"logits and target must have the same shape, got {describe(logits)} and {describe(target)}",
+        lambda: f"logits and target must have the same shape, got {describe(logits)} and {describe(target)}",
     )
     require_same_device(_OP, logits=logits, target=target)
     require(float(alpha) >= 0 and float(beta) >= 0, _OP, f"alpha and beta must be >= 0, got {alpha}, {beta}")

@@ -182,11 +182,15 @@ def render_heatmap(
     require_tensor(centers, _OP, "centers", dtypes=FLOAT_DTYPES, ndim=2)
     m = centers.shape[0]
     require(
-        centers.shape[1] == 2, _OP, f"centers must be [M, 2] (x = column, y = row), got {describe(centers)}"
+        centers.shape[1] == 2,
+        _OP,
+        lambda: f"centers must be [M, 2] (x = column, y = row), got {describe(centers)}",
     )
     for name, t in (("radii", radii), ("labels", labels), ("batch_index", batch_index)):
         require_tensor(t, _OP, name, dtypes=(torch.int64,), ndim=1)
-        require(t.shape[0] == m, _OP, f"{name} must be [M] with M = {m}, got {describe(t)}")
+        require(
+            t.shape[0] == m, _OP, lambda name=name, t=t: f"{name} must be [M] with M = {m}, got {describe(t)}"
+        )
     require_same_device(_OP, centers=centers, radii=radii, labels=labels, batch_index=batch_index)
     for name, v in (
         ("batch_size", batch_size),

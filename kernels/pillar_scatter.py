@@ -59,12 +59,14 @@ def points_to_cells(
     """
     op = "points_to_cells"
     require_tensor(points, op, "points", dtypes=FLOAT_DTYPES, ndim=2)
-    require(points.shape[1] >= 3, op, f"points must be [N, >=3] (x, y, z, ...), got {describe(points)}")
+    require(
+        points.shape[1] >= 3, op, lambda: f"points must be [N, >=3] (x, y, z, ...), got {describe(points)}"
+    )
     require_tensor(batch_index, op, "batch_index", dtypes=(torch.int64,), ndim=1)
     require(
         batch_index.shape[0] == points.shape[0],
         op,
-        f"batch_index must be [N] with N = {points.shape[0]}, got {describe(batch_index)}",
+        lambda: f"batch_index must be [N] with N = {points.shape[0]}, got {describe(batch_index)}",
     )
     require_same_device(op, points=points, batch_index=batch_index)
     require(
@@ -342,15 +344,21 @@ def pillar_scatter_max(
     require_tensor(cell_index, _OP, "cell_index", dtypes=(torch.int64,), ndim=1)
     require_same_device(_OP, features=features, cell_index=cell_index)
     n, c = features.shape
-    require(c >= 1, _OP, f"features must have at least one channel, got {describe(features)}")
-    require(cell_index.shape[0] == n, _OP, f"cell_index must be [N] with N = {n}, got {describe(cell_index)}")
+    require(c >= 1, _OP, lambda: f"features must have at least one channel, got {describe(features)}")
+    require(
+        cell_index.shape[0] == n,
+        _OP,
+        lambda: f"cell_index must be [N] with N = {n}, got {describe(cell_index)}",
+    )
     require(
         isinstance(num_cells, int) and num_cells >= 0,
         _OP,
         f"num_cells must be an int >= 0, got {num_cells!r}",
     )
     # The Triton path stores point and cell indices as int32 (docs/KERNELS.md, "Limits").
-    require(n < 2**31 and num_cells < 2**31, _OP, f"N ({n}) and num_cells ({num_cells}) must be < 2**31")
+    require(
+        n < 2**31 and num_cells < 2**31, _OP, lambda: f"N ({n}) and num_cells ({num_cells}) must be < 2**31"
+    )
     if check_indices and checks_enabled():
         require_range(cell_index, _OP, "cell_index", -1, num_cells)
     if torch.onnx.is_in_onnx_export():
