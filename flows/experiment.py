@@ -122,11 +122,10 @@ def experiment_tags(ws: Workspace, exp: dict[str, Any] | None) -> dict[str, str]
     }
 
 
-def _lock_outs(ws: Workspace) -> list[str]:
-    outs: list[str] = []
-    for stage in (ws.lock().get("stages") or {}).values():
-        outs.extend(o["path"] for o in stage.get("outs", []))
-    return outs
+def _lock_outs(ws: Workspace) -> list[tuple[str, str]]:
+    """(stage, out path) of every output in the workspace's dvc.lock."""
+    stages = (ws.lock().get("stages") or {}).items()
+    return [(name, o["path"]) for name, stage in stages for o in stage.get("outs", [])]
 
 
 def checkout_outputs(ws: Workspace) -> list[str]:
@@ -134,20 +133,23 @@ def checkout_outputs(ws: Workspace) -> list[str]:
     output paths brought (relative to the root)."""
     import yaml
 
-    from pfactory.fsutil import atomic_directory, atomic_write_text
+    from pfactory.fsutil import OutputRefused, atomic_directory, atomic_write_text
 
     lock = ws.lock()
     if not lock.get("stages"):
         return []
     brought: list[str] = []
     with file_lock(ws.root / CHECKOUT_LOCK):
-        for rel in _lock_outs(ws):
+        for stage, rel in _lock_outs(ws):
             if os.path.isabs(rel) or rel.startswith(".."):
                 continue  # outside the workspace: the same file for the root already
             src, dst = ws.path / rel, ws.root / rel
             if src.is_dir():
-                with atomic_directory(dst) as tmp:
-                    shutil.copytree(src, tmp, dirs_exist_ok=True)
+                try:  # the root's copy is that stage's output (its marker): replaced, else left alone
+                    with atomic_directory(dst, stage=stage) as tmp:
+                        shutil.copytree(src, tmp, dirs_exist_ok=True)
+                except OutputRefused:
+                    continue  # a directory of the user's own at that path: never overwritten
             elif src.is_file():
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 tmp_file = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
