@@ -185,7 +185,8 @@ def build(
         "frames": len(feeds),
         "models": [*FORMATS, "fp32"],
         "probe_tensor": probe,
-        "quantized": report["quantized"],
+        "quantized": quantized,
+        "layers": layers,
     }
     (work / "variants.json").write_text(json.dumps(meta))
     return meta

@@ -77,7 +77,7 @@ def int8_artifacts(exported, calib, root):
     raw_images         ... calibrated on frames whose images were not normalized (0-255, the classic
                        pre-processing slip): the image branch's ranges 255x too wide, its features
                        quantized to a few levels
-    `calib`: the calibration feeds. Returns {"good", "wrong_calibration", "head_quantized"} -> path, and
+    `calib`: the calibration feeds. Returns {"good", "wrong_calibration", "raw_images"} -> path, and
     "report" (the sensitivity report of the good one).
     """
     from pfactory.inference.ort_backend import calibrate, preprocess, quantize_layers, write_rewritten
