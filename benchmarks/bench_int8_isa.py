@@ -273,6 +273,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     ap.add_argument("--qemu", default="qemu-x86_64", help="QEMU user-mode binary")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--probe-only", action="store_true", help="the kernel probe only (no model: seconds, not minutes)"
+    )
     ap.add_argument("--worker", nargs=2, metavar=("DIR", "TAG"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -282,7 +285,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_int8_isa."))
     t0 = time.perf_counter()
-    meta = build(args.optimized, args.data, args.frames, args.probe_module, work, args.layers)
+    if args.probe_only:
+        work.mkdir(parents=True, exist_ok=True)
+        meta = {"frames": 0, "models": [], "probe_tensor": None, "quantized": [], "layers": "none"}
+        (work / "variants.json").write_text(json.dumps(meta))
+        np.savez(work / "feeds.npz")
+    elif args.optimized is None or args.data is None:
+        ap.error("--optimized and --data are required (or --probe-only)")
+    else:
+        meta = build(args.optimized, args.data, args.frames, args.probe_module, work, args.layers)
     tags = ["native", *args.emulate]
     seconds = {}
     for tag in tags:
@@ -303,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "quantized_layers": len(meta["quantized"]),
         "layers": meta["layers"],
         "kernel_probe": {t: json.loads((work / f"probe.{t}.json").read_text())["probe"] for t in tags},
-        "model": compare(work, tags),
+        "model": compare(work, tags) if meta["models"] else None,
         "seconds": {**seconds, "total": round(time.perf_counter() - t0, 1)},
     }
     _print(result)
@@ -320,6 +331,9 @@ def _print(r: dict[str, Any]) -> None:
     print(f"  {'format':10s}" + "".join(f"{t:>14s}" for t in tags))
     for fmt in FORMATS:
         print(f"  {fmt:10s}" + "".join(f"{r['kernel_probe'][t][fmt]['integer']:14.3f}" for t in tags))
+    if r["model"] is None:
+        print(f"seconds: {r['seconds']}")
+        return
     print(f"\nmodel ({r['frames']} val frames, {r['quantized_layers']} layers quantized; probe = {r['probe_tensor']} "
           "logits; agreement at score >= 0.3):")  # fmt: skip
     for t, c in r["model"]["fp32"].items():

@@ -112,3 +112,19 @@ def int8_artifacts(exported, calib, root):
         "raw_images": root / "raw_images.onnx",
         "report": report,
     }
+
+
+def int8_bench(root):
+    """The tiny trained detector, its INT8 artifacts (`int8_artifacts`) and PyTorch's outputs on the held-out
+    frames: (artifacts, trained_tiny(...) dict, reference outputs). Built once per session (tests/conftest.py
+    `int8_bench`) for the parity-gate and the promotion-gate tests."""
+    from pfactory.inference.export import export_onnx
+    from pfactory.inference.runtime import TorchRunner
+
+    tiny = trained_tiny(root)
+    exported = export_onnx(
+        tiny["model"], root / "model.onnx", cameras=1, opset=18, dynamic_batch=False, export_points=512
+    )
+    arts = int8_artifacts(exported, tiny["calibration"], root / "int8")
+    eager = TorchRunner(tiny["model"])
+    return arts, tiny, [eager.run(f) for f in tiny["held_out"]]

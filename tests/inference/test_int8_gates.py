@@ -9,23 +9,13 @@ import pytest
 
 from pfactory.inference.params import ParityParams
 from pfactory.inference.parity import compare_outputs, gate
-from pfactory.inference.runtime import OrtRunner, TorchRunner
-
-from .helpers import int8_artifacts, trained_tiny
+from pfactory.inference.runtime import OrtRunner
 
 
-@pytest.fixture(scope="module")
-def bench(tmp_path_factory):
-    from pfactory.inference.export import export_onnx
-
-    root = tmp_path_factory.mktemp("int8-gates")
-    tiny = trained_tiny(root)
-    exported = export_onnx(
-        tiny["model"], root / "model.onnx", cameras=1, opset=18, dynamic_batch=False, export_points=512
-    )
-    arts = int8_artifacts(exported, tiny["calibration"], root / "int8")
-    eager = TorchRunner(tiny["model"])
-    return arts, tiny["held_out"], [eager.run(f) for f in tiny["held_out"]]
+@pytest.fixture
+def bench(int8_bench):
+    arts, tiny, reference = int8_bench
+    return arts, tiny["held_out"], reference
 
 
 def _metrics(path, feeds, reference, threads):

@@ -11,29 +11,19 @@ import torch
 from pfactory.evaluate.report import kpi_delta
 from pfactory.inference.params import ParityParams
 from pfactory.inference.parity import compare_outputs, parity_report
-from pfactory.inference.runtime import OrtRunner, TorchRunner
+from pfactory.inference.runtime import OrtRunner
 from pfactory.metrics import evaluate_detections
 from pfactory.model.inference import frames_from_batch
 from pfactory.registry import PromoteParams
 from pfactory.registry.evidence import Evidence, agreement_summary, delta_summary, kpi_summary
 from pfactory.registry.gates import apply_gates
-from tests.inference.helpers import int8_artifacts, trained_tiny
 
 CLASSES = ["Car", "Pedestrian", "Cyclist"]
 
 
-@pytest.fixture(scope="module")
-def bench(tmp_path_factory):
-    from pfactory.inference.export import export_onnx
-
-    root = tmp_path_factory.mktemp("int8-promotion")
-    tiny = trained_tiny(root)
-    exported = export_onnx(
-        tiny["model"], root / "model.onnx", cameras=1, opset=18, dynamic_batch=False, export_points=512
-    )
-    arts = int8_artifacts(exported, tiny["calibration"], root / "int8")
-    eager = TorchRunner(tiny["model"])
-    return arts, tiny, [eager.run(f) for f in tiny["held_out"]]
+@pytest.fixture
+def bench(int8_bench):
+    return int8_bench
 
 
 def _kpis(batches, outputs) -> dict:
