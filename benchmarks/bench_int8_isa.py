@@ -163,7 +163,10 @@ def build(
     base, _ = preprocess(work / "rewritten.onnx", work / "base.onnx")
     export = onnx.load(str(optimized / "model.onnx"))
     paths = node_module_paths(export)
-    probe = next(n.output[0] for n in export.graph.node if paths.get(n.name) == probe_module)
+    probe = next((n.output[0] for n in export.graph.node if paths.get(n.name) == probe_module), None)
+    if probe is None:
+        convs = sorted({paths.get(n.name, "") for n in export.graph.node if n.op_type == "Conv"} - {""})
+        raise SystemExit(f"--probe-module {probe_module!r}: no node of that module; conv modules: {convs}")
     feeds = load_feeds(data, "val", 1, frames).feeds
     np.savez(work / "feeds.npz", **{f"{i}:{k}": v for i, f in enumerate(feeds) for k, v in f.items()})
     quantized = report["quantized"] if layers == "stage" else [row["name"] for row in report["layers"]]
