@@ -462,8 +462,9 @@ def _print(r: dict[str, Any], args: argparse.Namespace) -> None:
         print("\nORT per-node profile (kernel ms per run, by op type):")
         names = list(r["profile"])
         ops = list(dict.fromkeys(op for n in names for op in r["profile"][n]["by_op_type_ms"]))
+        ops.sort(key=lambda op: -max(r["profile"][n]["by_op_type_ms"].get(op, 0.0) for n in names))
         print(f"  {'op type':24s}" + "".join(f"{n:>22s}" for n in names))
-        for op in ops[:16]:
+        for op in ops[:20]:  # the largest in any artifact (QLinearConv is INT8's alone)
             print(
                 f"  {op:24s}"
                 + "".join(f"{r['profile'][n]['by_op_type_ms'].get(op, 0.0):22.3f}" for n in names)
