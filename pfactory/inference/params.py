@@ -196,10 +196,10 @@ class Int8Params(Section):
     """7-bit weights ([-64, 64] instead of [-127, 127]) so the artifact computes the same on every x86 CPU.
     ORT's U8S8 kernels on x86 without VNNI (AVX2, AVX-512 without VNNI) multiply with `vpmaddubsw`,
     which sums two u8 x s8 products into int16 with saturation: 2 x 255 x 127 = 64770 does not fit,
-    2 x 255 x 64 = 32640 does. Measured on the default model: with 7-bit weights the integer outputs
-    are bit-identical on AVX2 (Zen 3, emulated) and AVX-512 VNNI; with 8-bit weights the AVX2 run's
-    heatmap logits differ by 0.40 (99.9th pct) from its own float simulation (docs/OPTIMIZE.md,
-    "INT8 on every x86 CPU"). False: 8-bit weights, exact only with VNNI (or on ARM); the artifact is
+    2 x 255 x 64 = 32640 does. Measured (benchmarks/bench_int8_isa.py, QEMU-emulated AVX2 EPYC-Milan
+    vs this AVX-512 VNNI EPYC): a conv at the extremes returns 32.64 instead of 64.0 with 8-bit weights
+    on AVX2, 64.0 everywhere with 7-bit weights (docs/OPTIMIZE.md, "INT8 on every x86 CPU").
+    False: 8-bit weights, exact only with VNNI (or on ARM); the artifact is
     then marked so and ONNX Runtime sessions turn on its exact U8U8 mode (`session.x64quantprecision`)."""
     op_types: list[str] = Field(default_factory=lambda: ["Conv", "ConvTranspose", "Gemm", "MatMul"])
     """ONNX op types that get quantized; everything else stays float (scatter, painting, decode, norms)."""
