@@ -59,12 +59,12 @@ def test_each_failing_gate_is_named_with_its_shortfall(evidence_dirs) -> None:
     ev = read_evidence(optimized, kpis_file)
     params = promote_params(
         min_map=0.99, max_p99_latency_ms=0.001, parity_map_tolerance=0.0, max_parity_scores_p99=0.0
-    )  # the delta is exactly 0 here (reference = candidate): a 0 tolerance passes it
+    )
     champion = {"mAP": 1.0, "classes": {**ev.kpis["classes"], "Truck": {"mean_ap": 0.5, "ap": {}}}}
     champion["classes"]["Car"] = {"mean_ap": ev.kpis["classes"]["Car"]["mean_ap"] + 0.2, "ap": {}}
     bad = {g.name: g for g in failed(apply_gates(params, ev, champion))}
     assert set(bad) == {
-        "min_map", "p99_latency_ms", "optimize_parity", "map_regression",
+        "min_map", "p99_latency_ms", "optimize_parity", "parity_map_delta", "map_regression",
         "class_ap_regression/Car", "class_ap_regression/Truck", "parity_scores_p99",
     }  # fmt: skip
     assert bad["min_map"].margin < 0 and bad["min_map"].margin == pytest.approx(kpis["mAP"] - 0.99)
