@@ -90,6 +90,22 @@ def uncached_outputs(ws: Workspace) -> list[str]:
     return sorted(p for p in paths if (ws.path / p).exists() and not p.startswith(".."))
 
 
+def _default_git_identity(root: Path) -> None:
+    """`dvc exp save` commits: on a machine where git has no user identity (a fresh account, CI), use a
+    neutral one for the experiment commits instead of failing a finished run. The user's own setting wins."""
+    import subprocess
+
+    for key, env_name, env_mail in (("user.name", "GIT_AUTHOR_NAME", "GIT_COMMITTER_NAME"),):
+        have = subprocess.run(["git", "-C", str(root), "config", key], capture_output=True, text=True).stdout
+        if not have.strip() and not os.environ.get(env_name):
+            os.environ.setdefault(env_name, "factory run")
+            os.environ.setdefault(env_mail, "factory run")
+    have = subprocess.run(["git", "-C", str(root), "config", "user.email"], capture_output=True, text=True).stdout
+    if not have.strip() and not os.environ.get("GIT_AUTHOR_EMAIL") and not os.environ.get("EMAIL"):
+        os.environ.setdefault("GIT_AUTHOR_EMAIL", "factory@localhost")
+        os.environ.setdefault("GIT_COMMITTER_EMAIL", "factory@localhost")
+
+
 def save_experiment(ws: Workspace, name: str | None) -> dict[str, Any] | None:
     """Record the finished run `ws` as a DVC experiment (module docstring); None for a copy workspace.
     Returns `{"name", "rev", "baseline", "ref"}`."""
@@ -99,6 +115,7 @@ def save_experiment(ws: Workspace, name: str | None) -> dict[str, Any] | None:
     git_dir = Path(_git(ws.root, "rev-parse", "--git-common-dir").strip())
     if not git_dir.is_absolute():
         git_dir = (ws.root / git_dir).resolve()
+    _default_git_identity(ws.root)
     with file_lock(git_dir / LOCK_NAME):
         exp = experiment_name(ws, name)
         args = ["exp", "save", "-n", exp, "-m", f"factory run {ws.run_id}"]
