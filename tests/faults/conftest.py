@@ -30,9 +30,10 @@ REPO = Path(__file__).resolve().parents[2]
 FULL = os.environ.get("PFACTORY_FAULTS_FULL", "") not in ("", "0", "false")
 LEDGER = Ledger()
 _T0 = time.time()
+_LOAD0 = os.getloadavg()[0]
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def _save_ledger(exitstatus: int | str) -> None:
     path = os.environ.get(LEDGER_ENV)
     if path and LEDGER.entries:
         commit = subprocess.run(
@@ -44,12 +45,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 "when": now(),
                 "commit": commit.stdout.strip() or "?",
                 "machine": machine(),
+                "load_start": round(_LOAD0, 2),
                 "full": FULL,
                 "seconds": time.time() - _T0,
-                "exitstatus": int(exitstatus),
+                "exitstatus": exitstatus,
                 "command": os.environ.get("PFACTORY_FAULTS_COMMAND", "pytest tests/faults"),
             },
         )
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    """The ledger so far after every test: a session killed at its time limit (a slice of the full matrix
+    run under a deadline) still leaves the trials it finished, its exit status 'interrupted'."""
+    _save_ledger("interrupted")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _save_ledger(int(exitstatus))
 
 
 @pytest.fixture(scope="session")
@@ -220,19 +232,45 @@ def factory_subprocess(
 @pytest.fixture(scope="session")
 def baseline(tmp_path_factory) -> dict:
     """An undisturbed tiny `factory run` (CI: through train; full matrix: every stage) in a fresh project:
-    its project (DVC cache, run-cache, MLflow store), stage process times and deterministic digest."""
+    its project (DVC cache, run-cache, MLflow store), stage process times and deterministic digest.
+
+    `PFACTORY_FAULTS_BASELINE=DIR` keeps it in DIR and reuses it in a later session at the same commit and
+    size (the full matrix run in slices: `python -m tests.faults.run --full --stage S --baseline DIR`)."""
+    import json
+
     from tests.faults.pipeline import digest, finish, make_project, start_run, watch
 
-    project = make_project(tmp_path_factory.mktemp("baseline"))
+    keep = os.environ.get("PFACTORY_FAULTS_BASELINE")
+    import hashlib
+
+    git = ["git", "-C", str(REPO)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    code = ("pfactory", "tasks", "kernels", "flows", "dvc.yaml", "params.yaml")
+    dirty = subprocess.run([*git, "diff", "HEAD", "--", *code], capture_output=True).stdout
+    key = {"commit": commit, "changes": hashlib.sha256(dirty).hexdigest(), "full": FULL, "until": UNTIL}
+    if keep:
+        saved = Path(keep) / "baseline.json"
+        if saved.is_file():
+            doc = json.loads(saved.read_text())
+            if doc.get("key") == key:
+                return {**doc["baseline"], "project": Path(doc["baseline"]["project"])}
+        shutil.rmtree(Path(keep) / "project", ignore_errors=True)
+        project = make_project(Path(keep) / "project")
+    else:
+        project = make_project(tmp_path_factory.mktemp("baseline"))
     run = start_run(project, "baseline", *UNTIL)
     watch(run)
     result = finish(run)
-    return {
+    base = {
         "project": project,
         "seen": run.seen,
         "digest": digest(Path(result["workspace"])),
         "result": result,
     }
+    if keep:
+        doc = {"key": key, "baseline": {**base, "project": str(project)}}
+        (Path(keep) / "baseline.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return base
 
 
 UNTIL: list[str] = [] if FULL else ["--until", "train"]

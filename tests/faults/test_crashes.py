@@ -17,6 +17,7 @@ stages x 3 random offsets, whole pipeline.
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -40,6 +41,9 @@ from tests.faults.pipeline import (
 pytestmark = pytest.mark.slow
 TRIALS = 3 if FULL else 1
 KILL_STAGES = list(STAGES) if FULL else ["train"]
+# A slice of the matrix (`python -m tests.faults.run --full --stage S`): only the kills in those stages.
+if os.environ.get("PFACTORY_FAULTS_STAGES"):
+    KILL_STAGES = [s for s in KILL_STAGES if s in os.environ["PFACTORY_FAULTS_STAGES"].split(",")]
 RNG = random.Random(int(time.time()) if FULL else 19)
 
 
