@@ -234,7 +234,7 @@ def baseline(tmp_path_factory) -> dict:
     """An undisturbed tiny `factory run` (CI: through train; full matrix: every stage) in a fresh project:
     its project (DVC cache, run-cache, MLflow store), stage process times and deterministic digest.
 
-    `PFACTORY_FAULTS_BASELINE=DIR` keeps it in DIR and reuses it in a later session at the same commit and
+    `PFACTORY_FAULTS_BASELINE=DIR` keeps it in DIR and reuses it in a later session with the same code and
     size (the full matrix run in slices: `python -m tests.faults.run --full --stage S --baseline DIR`)."""
     import json
 
@@ -244,10 +244,19 @@ def baseline(tmp_path_factory) -> dict:
     import hashlib
 
     git = ["git", "-C", str(REPO)]
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    code = ("pfactory", "tasks", "kernels", "flows", "dvc.yaml", "params.yaml")
+    # What the baseline run is a function of: the code copied into its project and the tiny parameters.
+    code = (
+        "pfactory",
+        "tasks",
+        "kernels",
+        "flows",
+        "dvc.yaml",
+        "params.yaml",
+        "tests/flows/pipeline_project.py",
+    )
+    tree = subprocess.run([*git, "ls-tree", "-r", "HEAD", "--", *code], capture_output=True).stdout
     dirty = subprocess.run([*git, "diff", "HEAD", "--", *code], capture_output=True).stdout
-    key = {"commit": commit, "changes": hashlib.sha256(dirty).hexdigest(), "full": FULL, "until": UNTIL}
+    key = {"code": hashlib.sha256(tree + dirty).hexdigest(), "full": FULL, "until": UNTIL}
     if keep:
         saved = Path(keep) / "baseline.json"
         if saved.is_file():
