@@ -24,9 +24,11 @@ Run: `factory run [-S section.key=value ...] [--name NAME]`, or `pipeline(overri
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +161,27 @@ def stage_timings(ws: Workspace) -> dict[str, dict[str, float]]:
     return out
 
 
+@contextlib.contextmanager
+def _stage_failure_first() -> Iterator[None]:
+    """A failed stage is the run's failure. What fails after it while the flow records the failure on the
+    parent MLflow run (logging dvc.lock, ending the run FAILED) -- typically the same fault, a tracking
+    server gone mid-run -- is logged, never raised in its place: otherwise the failure screen shows a
+    raw MlflowException "in the flow, outside the stages" instead of the stage, its log and its reason.
+    (The parent run then stays RUNNING on the server until the next start reaps it: its process is gone.)"""
+    try:
+        yield
+    except Exception as e:
+        cause: BaseException | None = e.__context__
+        for _ in range(16):  # the chain is short; never loop on a cycle
+            if cause is None or isinstance(cause, StageFailed):
+                break
+            cause = cause.__context__
+        if isinstance(e, StageFailed) or not isinstance(cause, StageFailed):
+            raise
+        get_run_logger().warning("the parent run could not record the failure of %s: %r", cause.stage, e)
+        raise cause from None
+
+
 @flow(name="perception-factory", log_prints=True, persist_result=False)
 def pipeline(
     overrides: list[str] | None = None,
@@ -218,17 +241,20 @@ def pipeline(
     timings_dir.mkdir(parents=True, exist_ok=True)
     progress_file = ws.path / "logs" / PROGRESS_FILE
     env_before = {k: os.environ.get(k) for k in (PARENT_ENV, "PFACTORY_TIMINGS_DIR", PROGRESS_ENV)}
-    with mlflow.start_run(
-        experiment_id=exp_id,
-        run_name=name or run_id,
-        tags={
-            "pipeline": "true",
-            "run_id": run_id,
-            "workspace": str(ws.path),
-            **lineage_tags(root_path),
-            **process_tags(),
-        },
-    ) as run:
+    with (
+        _stage_failure_first(),
+        mlflow.start_run(
+            experiment_id=exp_id,
+            run_name=name or run_id,
+            tags={
+                "pipeline": "true",
+                "run_id": run_id,
+                "workspace": str(ws.path),
+                **lineage_tags(root_path),
+                **process_tags(),
+            },
+        ) as run,
+    ):
         results["mlflow_run_id"] = run.info.run_id
         flat = flatten(params.model_dump(mode="json"))
         items = [(k, json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in flat.items()]
