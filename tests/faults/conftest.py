@@ -33,17 +33,20 @@ _T0 = time.time()
 _LOAD0 = os.getloadavg()[0]
 
 
+# The commit the session started at (the code it runs; a commit made while it runs is not it), "+changes"
+# when the tree differs from it.
+_COMMIT = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+_DIRTY = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=REPO, capture_output=True)
+
+
 def _save_ledger(exitstatus: int | str) -> None:
     path = os.environ.get(LEDGER_ENV)
     if path and LEDGER.entries:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        )
         LEDGER.save(
             path,
             {
                 "when": now(),
-                "commit": commit.stdout.strip() or "?",
+                "commit": (_COMMIT.stdout.strip() or "?") + ("+changes" if _DIRTY.returncode else ""),
                 "machine": machine(),
                 "load_start": round(_LOAD0, 2),
                 "full": FULL,
