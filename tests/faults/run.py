@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     report = args.report or (REPORT if args.full and not args.stage else None)
     command = "python -m tests.faults.run" + (" --full" if args.full else "")
     command += "".join(f" --stage {st}" for st in args.stage or [])
-    if args.pytest_args:
-        command += " -- " + " ".join(args.pytest_args)
+    shown = [a for a in args.pytest_args if not a.startswith(("--basetemp", "-r", "--durations"))]
+    if shown:  # what selects or sizes the tests (not where their temp files went)
+        command += " -- " + " ".join(shown)
     with tempfile.TemporaryDirectory(prefix="pfactory-faults-") as tmp:
         ledger = args.ledger or Path(tmp) / "ledger.json"
         env = {**os.environ, LEDGER_ENV: str(ledger.resolve()), "PFACTORY_FAULTS_COMMAND": command}
