@@ -261,6 +261,26 @@ def service_failure(e: ServiceFailed, log: Path | None, cwd: str | Path | None =
     )
 
 
+# Connection errors of the HTTP client Prefect talks to its API with.
+_CONNECTION_ERRORS = {
+    ("httpx", n) for n in ("ConnectError", "ConnectTimeout", "ReadTimeout", "RemoteProtocolError")
+}
+
+
+def _lost_prefect_api(e: BaseException) -> str | None:
+    """The Prefect API's URL when `e` (or its chain) is a connection error and a Prefect server is configured:
+    the server went away while the flow ran (its state reports failed, the stages' own work did not)."""
+    url = os.environ.get("PREFECT_API_URL")
+    seen: set[int] = set()
+    exc: BaseException | None = e
+    while url and exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if any((c.__module__.split(".")[0], c.__name__) in _CONNECTION_ERRORS for c in type(exc).__mro__):
+            return url
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def flow_failure(e: BaseException, log: Path | None, cwd: str | Path | None = None) -> Failure:
     """Anything else that escaped the flow (outside the stages): its last line, the traceback in the log."""
     from tasks._stage import is_transient
@@ -268,6 +288,18 @@ def flow_failure(e: BaseException, log: Path | None, cwd: str | Path | None = No
     text = str(e).strip().splitlines()
     reason = [f"{type(e).__name__}: {text[-1] if text else ''}"]
     transient = is_transient(e)
+    api = _lost_prefect_api(e)
+    if api is not None:
+        return Failure(
+            title=f"factory run lost the Prefect server at {api} (a transient failure: worth another try)",
+            reason=reason,
+            logs=[("traceback", openable(log, cwd))] if log is not None else [],
+            hints=[
+                "bring the Prefect server back (or unset PREFECT_API_URL for a local one), then run again:",
+                "the stages that finished are restored from DVC's run-cache, not recomputed",
+            ],
+            exit_code=EXIT_TRANSIENT,
+        )
     return Failure(
         title="factory run failed in the flow, outside the stages"
         + (" (a transient failure: worth another try)" if transient else ""),

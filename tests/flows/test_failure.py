@@ -12,6 +12,7 @@ from flows.failure import (
     EXIT_STAGE_FAILED,
     MAX_LINES,
     failure_lines,
+    flow_failure,
     is_transient_exit,
     openable,
     rewrite_paths,
@@ -190,3 +191,30 @@ def test_transient_exceptions_are_recognised_through_their_chain():
     KilledWorker.__module__ = "distributed.scheduler"
     assert is_transient(KilledWorker("unit 3"))
     assert is_transient(RuntimeError("(sqlite3.OperationalError) database is locked"))
+
+
+def test_a_lost_prefect_server_names_the_server_and_is_transient(tmp_path, monkeypatch):
+    """The Prefect server dies while the flow runs: its state reports fail with httpx's ConnectError when the
+    stages are done (tests/faults/test_infra.py's Prefect case). The screen names the server, not a bare
+    'ConnectError ... outside the stages'; without a configured server the generic screen stays."""
+    import httpx
+
+    def lost() -> BaseException:
+        try:
+            try:
+                raise httpx.ConnectError("[Errno 111] Connection refused")
+            except httpx.ConnectError as inner:
+                raise RuntimeError("could not report the flow run's state") from inner
+        except RuntimeError as outer:
+            return outer
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4201/api")
+    f = flow_failure(lost(), tmp_path / "prefect.log", cwd=tmp_path)
+    assert "lost the Prefect server at http://127.0.0.1:4201/api" in f.title
+    assert f.exit_code == EXIT_TRANSIENT and "run-cache" in " ".join(f.hints)
+    assert len(failure_lines(f, 80)) <= MAX_LINES
+    monkeypatch.delenv("PREFECT_API_URL")
+    f = flow_failure(lost(), tmp_path / "prefect.log", cwd=tmp_path)
+    assert "outside the stages" in f.title
+    f = flow_failure(ValueError("not a connection"), tmp_path / "prefect.log", cwd=tmp_path)
+    assert "outside the stages" in f.title and f.exit_code == EXIT_STAGE_FAILED
