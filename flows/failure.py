@@ -261,22 +261,34 @@ def service_failure(e: ServiceFailed, log: Path | None, cwd: str | Path | None =
     )
 
 
-# Connection errors of the HTTP client Prefect talks to its API with.
+# Connection errors of the HTTP clients Prefect (httpx) and MLflow (requests, urllib3) talk to their servers with.
 _CONNECTION_ERRORS = {
-    ("httpx", n) for n in ("ConnectError", "ConnectTimeout", "ReadTimeout", "RemoteProtocolError")
+    *(("httpx", n) for n in ("ConnectError", "ConnectTimeout", "ReadTimeout", "RemoteProtocolError")),
+    *(("requests", n) for n in ("ConnectionError", "ConnectTimeout")),
+    *(("urllib3", n) for n in ("MaxRetryError", "NewConnectionError")),
 }
 
 
-def _lost_prefect_api(e: BaseException) -> str | None:
-    """The Prefect API's URL when `e` (or its chain) is a connection error and a Prefect server is configured:
-    the server went away while the flow ran (its state reports failed, the stages' own work did not)."""
-    url = os.environ.get("PREFECT_API_URL")
+def _lost_server(e: BaseException) -> tuple[str, str] | None:
+    """(which, URL) of the server that went away while the flow ran, when `e` (or its chain) is a connection
+    error to a configured Prefect server (`PREFECT_API_URL`) or MLflow tracking server (an http(s)
+    `MLFLOW_TRACKING_URI`): the stages' own work is done or failed on its own; the flow's records are not."""
+    from pfactory.tracking import redact_uri
+
+    mlflow_uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     seen: set[int] = set()
     exc: BaseException | None = e
-    while url and exc is not None and id(exc) not in seen:
+    while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if any((c.__module__.split(".")[0], c.__name__) in _CONNECTION_ERRORS for c in type(exc).__mro__):
-            return url
+        mro = [(c.__module__.split(".")[0], c.__name__) for c in type(exc).__mro__]
+        text = str(exc)
+        if os.environ.get("PREFECT_API_URL") and any(m in _CONNECTION_ERRORS for m in mro if m[0] == "httpx"):
+            return "Prefect server", os.environ["PREFECT_API_URL"]
+        if mlflow_uri.startswith(("http://", "https://")) and (
+            any(m in _CONNECTION_ERRORS for m in mro if m[0] != "httpx")
+            or (("mlflow", "MlflowException") in mro and "Max retries exceeded" in text)
+        ):
+            return "MLflow tracking server", redact_uri(mlflow_uri)
         exc = exc.__cause__ or exc.__context__
     return None
 
@@ -288,14 +300,16 @@ def flow_failure(e: BaseException, log: Path | None, cwd: str | Path | None = No
     text = str(e).strip().splitlines()
     reason = [f"{type(e).__name__}: {text[-1] if text else ''}"]
     transient = is_transient(e)
-    api = _lost_prefect_api(e)
-    if api is not None:
+    lost = _lost_server(e)
+    if lost is not None:
+        which, url = lost
+        env = "PREFECT_API_URL" if which.startswith("Prefect") else "MLFLOW_TRACKING_URI"
         return Failure(
-            title=f"factory run lost the Prefect server at {api} (a transient failure: worth another try)",
-            reason=reason,
+            title=f"factory run lost the {which} at {url} (a transient failure: worth another try)",
+            reason=[reason[0][:MAX_REASON_CHARS]],
             logs=[("traceback", openable(log, cwd))] if log is not None else [],
             hints=[
-                "bring the Prefect server back (or unset PREFECT_API_URL for a local one), then run again:",
+                f"bring the {which} back (or unset {env} for a local one), then run again:",
                 "the stages that finished are restored from DVC's run-cache, not recomputed",
             ],
             exit_code=EXIT_TRANSIENT,

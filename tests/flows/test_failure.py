@@ -218,3 +218,19 @@ def test_a_lost_prefect_server_names_the_server_and_is_transient(tmp_path, monke
     assert "outside the stages" in f.title
     f = flow_failure(ValueError("not a connection"), tmp_path / "prefect.log", cwd=tmp_path)
     assert "outside the stages" in f.title and f.exit_code == EXIT_STAGE_FAILED
+
+
+def test_a_lost_mlflow_server_names_the_server(tmp_path, monkeypatch):
+    """The tracking server dies after a stage finished: the flow's own MLflow call (ending the parent run)
+    fails with MlflowException 'Max retries exceeded'. The screen names the server (its password hidden)."""
+    from mlflow.exceptions import MlflowException
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://me:s3cret@127.0.0.1:5999")
+    e = MlflowException("API request to http://127.0.0.1:5999/api/2.0/mlflow/runs/update failed with "
+                        "exception HTTPConnectionPool(host='127.0.0.1', port=5999): Max retries exceeded")  # fmt: skip
+    f = flow_failure(e, tmp_path / "prefect.log", cwd=tmp_path)
+    assert "lost the MLflow tracking server at http://me:***@127.0.0.1:5999" in f.title
+    assert "s3cret" not in repr(failure_lines(f, 80)) and f.exit_code == EXIT_TRANSIENT
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")  # a local store: no server to lose
+    assert "outside the stages" in flow_failure(e, tmp_path / "prefect.log", cwd=tmp_path).title
