@@ -38,13 +38,33 @@ NUM_REG = 8  # offset x, y; z; log l, w, h; sin yaw, cos yaw
 _HEATMAP_PRIOR = 0.1  # initial heatmap probability: bias -log((1 - p) / p) = -2.19, as CenterNet/CenterPoint
 
 
+class Conv1x1(nn.Conv2d):
+    """A 1x1, stride-1 convolution that runs as one GEMM on the channels-last view of its input.
+
+    PyTorch's CPU dispatcher sends 1x1 convolutions to its `slow_conv2d` kernels (NCHW GEMMs plus
+    layout copies for a channels-last input); `F.linear` on `x.permute(0, 2, 3, 1)`, which *is* the
+    contiguous [B, H, W, C] memory of a channels-last tensor, does the same arithmetic with no copy
+    (fwd+bwd of [4, 96, 100, 88] -> 32 channels: docs/MODEL.md, "Speed"). Same parameters and state-dict
+    keys as `nn.Conv2d`; ONNX export and NCHW inputs take the plain convolution.
+    """
+
+    def __init__(self, c_in: int, c_out: int, bias: bool = True) -> None:
+        super().__init__(c_in, c_out, 1, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.onnx.is_in_onnx_export() or not x.is_contiguous(memory_format=torch.channels_last):
+            return super().forward(x)
+        y = F.linear(x.permute(0, 2, 3, 1), self.weight.flatten(1), self.bias)  # [B, H, W, Cout]
+        return y.permute(0, 3, 1, 2)  # [B, Cout, H, W], channels-last memory
+
+
 def conv_norm_act(c_in: int, c_out: int, groups: int, stride: int = 1, kernel: int = 3) -> nn.Sequential:
     """Conv (no bias: the norm has one) -> GroupNorm -> ReLU."""
-    return nn.Sequential(
-        nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False),
-        nn.GroupNorm(groups, c_out),
-        nn.ReLU(inplace=True),
-    )
+    if kernel == 1 and stride == 1:
+        conv: nn.Module = Conv1x1(c_in, c_out, bias=False)
+    else:
+        conv = nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False)
+    return nn.Sequential(conv, nn.GroupNorm(groups, c_out), nn.ReLU(inplace=True))
 
 
 class ImageBranch(nn.Module):
@@ -105,27 +125,57 @@ def paint_points(
             align_corners=False,
             padding_mode="zeros",
         ).reshape(b, n, c, p)  # [B, N, C, P], 0 where unseen
-    else:
-        uv = uvw[..., :2] / depth.clamp(min=min_depth_m).unsqueeze(-1)  # [B, N, P, 2] pixels
-        gx = (uv[..., 0] + 0.5) * (2.0 / wi) - 1.0  # [B, N, P] in [-1, 1] inside the image
-        gy = (uv[..., 1] + 0.5) * (2.0 / hi) - 1.0  # [B, N, P]
-        seen = (
-            (depth > min_depth_m) & (gx.abs() <= 1.0) & (gy.abs() <= 1.0) & cam_valid[:, :, None]
-        )  # [B, N, P]
-        # Park unseen points at the image centre: finite coordinates keep grid_sample's gradient finite;
-        # their samples are zeroed by `seen` below.
-        grid = torch.stack([gx, gy], dim=-1).where(seen.unsqueeze(-1), 0.0)  # [B, N, P, 2]
-        sampled = F.grid_sample(
-            features.reshape(b * n, c, h, w),
-            grid.reshape(b * n, 1, p, 2),
-            mode="bilinear",
-            align_corners=False,
-        )  # [B*N, C, 1, P]
-        sampled = sampled.reshape(b, n, c, p) * seen.unsqueeze(2).to(sampled.dtype)  # [B, N, C, P]
+        count = seen.sum(dim=1).to(sampled.dtype)  # [B, P] cameras seeing each point
+        mean = sampled.sum(dim=1) / count.clamp(min=1.0).unsqueeze(1)  # [B, C, P]
+        flag = (count > 0).to(sampled.dtype).unsqueeze(1)  # [B, 1, P]
+        return torch.cat([mean, flag], dim=1).transpose(1, 2)  # [B, P, C + 1]
+    uv = uvw[..., :2] / depth.clamp(min=min_depth_m).unsqueeze(-1)  # [B, N, P, 2] pixels
+    gx = (uv[..., 0] + 0.5) * (2.0 / wi) - 1.0  # [B, N, P] in [-1, 1] inside the image
+    gy = (uv[..., 1] + 0.5) * (2.0 / hi) - 1.0  # [B, N, P]
+    seen = (depth > min_depth_m) & (gx.abs() <= 1.0) & (gy.abs() <= 1.0) & cam_valid[:, :, None]  # [B, N, P]
+    # Park unseen points at the image centre: finite coordinates keep the weights finite; their samples
+    # are zeroed by `seen`.
+    sampled = sample_bilinear(features, gx.where(seen, 0.0), gy.where(seen, 0.0), seen)  # [B, N, P, C]
     count = seen.sum(dim=1).to(sampled.dtype)  # [B, P] cameras seeing each point
-    mean = sampled.sum(dim=1) / count.clamp(min=1.0).unsqueeze(1)  # [B, C, P]
-    flag = (count > 0).to(sampled.dtype).unsqueeze(1)  # [B, 1, P]
-    return torch.cat([mean, flag], dim=1).transpose(1, 2)  # [B, P, C + 1]
+    mean = sampled[:, 0] if n == 1 else sampled.sum(dim=1)  # [B, P, C]; 0 where no camera sees it
+    if n > 1:
+        mean = mean / count.clamp(min=1.0).unsqueeze(-1)  # [B, P, C]
+    flag = (count > 0).to(sampled.dtype).unsqueeze(-1)  # [B, P, 1]
+    return torch.cat([mean, flag], dim=-1)  # [B, P, C + 1]
+
+
+def sample_bilinear(features: Tensor, gx: Tensor, gy: Tensor, mask: Tensor) -> Tensor:
+    """`F.grid_sample(bilinear, zeros padding, align_corners=False)` as four row gathers, times `mask`.
+
+    features [B, N, C, h, w] (channels-last memory per camera: the image branch's output, so the
+    [B*N*h*w, C] row table below is a view), gx, gy [B, N, P] normalized coordinates, mask [B, N, P]
+    bool -> [B, N, P, C]. The same weights and corner order as ATen's CPU kernel, so the values agree
+    to float rounding (tested). Why not grid_sample: its CPU backward scatters one float at a time
+    (24 ms of a 450 ms step at 80k points x 32 channels, 1 thread); here the backward is four
+    row-wise `index_add`s, and the output is [P, C] rows, the layout the pillar MLP reads.
+    """
+    b, n, c, h, w = features.shape
+    p = gx.shape[-1]
+    table = features.permute(0, 1, 3, 4, 2).reshape(b * n * h * w, c)  # [B*N*h*w, C]
+    ix = ((gx + 1) * w - 1) / 2  # [B, N, P] feature-map pixel coordinates (grid_sample's unnormalize)
+    iy = ((gy + 1) * h - 1) / 2
+    x0, y0 = torch.floor(ix), torch.floor(iy)  # [B, N, P] north-west corner
+    x1, y1 = x0 + 1, y0 + 1
+    base = torch.arange(b * n, device=features.device).view(b, n, 1) * (h * w)  # [B, N, 1] first row
+    out: Tensor | None = None
+    for xc, yc, weight in (
+        (x0, y0, (x1 - ix) * (y1 - iy)),
+        (x1, y0, (ix - x0) * (y1 - iy)),
+        (x0, y1, (x1 - ix) * (iy - y0)),
+        (x1, y1, (ix - x0) * (iy - y0)),
+    ):
+        inside = (xc >= 0) & (xc <= w - 1) & (yc >= 0) & (yc <= h - 1) & mask  # [B, N, P]
+        index = base + (yc.clamp(0, h - 1) * w + xc.clamp(0, w - 1)).long()  # [B, N, P] table row
+        rows = table.index_select(0, index.reshape(-1)).view(b, n, p, c)  # [B, N, P, C]
+        term = rows * (weight * inside).unsqueeze(-1)  # [B, N, P, C]; 0 outside the map (zero padding)
+        out = term if out is None else out + term
+    assert out is not None
+    return out
 
 
 def scatter_max_nonnegative(features: Tensor, row: Tensor, num_cells: int) -> Tensor:
@@ -156,6 +206,7 @@ class PillarEncoder(nn.Module):
         self.pc_range = [float(v) for v in p.pc_range]
         self.cell = float(p.pillar_size_m)
         self.grid = p.grid  # (H, W)
+        self.space_to_depth = p.bev_stem == "space_to_depth"
         # (x, y, z) normalized to [-1, 1], intensity, offset to the pillar centre (x, y), offset to the
         # pillar's point mean (x, y, z): the PointPillars decoration.
         c_in = 9 + extra_channels
@@ -221,8 +272,34 @@ class PillarEncoder(nn.Module):
             decorated_t = torch.cat([decorated_t, extra.permute(2, 0, 1).reshape(e, -1)])  # [9 + E, B*P]
         return decorated_t, row
 
+    def _canvas_cells(self, cell: Tensor) -> Tensor:
+        """cell [N] (`b*H*W + row*W + col`, -1 dropped) -> the canvas row each point scatters into.
+
+        With the space-to-depth stem the canvas rows are ordered `((b*H/2 + row//2)*W/2 + col//2)*4 +
+        (row%2)*2 + col%2`, so the [B*H*W, C] canvas *is* [B, H/2, W/2, 4*C] in memory: every 2x2 block of
+        pillars is one 0.8 m cell with 4*C channels, and no space-to-depth copy is ever made.
+        """
+        if not self.space_to_depth:
+            return cell
+        h, w = self.grid
+        c = cell.clamp(min=0)  # [N]
+        col = c % w
+        row = (c // w) % h
+        b = c // (h * w)
+        blocked = ((b * (h // 2) + row // 2) * (w // 2) + col // 2) * 4 + (row % 2) * 2 + col % 2  # [N]
+        return torch.where(cell >= 0, blocked, -1)
+
+    def _as_image(self, canvas: Tensor, b: int) -> Tensor:
+        """canvas [B*H*W, C] -> [B, C, H, W], or [B, 4*C, H/2, W/2] with the space-to-depth stem; a view
+        with channels-last memory, which the convs behind prefer."""
+        h, w = self.grid
+        if self.space_to_depth:
+            return canvas.reshape(b, h // 2, w // 2, -1).permute(0, 3, 1, 2)
+        return canvas.reshape(b, h, w, -1).permute(0, 3, 1, 2)
+
     def forward(self, points: Tensor, num_points: Tensor, extra: Tensor | None) -> Tensor:
-        """points [B, P, 4], num_points [B], extra [B, P, E] or None -> canvas [B, C, H, W]."""
+        """points [B, P, 4], num_points [B], extra [B, P, E] or None -> canvas [B, C, H, W]
+        ([B, 4*C, H/2, W/2] with `bev_stem: space_to_depth`)."""
         b, p, _ = points.shape
         h, w = self.grid
         x0, y0, z0, x1, y1, z1 = self.pc_range
@@ -233,6 +310,7 @@ class PillarEncoder(nn.Module):
         # control flow, so the same graph serves every num_points (export, compile).
         batch = torch.where(arange_p[None, :] < num_points[:, None], batch, -1).reshape(b * p)  # [B*P]
         cell = kernels.points_to_cells(flat, batch, self.pc_range, (self.cell, self.cell), (h, w))  # [B*P]
+        cell = self._canvas_cells(cell)  # [B*P] the canvas row (a permutation of the pillars)
         # An int in eager; a symbolic int under ONNX export with a dynamic batch (no int(): it would pin
         # the batch to the example's), which only the export branches below ever see.
         num_cells = b * h * w
@@ -246,7 +324,7 @@ class PillarEncoder(nn.Module):
                 canvas = scatter_max_nonnegative(point_feats, row, num_cells)  # [B*H*W, C]
             else:  # what `kernels.pillar_scatter_max` exports; it also takes a symbolic num_cells
                 canvas = kernels.pillar_scatter_max_reference(point_feats, cell, num_cells)
-            return canvas.reshape(b, h, w, -1).permute(0, 3, 1, 2)
+            return self._as_image(canvas, b)
 
         # Offsets to the pillar centre, in cells ([-0.5, 0.5) inside the pillar).
         xy = flat[:, :2]  # [B*P, 2]
@@ -269,8 +347,7 @@ class PillarEncoder(nn.Module):
         # Dropped points carry garbage offsets (trash-row mean); they never reach the canvas.
         point_feats = self.mlp(decorated)  # [B*P, C], >= 0 after ReLU, so the empty-cell 0 is a true floor
         canvas = kernels.pillar_scatter_max(point_feats, cell, num_cells, check_indices=False)  # [B*H*W, C]
-        # [B, C, H, W] viewed from [B, H, W, C]: channels-last memory, which the convs below prefer.
-        return canvas.reshape(b, h, w, -1).permute(0, 3, 1, 2)
+        return self._as_image(canvas, b)
 
 
 class BevBackbone(nn.Module):
@@ -281,13 +358,20 @@ class BevBackbone(nn.Module):
         g = p.norm_groups
         self.total_stride = math.prod(p.bev_strides)
         self.head_stride = p.head_stride
+        self.grid = p.grid  # (H, W) of the pillar grid
+        # The space-to-depth stem hands over the canvas at stride 2 already ([B, 4*C0, H/2, W/2]).
+        self.input_stride = 2 if p.bev_stem == "space_to_depth" else 1
         self.stages = nn.ModuleList()
         self.ups = nn.ModuleList()
-        c_prev = p.point_channels
+        c_prev = p.point_channels * self.input_stride**2
         stride = 1
-        for c, s, n in zip(p.bev_channels, p.bev_strides, p.bev_blocks):
+        for i, (c, s, n) in enumerate(zip(p.bev_channels, p.bev_strides, p.bev_blocks)):
             stride *= s
-            layers = [conv_norm_act(c_prev, c, g, stride=s)] + [conv_norm_act(c, c, g) for _ in range(n)]
+            if i == 0 and self.input_stride == 2:
+                first = conv_norm_act(c_prev, c, g, kernel=1)  # mixes each 2x2 pillar block: one GEMM
+            else:
+                first = conv_norm_act(c_prev, c, g, stride=s)
+            layers = [first] + [conv_norm_act(c, c, g) for _ in range(n)]
             self.stages.append(nn.Sequential(*layers))
             if stride > self.head_stride:  # upsample: transposed conv, kernel = stride (no overlap)
                 f = stride // self.head_stride
@@ -304,11 +388,13 @@ class BevBackbone(nn.Module):
         self.out_channels = p.up_channels * len(self.stages)
 
     def forward(self, canvas: Tensor) -> Tensor:
-        _, _, h, w = canvas.shape
-        t = self.total_stride
+        """canvas [B, C0, H, W] (or [B, 4*C0, H/2, W/2], space-to-depth) -> [B, sum(up), H/hs, W/hs]."""
+        _, _, hc, wc = canvas.shape
+        h, w = self.grid
+        t = self.total_stride // self.input_stride
         # Pad right/bottom to a multiple of the total stride so every stage upsamples back exactly;
         # the head grid is cropped back below. Static shapes: fine for compile and export.
-        ph, pw = (-h) % t, (-w) % t
+        ph, pw = (-hc) % t, (-wc) % t
         x = F.pad(canvas, (0, pw, 0, ph)) if ph or pw else canvas  # [B, C0, Hp, Wp]
         outs = []
         for stage, up in zip(self.stages, self.ups):
@@ -323,7 +409,7 @@ class CenterHead(nn.Module):
 
     def __init__(self, c_in: int, p: ModelParams) -> None:
         super().__init__()
-        self.shared = conv_norm_act(c_in, p.head_channels, p.norm_groups)
+        self.shared = conv_norm_act(c_in, p.head_channels, p.norm_groups, kernel=p.head_kernel)
         self.heatmap = nn.Conv2d(p.head_channels, len(p.classes), 3, padding=1)
         self.reg = nn.Conv2d(p.head_channels, NUM_REG, 3, padding=1)
         nn.init.constant_(self.heatmap.bias, -math.log((1 - _HEATMAP_PRIOR) / _HEATMAP_PRIOR))

@@ -19,7 +19,9 @@ from pfactory.fsutil import atomic_write_bytes, atomic_write_json, read_json_obj
 from pfactory.model.detector import PaintedPillarDetector, build_model
 from pfactory.model.params import ModelParams
 
-CONFIG_FORMAT = 1
+CONFIG_FORMAT = 2
+# Format 1 configs predate these ModelParams fields; they mean the network of that time.
+_FORMAT1_MODEL = {"bev_stem": "conv3x3", "head_kernel": 3}
 WEIGHTS = af.WEIGHTS
 CONFIG = af.MODEL_CONFIG
 
@@ -106,6 +108,8 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
         raise ValueError(
             f"{path}: model config format {config['format']} is newer than this pfactory ({CONFIG_FORMAT})"
         )
+    if int(config.get("format", 0)) < 2 and isinstance(config.get("model"), dict):
+        config["model"] = {**_FORMAT1_MODEL, **config["model"]}
     return config
 
 

@@ -1,6 +1,6 @@
 """Center-head loss: penalty-reduced focal loss on the heatmap + weighted L1 on the regressions.
 
-In:  head outputs `{"heatmap": [B, K, Ho, Wo] logits, "reg": [B, 8, Ho, Wo]}`, `Targets`, the weights.
+In:  head outputs `{"heatmap": [B, K, Ho, Wo] logits, "reg": [B, R, Ho, Wo]}`, `Targets`, the weights.
 Out: `{"loss": [] total, "heatmap": [] focal term, "reg": [] L1 term, "reg/<name>": [] per channel}`.
 
 Normalization. `kernels.focal_loss` divides by this batch's peak count and the L1 divides by this
@@ -33,7 +33,7 @@ def detection_loss(
 ) -> dict[str, Tensor]:
     """Loss terms (module docstring). `num_peaks`/`num_objects`: global counts under DDP, else None."""
     logits = out["heatmap"].float()  # [B, K, Ho, Wo]; fp32 loss also under bf16 autocast
-    reg = out["reg"].float()  # [B, 8, Ho, Wo]
+    reg = out["reg"].float()  # [B, R, Ho, Wo]
     # kernels.focal_loss = S / max(1, local peaks); rescale to S / max(1, global peaks) * world_size.
     focal = kernels.focal_loss(logits, targets.heatmap)  # []
     if num_peaks is not None:
@@ -42,14 +42,18 @@ def detection_loss(
 
     b, c = reg.shape[:2]
     m = targets.index.shape[1]
-    pred = reg.flatten(2).gather(2, targets.index[:, None, :].expand(b, c, m)).transpose(1, 2)  # [B, M, 8]
-    err = (pred - targets.reg).abs() * targets.mask[..., None].to(pred.dtype)  # [B, M, 8]
-    per_channel = err.sum(dim=(0, 1))  # [8] summed over objects
+    # Gather through the [B, H*W, R] view: the head's convs write channels-last memory, where that view
+    # is free and its gradient flows back channels-last too (a flatten(2) copy made the backward of every
+    # conv behind it convert layouts).
+    rows = reg.permute(0, 2, 3, 1).reshape(b, -1, c)  # [B, Ho*Wo, R]
+    pred = rows.gather(1, targets.index[:, :, None].expand(b, m, c))  # [B, M, R]
+    err = (pred - targets.reg).abs() * targets.mask[..., None].to(pred.dtype)  # [B, M, R]
+    per_channel = err.sum(dim=(0, 1))  # [R] summed over objects
     n_obj = (
         (num_objects if num_objects is not None else targets.num_objects).clamp(min=1).to(pred.dtype)
     )  # []
-    per_channel = per_channel / n_obj * (world_size if num_objects is not None else 1)  # [8]
-    w = per_channel.new_tensor(code_weights if code_weights is not None else [1.0] * c)  # [8]
+    per_channel = per_channel / n_obj * (world_size if num_objects is not None else 1)  # [R]
+    w = per_channel.new_tensor(code_weights if code_weights is not None else [1.0] * c)  # [R]
     l1 = (per_channel * w).sum()  # []
 
     total = heatmap_weight * focal + reg_weight * l1  # []

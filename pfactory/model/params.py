@@ -46,12 +46,21 @@ class ModelParams(Section):
     """Stride of the first conv of each backbone stage (relative to the previous stage)."""
     bev_blocks: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [1, 2, 2])
     """Extra 3x3 convs after the strided conv of each stage."""
+    bev_stem: Literal["space_to_depth", "conv3x3"] = "space_to_depth"
+    """How the first backbone stage leaves the pillar grid. `space_to_depth`: the pillar encoder scatters
+    into 2x2 pillar blocks ([B, 4 * point_channels, H/2, W/2], a free reshape) and a 1x1 conv (one GEMM)
+    mixes them; `conv3x3`: a stride-2 3x3 conv on the [B, point_channels, H, W] canvas (the original
+    stem, ~3x the fwd+bwd time here: docs/MODEL.md, "Speed"). space_to_depth needs bev_strides[0] = 2."""
     up_channels: PositiveInt = 32
     """Channels each stage is projected to before the multi-scale concat at the head stride."""
     head_stride: PositiveInt = 2
     """Output stride of the head w.r.t. the pillar grid: head cell = pillar_size_m * head_stride."""
     head_channels: PositiveInt = 32
-    """Channels of the shared 3x3 conv in front of the heatmap and regression convs."""
+    """Channels of the shared conv in front of the heatmap and regression convs."""
+    head_kernel: Literal[1, 3] = 1
+    """Kernel of that shared conv. 1: a GEMM mixing the concatenated scales (the heatmap/regression convs
+    behind it are 3x3); 3: the original 3x3 over sum(up_channels) inputs, the costliest layer of the
+    network (~9x the MACs; docs/MODEL.md, "Speed")."""
     norm_groups: PositiveInt = 8
     """GroupNorm groups. GroupNorm (not BatchNorm) keeps a sample's output independent of its batch,
     so DDP and single-process runs agree and export needs no running statistics."""
@@ -85,6 +94,11 @@ class ModelParams(Section):
         if h % self.head_stride or w % self.head_stride:
             raise ValueError(
                 f"model: the pillar grid (H, W)=({h}, {w}) must be divisible by head_stride={self.head_stride}"
+            )
+        if self.bev_stem == "space_to_depth" and (self.bev_strides[0] != 2 or h % 2 or w % 2):
+            raise ValueError(
+                "model.bev_stem=space_to_depth needs bev_strides[0] = 2 and an even pillar grid, got "
+                f"bev_strides {self.bev_strides}, grid (H, W)=({h}, {w})"
             )
         strides = [math.prod(self.bev_strides[: i + 1]) for i in range(len(self.bev_strides))]
         if self.head_stride not in strides and self.head_stride != 1:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pfactory.model.detector import build_model, paint_points
+from pfactory.model.detector import Conv1x1, build_model, paint_points, sample_bilinear
 from pfactory.model.params import ModelParams
 
 from .helpers import IMAGE_SIZE, camera_proj, random_batch, tiny_params
@@ -14,8 +14,13 @@ from .helpers import IMAGE_SIZE, camera_proj, random_batch, tiny_params
 
 @pytest.mark.parametrize("camera", [True, False])
 @pytest.mark.parametrize("cams", [1, 3])
-def test_output_shapes(camera: bool, cams: int) -> None:
-    p = tiny_params(camera=camera)
+@pytest.mark.parametrize(
+    ("stem", "head_kernel"),
+    [("space_to_depth", 1), ("conv3x3", 3)],
+    ids=["default", "format1_network"],
+)
+def test_output_shapes(camera: bool, cams: int, stem: str, head_kernel: int) -> None:
+    p = tiny_params(camera=camera, bev_stem=stem, head_kernel=head_kernel)
     torch.manual_seed(0)
     model = build_model(p, IMAGE_SIZE)
     b = random_batch(p, batch=2, cams=cams)
@@ -26,6 +31,42 @@ def test_output_shapes(camera: bool, cams: int) -> None:
     boxes, scores, labels = model.forward_export(b["points"], b["num_points"], b["images"], b["proj"])
     assert boxes.shape == (2, p.max_detections, 7) and scores.shape == labels.shape == (2, p.max_detections)
     assert torch.isfinite(boxes).all() and (scores[:, :-1] >= scores[:, 1:]).all()
+
+
+def test_sample_bilinear_matches_grid_sample_forward_and_backward() -> None:
+    torch.manual_seed(0)
+    b, n, c, h, w, p = 2, 3, 5, 7, 9, 400
+    feats = torch.randn(b * n, h, w, c).permute(0, 3, 1, 2).reshape(b, n, c, h, w)  # channels-last memory
+    feats.requires_grad_(True)
+    gx = torch.rand(b, n, p) * 2.4 - 1.2  # some points off the map: zero padding
+    gy = torch.rand(b, n, p) * 2.4 - 1.2
+    mask = torch.rand(b, n, p) > 0.2
+    mine = sample_bilinear(feats, gx, gy, mask)  # [B, N, P, C]
+    ref = torch.nn.functional.grid_sample(
+        feats.reshape(b * n, c, h, w), torch.stack([gx, gy], -1).reshape(b * n, 1, p, 2),
+        mode="bilinear", align_corners=False, padding_mode="zeros",
+    ).reshape(b, n, c, p).transpose(2, 3) * mask[..., None]  # fmt: skip
+    torch.testing.assert_close(mine, ref, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(ref)
+    (grad_mine,) = torch.autograd.grad(mine, feats, g)
+    (grad_ref,) = torch.autograd.grad(ref, feats, g)
+    torch.testing.assert_close(grad_mine, grad_ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
+def test_conv1x1_equals_conv2d_forward_and_backward(memory_format: torch.memory_format) -> None:
+    torch.manual_seed(0)
+    conv = Conv1x1(12, 7)
+    ref = torch.nn.Conv2d(12, 7, 1)
+    ref.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 12, 5, 6).contiguous(memory_format=memory_format).requires_grad_(True)
+    y, y_ref = conv(x), ref(x)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [x, conv.weight, conv.bias], g)
+    grads_ref = torch.autograd.grad(y_ref, [x, ref.weight, ref.bias], g)
+    for a, e in zip(grads, grads_ref):
+        torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
 
 
 def test_default_params_grid() -> None:
