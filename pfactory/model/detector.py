@@ -34,7 +34,6 @@ import kernels
 from pfactory.model.decode import decode
 from pfactory.model.params import ModelParams
 
-NUM_REG = 8  # offset x, y; z; log l, w, h; sin yaw, cos yaw
 _HEATMAP_PRIOR = 0.1  # initial heatmap probability: bias -log((1 - p) / p) = -2.19, as CenterNet/CenterPoint
 
 
@@ -411,7 +410,7 @@ class CenterHead(nn.Module):
         super().__init__()
         self.shared = conv_norm_act(c_in, p.head_channels, p.norm_groups, kernel=p.head_kernel)
         self.heatmap = nn.Conv2d(p.head_channels, len(p.classes), 3, padding=1)
-        self.reg = nn.Conv2d(p.head_channels, NUM_REG, 3, padding=1)
+        self.reg = nn.Conv2d(p.head_channels, len(p.reg_channels), 3, padding=1)
         nn.init.constant_(self.heatmap.bias, -math.log((1 - _HEATMAP_PRIOR) / _HEATMAP_PRIOR))
         # Small initial regressions: the first steps are not dominated by huge L1 gradients.
         nn.init.normal_(self.reg.weight, std=1e-3)
@@ -419,7 +418,7 @@ class CenterHead(nn.Module):
 
     def forward(self, x: Tensor) -> dict[str, Tensor]:
         y = self.shared(x)  # [B, Ch, Ho, Wo]
-        return {"heatmap": self.heatmap(y), "reg": self.reg(y)}  # [B, K, Ho, Wo], [B, 8, Ho, Wo]
+        return {"heatmap": self.heatmap(y), "reg": self.reg(y)}  # [B, K, Ho, Wo], [B, R, Ho, Wo]
 
 
 class PaintedPillarDetector(nn.Module):

@@ -21,7 +21,7 @@ from pfactory.model.params import ModelParams
 
 CONFIG_FORMAT = 2
 # Format 1 configs predate these ModelParams fields; they mean the network of that time.
-_FORMAT1_MODEL = {"bev_stem": "conv3x3", "head_kernel": 3}
+_FORMAT1_MODEL = {"bev_stem": "conv3x3", "head_kernel": 3, "heading": "sincos"}
 WEIGHTS = af.WEIGHTS
 CONFIG = af.MODEL_CONFIG
 

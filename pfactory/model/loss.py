@@ -1,7 +1,8 @@
 """Center-head loss: penalty-reduced focal loss on the heatmap + weighted L1 on the regressions.
 
 In:  head outputs `{"heatmap": [B, K, Ho, Wo] logits, "reg": [B, R, Ho, Wo]}`, `Targets`, the weights.
-Out: `{"loss": [] total, "heatmap": [] focal term, "reg": [] L1 term, "reg/<name>": [] per channel}`.
+Out: `{"loss": [] total, "heatmap": [] focal term, "reg": [] L1 term, "reg/<name>": [] per channel}`
+(channel names: `ModelParams.reg_channels`, or `off_x, ..., cos` [+ `sin2, cos2`] by count).
 
 Normalization. `kernels.focal_loss` divides by this batch's peak count and the L1 divides by this
 batch's object count. Under DDP every process sees a slice of the global batch, and averaging
@@ -18,7 +19,7 @@ from torch import Tensor
 import kernels
 from pfactory.model.targets import Targets
 
-REG_NAMES = ("off_x", "off_y", "z", "log_l", "log_w", "log_h", "sin", "cos")
+REG_NAMES = ("off_x", "off_y", "z", "log_l", "log_w", "log_h", "sin", "cos", "sin2", "cos2")
 
 
 def detection_loss(
@@ -42,6 +43,11 @@ def detection_loss(
 
     b, c = reg.shape[:2]
     m = targets.index.shape[1]
+    if code_weights is not None and len(code_weights) != c:
+        raise ValueError(
+            f"train.reg_code_weights has {len(code_weights)} entries but the head regresses {c} channels "
+            f"({', '.join(REG_NAMES[:c])}): give one weight per channel, or null for 1.0 each"
+        )
     # Gather through the [B, H*W, R] view: the head's convs write channels-last memory, where that view
     # is free and its gradient flows back channels-last too (a flatten(2) copy made the backward of every
     # conv behind it convert layouts).
@@ -58,5 +64,5 @@ def detection_loss(
 
     total = heatmap_weight * focal + reg_weight * l1  # []
     terms = {"loss": total, "heatmap": focal, "reg": l1}
-    terms.update({f"reg/{name}": per_channel[i] for i, name in enumerate(REG_NAMES)})
+    terms.update({f"reg/{name}": per_channel[i] for i, name in enumerate(REG_NAMES[:c])})
     return terms

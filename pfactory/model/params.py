@@ -61,6 +61,11 @@ class ModelParams(Section):
     """Kernel of that shared conv. 1: a GEMM mixing the concatenated scales (the heatmap/regression convs
     behind it are 3x3); 3: the original 3x3 over sum(up_channels) inputs, the costliest layer of the
     network (~9x the MACs; docs/MODEL.md, "Speed")."""
+    heading: Literal["axis_sign", "sincos"] = "axis_sign"
+    """Yaw target. `axis_sign`: sin/cos of yaw plus sin/cos of 2*yaw (the box axis, defined up to pi); the
+    decoder takes the axis from the 2*yaw pair and front/back from the sign of the yaw pair projected on
+    it, so an unsure front/back costs pi, never a wrong axis. `sincos`: sin/cos of yaw only (the
+    original 8-channel head). docs/MODEL.md, "Heading"."""
     norm_groups: PositiveInt = 8
     """GroupNorm groups. GroupNorm (not BatchNorm) keeps a sample's output independent of its batch,
     so DDP and single-process runs agree and export needs no running statistics."""
@@ -117,6 +122,12 @@ class ModelParams(Section):
                     f"model: every channel count must be divisible by norm_groups={self.norm_groups}, got {c}"
                 )
         return self
+
+    @property
+    def reg_channels(self) -> tuple[str, ...]:
+        """Names of the regression channels of the head, in order (`pfactory.model.targets`)."""
+        base = ("off_x", "off_y", "z", "log_l", "log_w", "log_h", "sin", "cos")
+        return base + (("sin2", "cos2") if self.heading == "axis_sign" else ())
 
     @property
     def grid(self) -> tuple[int, int]:

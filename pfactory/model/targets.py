@@ -7,11 +7,13 @@ Out: `Targets`:
              at the object's cell (floor of its centre in cell units), combined by max);
      index   [B, M] int64 — flattened head cell `row * Wo + col` of each object (0 where masked);
      mask    [B, M] bool  — object is trained on (valid label, centre inside the head grid);
-     reg     [B, M, 8]    — regression targets at that cell:
+     reg     [B, M, R]    — regression targets at that cell (R = len(ModelParams.reg_channels)):
              0-1 offset of the centre inside its cell (x, y) in [0, 1), cells;
              2   z of the box centre, metres;
              3-5 log(l), log(w), log(h), metres;
-             6-7 sin(yaw), cos(yaw).
+             6-7 sin(yaw), cos(yaw);
+             8-9 sin(2 yaw), cos(2 yaw): the box axis, the same for yaw and yaw + pi
+                 (`model.heading: axis_sign` only; the decoder's front/back is the sign of 6-7 on it).
 The decoder (`pfactory.model.decode`) inverts exactly this encoding; tests round-trip it.
 Static shapes throughout (masked objects are sent to the heatmap kernel's trash plane with label -1).
 """
@@ -36,7 +38,7 @@ class Targets:
     heatmap: Tensor  # [B, K, Ho, Wo]
     index: Tensor  # [B, M] int64
     mask: Tensor  # [B, M] bool
-    reg: Tensor  # [B, M, 8]
+    reg: Tensor  # [B, M, R]
 
     @property
     def num_objects(self) -> Tensor:
@@ -104,17 +106,17 @@ def build_targets(boxes: Tensor, labels: Tensor, p: ModelParams, num_boxes: Tens
 
     index = (row * w + col).long().where(valid, 0)  # [B, M]
     yaw = boxes[..., 6]  # [B, M]
-    reg = torch.stack(
-        [
-            cx - col,
-            cy - row,
-            boxes[..., 2],
-            size[..., 0].log(),
-            size[..., 1].log(),
-            size[..., 2].log(),
-            torch.sin(yaw),
-            torch.cos(yaw),
-        ],
-        dim=-1,
-    ).where(valid[..., None], 0.0)  # [B, M, 8]
+    channels = [
+        cx - col,
+        cy - row,
+        boxes[..., 2],
+        size[..., 0].log(),
+        size[..., 1].log(),
+        size[..., 2].log(),
+        torch.sin(yaw),
+        torch.cos(yaw),
+    ]
+    if p.heading == "axis_sign":
+        channels += [torch.sin(2 * yaw), torch.cos(2 * yaw)]
+    reg = torch.stack(channels, dim=-1).where(valid[..., None], 0.0)  # [B, M, R]
     return Targets(heatmap=heatmap, index=index, mask=valid, reg=reg)

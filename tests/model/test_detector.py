@@ -15,19 +15,19 @@ from .helpers import IMAGE_SIZE, camera_proj, random_batch, tiny_params
 @pytest.mark.parametrize("camera", [True, False])
 @pytest.mark.parametrize("cams", [1, 3])
 @pytest.mark.parametrize(
-    ("stem", "head_kernel"),
-    [("space_to_depth", 1), ("conv3x3", 3)],
+    ("stem", "head_kernel", "heading"),
+    [("space_to_depth", 1, "axis_sign"), ("conv3x3", 3, "sincos")],
     ids=["default", "format1_network"],
 )
-def test_output_shapes(camera: bool, cams: int, stem: str, head_kernel: int) -> None:
-    p = tiny_params(camera=camera, bev_stem=stem, head_kernel=head_kernel)
+def test_output_shapes(camera: bool, cams: int, stem: str, head_kernel: int, heading: str) -> None:
+    p = tiny_params(camera=camera, bev_stem=stem, head_kernel=head_kernel, heading=heading)
     torch.manual_seed(0)
     model = build_model(p, IMAGE_SIZE)
     b = random_batch(p, batch=2, cams=cams)
     out = model(b["points"], b["num_points"], b["images"], b["proj"], b["cam_valid"])
     h, w = p.head_grid
     assert out["heatmap"].shape == (2, 3, h, w)
-    assert out["reg"].shape == (2, 8, h, w)
+    assert out["reg"].shape == (2, len(p.reg_channels), h, w)
     boxes, scores, labels = model.forward_export(b["points"], b["num_points"], b["images"], b["proj"])
     assert boxes.shape == (2, p.max_detections, 7) and scores.shape == labels.shape == (2, p.max_detections)
     assert torch.isfinite(boxes).all() and (scores[:, :-1] >= scores[:, 1:]).all()

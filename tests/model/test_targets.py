@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pfactory.model.decode import decode
+from pfactory.model.decode import decode, decode_yaw
 from pfactory.model.targets import build_targets, gaussian_radius
 
 from .helpers import random_batch, tiny_params
@@ -34,22 +34,24 @@ def test_gaussian_radius_matches_centerpoint(l: float, w: float, overlap: float)
     assert got.item() == pytest.approx(_centerpoint_radius((l, w), overlap), rel=1e-12)
 
 
-def test_targets_decode_round_trip() -> None:
+@pytest.mark.parametrize("heading", ["axis_sign", "sincos"])
+def test_targets_decode_round_trip(heading: str) -> None:
     """Encode GT boxes, decode the targets as if they were predictions: the boxes come back."""
-    p = tiny_params(max_detections=64)
+    p = tiny_params(max_detections=64, heading=heading)
+    r = len(p.reg_channels)
     b = random_batch(p, batch=3, boxes=12, seed=3)
     boxes, labels = b["boxes"], b["labels"]
     t = build_targets(boxes, labels, p, b["num_boxes"])
     bsz, k = boxes.shape[0], len(p.classes)
     h, w = p.head_grid
-    assert t.heatmap.shape == (bsz, k, h, w) and t.reg.shape == (bsz, 12, 8)
+    assert t.heatmap.shape == (bsz, k, h, w) and t.reg.shape == (bsz, 12, r)
     # Perfect predictions: logit +20 at peaks (target 1), -20 elsewhere; regressions painted at peaks.
     logits = torch.where(t.heatmap == 1, 20.0, -20.0)  # [B, K, Ho, Wo]
-    reg = torch.zeros(bsz, 8, h * w)  # [B, 8, Ho*Wo]
+    reg = torch.zeros(bsz, r, h * w)  # [B, R, Ho*Wo]
     for i in range(bsz):
         m = t.mask[i]
         reg[i][:, t.index[i][m]] = t.reg[i][m].T
-    out_boxes, scores, out_labels = decode(logits, reg.view(bsz, 8, h, w), p)
+    out_boxes, scores, out_labels = decode(logits, reg.view(bsz, r, h, w), p)
     for i in range(bsz):
         m = t.mask[i]
         keep = scores[i] > 0.5
@@ -77,3 +79,18 @@ def test_masked_objects_draw_nothing() -> None:
     # The peak is at floor(centre / cell): x = 5 m -> column 6 (0.8 m cells), y = 0 -> row 10.
     assert t.heatmap[0, 0, 10, 6] == 1.0
     torch.testing.assert_close(t.reg[0, 0, :2], torch.tensor([5.0 / 0.8 - 6, 0.0]))
+
+
+def test_axis_sign_yaw_decodes_axis_and_direction() -> None:
+    """The axis comes from the 2-yaw pair; the (sin, cos) pair only picks front or back, so a weak or
+    wrong-signed direction pair flips the box by pi but never tilts its axis."""
+    yaw = torch.linspace(-math.pi + 1e-3, math.pi, 37)  # [D]
+    axis = torch.stack([torch.sin(2 * yaw), torch.cos(2 * yaw)])  # [2, D]
+    weak = 0.2 * torch.stack([torch.sin(yaw), torch.cos(yaw)]) + 0.05  # [2, D] small, slightly off
+    got = decode_yaw(torch.cat([weak, axis])[None], "axis_sign")[0]  # [D]
+    d = torch.remainder(got - yaw + math.pi, 2 * math.pi) - math.pi
+    assert d.abs().max() < 1e-4
+    flipped = decode_yaw(torch.cat([-weak, axis])[None], "axis_sign")[0]
+    d = torch.remainder(flipped - yaw, 2 * math.pi) - math.pi  # off by exactly pi
+    assert d.abs().max() < 1e-4
+    assert (got > -math.pi).all() and (got <= math.pi).all()
