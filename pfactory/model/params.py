@@ -46,21 +46,22 @@ class ModelParams(Section):
     """Stride of the first conv of each backbone stage (relative to the previous stage)."""
     bev_blocks: list[Annotated[int, Field(ge=0)]] = Field(default_factory=lambda: [1, 2, 2])
     """Extra 3x3 convs after the strided conv of each stage."""
-    bev_stem: Literal["space_to_depth", "conv3x3"] = "space_to_depth"
+    bev_stem: Literal["space_to_depth", "conv3x3"] = "conv3x3"
     """How the first backbone stage leaves the pillar grid. `space_to_depth`: the pillar encoder scatters
     into 2x2 pillar blocks ([B, 4 * point_channels, H/2, W/2], a free reshape) and a 1x1 conv (one GEMM)
     mixes them; `conv3x3`: a stride-2 3x3 conv on the [B, point_channels, H, W] canvas (the original
-    stem, ~3x the fwd+bwd time here: docs/MODEL.md, "Speed"). space_to_depth needs bev_strides[0] = 2."""
+    stem, ~3x the fwd+bwd time of that layer). space_to_depth needs bev_strides[0] = 2. Default conv3x3:
+    the default run with space_to_depth + head_kernel 1 scored lower (docs/MODEL.md, "Speed")."""
     up_channels: PositiveInt = 32
     """Channels each stage is projected to before the multi-scale concat at the head stride."""
     head_stride: PositiveInt = 2
     """Output stride of the head w.r.t. the pillar grid: head cell = pillar_size_m * head_stride."""
     head_channels: PositiveInt = 32
     """Channels of the shared conv in front of the heatmap and regression convs."""
-    head_kernel: Literal[1, 3] = 1
+    head_kernel: Literal[1, 3] = 3
     """Kernel of that shared conv. 1: a GEMM mixing the concatenated scales (the heatmap/regression convs
     behind it are 3x3); 3: the original 3x3 over sum(up_channels) inputs, the costliest layer of the
-    network (~9x the MACs; docs/MODEL.md, "Speed")."""
+    network (~9x the MACs of the 1x1; ~25% of the network's MACs). Default 3 (see bev_stem)."""
     heading: Literal["axis_sign", "sincos"] = "axis_sign"
     """Yaw target. `axis_sign`: sin/cos of yaw plus sin/cos of 2*yaw (the box axis, defined up to pi); the
     decoder takes the axis from the 2*yaw pair and front/back from the sign of the yaw pair projected on
