@@ -4,6 +4,14 @@
         Model step alone (in-memory batches) camera vs lidar-only, then the whole loop with the DALI
         and the PyTorch loaders: samples/s, CPU ms/step, data-wait fraction, and ratios. On CUDA also
         fp32 eager vs bf16 eager vs bf16 + torch.compile.
+    python benchmarks/bench_train.py variants --data PREPARED [--steps 20] [--variants NAME ...]
+        The training step (targets + forward + loss + backward + AdamW, `pfactory.train.trainer.train_step`
+        on the default params) in several variants side by side, each in its own process (its own peak
+        RSS, its own compile): samples/s (median step), the per-phase split, peak memory, and for the
+        compiled variants the compile time (first steps) and the recompiles after warm-up over batches of
+        varying point counts. Variants: eager (the default), nchw (no channels_last), c0686b9-net (the
+        round's starting network: 3x3 stem and head conv, sincos heading), s2d-head1 (space-to-depth stem,
+        1x1 shared head conv), compiled (Inductor, fullgraph, automatic dynamic shapes).
     python benchmarks/bench_train.py frames [--frames 200 800 2000] [--seed 7] [--steps N] [--work DIR]
         One synthetic dataset of the largest size (frames are generated per index, so every smaller
         set is a prefix of it); each size is prepared from the first frames and trained for the same
@@ -165,6 +173,119 @@ def cmd_throughput(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# variants of the training step, one process each
+# --------------------------------------------------------------------------------------------------
+VARIANTS: dict[str, dict[str, Any]] = {
+    "eager": {"set": []},
+    "nchw": {"set": [], "memory_format": "contiguous"},
+    "c0686b9-net": {"set": ["model.bev_stem=conv3x3", "model.head_kernel=3", "model.heading=sincos"]},
+    "s2d-head1": {"set": ["model.bev_stem=space_to_depth", "model.head_kernel=1"]},
+    "compiled": {"set": [], "compile": True},
+}
+
+
+def variant_step_rate(
+    name: str, data: Path, steps: int, overrides: list[str], warmup: int = 3
+) -> dict[str, Any]:
+    """samples/s, phase split (ms/step), peak RSS of `train_step` for one variant (this process)."""
+    import resource
+
+    from pfactory.model.detector import build_model
+    from pfactory.train.data import data_info, epoch_batches, make_loader_factory, to_device
+    from pfactory.train.rng import seed_everything
+    from pfactory.train.runtime import Timer, setup_runtime
+    from pfactory.train.schedule import make_optimizer
+    from pfactory.train.trainer import model_for_data, train_step
+
+    v = VARIANTS[name]
+    params = make_params([*overrides, *v["set"]])
+    mp, tp = params.model, params.train
+    rt = setup_runtime("cpu" if not torch.cuda.is_available() else tp.device)
+    info = data_info(data)
+    seed_everything(tp.seed)
+    loader = make_loader_factory(tp)(data, "train", tp.batch_size, True, tp.augment, tp.seed, rt.device,
+                                     tp.num_threads)  # fmt: skip
+    batches = [to_device(b, rt.device) for _, b in zip(range(8), epoch_batches(loader, 0, 0))]
+    model = build_model(model_for_data(mp, info), info.image_size).to(rt.device)
+    if v.get("memory_format") == "contiguous":
+        model = model.to(memory_format=torch.contiguous_format)
+    optimizer = make_optimizer(model, tp)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    forward: Any = model
+    if v.get("compile"):
+        forward = torch.compile(model, fullgraph=True)  # automatic dynamic: P goes symbolic on its 1st change
+    use_bf16 = tp.bf16 and rt.device.type == "cuda"
+    timer = Timer()
+    times, first = [], 0.0
+    frames_after_warmup = 0
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        train_step(forward, model, batches[i % len(batches)], optimizer, scheduler, tp, rt, timer, use_bf16)
+        dt = time.perf_counter() - t0
+        if i < warmup:
+            first += dt
+            if i == warmup - 1:
+                timer.totals.clear()
+                if v.get("compile"):
+                    from torch._dynamo.utils import counters
+
+                    frames_after_warmup = sum(counters["frames"].values())
+        else:
+            times.append(dt)
+    row: dict[str, Any] = {"variant": name, "samples/s": tp.batch_size / statistics.median(times),
+                           "step ms": 1000 * statistics.median(times)}  # fmt: skip
+    for k in ("targets", "forward", "backward", "optimizer"):
+        row[f"{k} ms"] = 1000 * timer.totals.get(k, 0.0) / steps
+    row["peak RSS MB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    row["warm-up s"] = first
+    if v.get("compile"):
+        from torch._dynamo.utils import counters
+
+        row["recompiles"] = sum(counters["frames"].values()) - frames_after_warmup
+    points = sorted({int(b["points"].shape[1]) for b in batches})
+    row["point counts"] = f"{points[0]}..{points[-1]}"
+    return row
+
+
+def cmd_variants(args: argparse.Namespace) -> None:
+    import subprocess
+
+    if args.child:
+        print("VARIANT " + json.dumps(variant_step_rate(args.child, Path(args.data), args.steps, args.set)))
+        return
+    rows = []
+    for name in args.variants:
+        cmd = [
+            sys.executable,
+            __file__,
+            "variants",
+            "--data",
+            args.data,
+            "--steps",
+            str(args.steps),
+            "--child",
+            name,
+        ]
+        for over in args.set:
+            cmd += ["-S", over]
+        t0 = time.perf_counter()
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        line = [ln for ln in res.stdout.splitlines() if ln.startswith("VARIANT ")]
+        if res.returncode or not line:
+            print(f"{name}: failed (exit {res.returncode})\n{res.stderr[-3000:]}", file=sys.stderr)
+            continue
+        row = json.loads(line[-1].removeprefix("VARIANT "))
+        row["process s"] = time.perf_counter() - t0
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print_table(rows)
+    base = next((r for r in rows if r["variant"] == "eager"), None)
+    if base:
+        for r in rows:
+            print(f"{r['variant']}: {r['samples/s'] / base['samples/s']:.2f}x eager samples/s")
+
+
+# --------------------------------------------------------------------------------------------------
 # accuracy: frames and ablation
 # --------------------------------------------------------------------------------------------------
 def _subset_kitti(raw: Path, dst: Path, frames: int) -> Path:
@@ -272,14 +393,18 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for name in ("throughput", "frames", "ablation"):
+    for name in ("throughput", "variants", "frames", "ablation"):
         p = sub.add_parser(name)
         p.add_argument("-S", "--set", action="append", default=[], help="section.key=value override")
         p.add_argument(
             "--backend", default="torch", choices=["torch", "dali"], help="loader for accuracy runs"
         )
-        if name in ("throughput", "ablation"):
+        if name in ("throughput", "ablation", "variants"):
             p.add_argument("--data", required=True, help="a prepared directory")
+        if name == "variants":
+            p.add_argument("--steps", type=int, default=20, help="timed steps per variant (after 3 warm-up)")
+            p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+            p.add_argument("--child", default=None, help=argparse.SUPPRESS)
         if name == "throughput":
             p.add_argument("--steps", type=int, default=20)
             p.add_argument("--batch", type=int, default=4)
@@ -298,7 +423,9 @@ def main(argv: list[str] | None = None) -> None:
             )
             p.add_argument("--ablation", action="store_true", help="also train lidar-only at each size")
     args = parser.parse_args(argv)
-    {"throughput": cmd_throughput, "frames": cmd_frames, "ablation": cmd_ablation}[args.cmd](args)
+    {"throughput": cmd_throughput, "variants": cmd_variants, "frames": cmd_frames, "ablation": cmd_ablation}[
+        args.cmd
+    ](args)
 
 
 if __name__ == "__main__":
