@@ -62,11 +62,12 @@ class ModelParams(Section):
     """Kernel of that shared conv. 1: a GEMM mixing the concatenated scales (the heatmap/regression convs
     behind it are 3x3); 3: the original 3x3 over sum(up_channels) inputs, the costliest layer of the
     network (~9x the MACs of the 1x1; ~25% of the network's MACs). Default 3 (see bev_stem)."""
-    heading: Literal["axis_sign", "sincos"] = "axis_sign"
+    heading: Literal["axis_sign", "sincos"] = "sincos"
     """Yaw target. `axis_sign`: sin/cos of yaw plus sin/cos of 2*yaw (the box axis, defined up to pi); the
     decoder takes the axis from the 2*yaw pair and front/back from the sign of the yaw pair projected on
     it, so an unsure front/back costs pi, never a wrong axis. `sincos`: sin/cos of yaw only (the
-    original 8-channel head). docs/MODEL.md, "Heading"."""
+    original 8-channel head; the default until the data shows front from back: on data without that cue
+    axis_sign did not lower the heading error). docs/MODEL.md, "Heading"."""
     norm_groups: PositiveInt = 8
     """GroupNorm groups. GroupNorm (not BatchNorm) keeps a sample's output independent of its batch,
     so DDP and single-process runs agree and export needs no running statistics."""
