@@ -11,7 +11,8 @@
         compiled variants the compile time (first steps) and the recompiles after warm-up over batches of
         varying point counts. Variants: eager (the default), nchw (no channels_last), c0686b9-net (the
         round's starting network: 3x3 stem and head conv, sincos heading), s2d-head1 (space-to-depth stem,
-        1x1 shared head conv), compiled (Inductor, fullgraph, automatic dynamic shapes).
+        1x1 shared head conv), gather-paint (camera painting by `sample_bilinear` instead of grid_sample),
+        compiled (Inductor, fullgraph, automatic dynamic shapes).
     python benchmarks/bench_train.py frames [--frames 200 800 2000] [--seed 7] [--steps N] [--work DIR]
         One synthetic dataset of the largest size (frames are generated per index, so every smaller
         set is a prefix of it); each size is prepared from the first frames and trained for the same
@@ -180,6 +181,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "nchw": {"set": [], "memory_format": "contiguous"},
     "c0686b9-net": {"set": ["model.bev_stem=conv3x3", "model.head_kernel=3", "model.heading=sincos"]},
     "s2d-head1": {"set": ["model.bev_stem=space_to_depth", "model.head_kernel=1"]},
+    "gather-paint": {"set": ["model.paint_sampler=gather"]},
     "compiled": {"set": [], "compile": True},
 }
 

@@ -92,6 +92,7 @@ def paint_points(
     cam_valid: Tensor,  # [B, N] bool
     image_size: tuple[int, int],  # (Wi, Hi) of the model-input images, pixels
     min_depth_m: float = 0.1,
+    sampler: str = "grid_sample",
 ) -> Tensor:
     """Image features at every point's projection, averaged over the cameras that see it.
 
@@ -99,6 +100,8 @@ def paint_points(
     MLP can tell a dark pixel from no camera at all).
     Pixel convention: integer pixel coordinates are pixel centres (OpenCV/KITTI `P`), so pixel u maps
     to the normalized `grid_sample` coordinate (u + 0.5) / Wi * 2 - 1 with align_corners=False.
+    `sampler` (`model.paint_sampler`): "grid_sample" (`F.grid_sample`) or "gather" (`sample_bilinear`, the
+    same values to float rounding with a cheaper CPU backward). The ONNX export always takes grid_sample.
     """
     b, n, c, h, w = features.shape
     p = points.shape[1]
@@ -132,9 +135,20 @@ def paint_points(
     gx = (uv[..., 0] + 0.5) * (2.0 / wi) - 1.0  # [B, N, P] in [-1, 1] inside the image
     gy = (uv[..., 1] + 0.5) * (2.0 / hi) - 1.0  # [B, N, P]
     seen = (depth > min_depth_m) & (gx.abs() <= 1.0) & (gy.abs() <= 1.0) & cam_valid[:, :, None]  # [B, N, P]
-    # Park unseen points at the image centre: finite coordinates keep the weights finite; their samples
-    # are zeroed by `seen`.
-    sampled = sample_bilinear(features, gx.where(seen, 0.0), gy.where(seen, 0.0), seen)  # [B, N, P, C]
+    # Park unseen points at the image centre: finite coordinates keep the weights (and grid_sample's
+    # gradient) finite; their samples are zeroed by `seen`.
+    gx, gy = gx.where(seen, 0.0), gy.where(seen, 0.0)  # [B, N, P]
+    if sampler == "gather":
+        sampled = sample_bilinear(features, gx, gy, seen)  # [B, N, P, C]
+    else:
+        sampled = F.grid_sample(
+            features.reshape(b * n, c, h, w),
+            torch.stack([gx, gy], dim=-1).reshape(b * n, 1, p, 2),
+            mode="bilinear",
+            align_corners=False,
+            padding_mode="zeros",
+        ).reshape(b, n, c, p)  # [B, N, C, P]
+        sampled = sampled.transpose(2, 3) * seen.unsqueeze(-1).to(sampled.dtype)  # [B, N, P, C]
     count = seen.sum(dim=1).to(sampled.dtype)  # [B, P] cameras seeing each point
     mean = sampled[:, 0] if n == 1 else sampled.sum(dim=1)  # [B, P, C]; 0 where no camera sees it
     if n > 1:
@@ -149,9 +163,11 @@ def sample_bilinear(features: Tensor, gx: Tensor, gy: Tensor, mask: Tensor) -> T
     features [B, N, C, h, w] (channels-last memory per camera: the image branch's output, so the
     [B*N*h*w, C] row table below is a view), gx, gy [B, N, P] normalized coordinates, mask [B, N, P]
     bool -> [B, N, P, C]. The same weights and corner order as ATen's CPU kernel, so the values agree
-    to float rounding (tested). Why not grid_sample: its CPU backward scatters one float at a time
-    (24 ms of a 450 ms step at 80k points x 32 channels, 1 thread); here the backward is four
-    row-wise `index_add`s, and the output is [P, C] rows, the layout the pillar MLP reads.
+    to float rounding (tested); each sample's rows are computed alone, so a batch gives bitwise the
+    forward and feature gradient of its samples run one by one (tested). Why: grid_sample's CPU
+    backward scatters one float at a time (24 ms of a 450 ms step at 80k points x 32 channels, 1
+    thread); here the backward is four row-wise `index_add`s, and the output is [P, C] rows, the
+    layout the pillar MLP reads. Used with `model.paint_sampler: gather`.
     """
     b, n, c, h, w = features.shape
     p = gx.shape[-1]
@@ -462,7 +478,9 @@ class PaintedPillarDetector(nn.Module):
             images = images.flatten(0, 1).contiguous(memory_format=torch.channels_last)  # [B*N, 3, Hi, Wi]
             feats = self.image_branch(images)  # [B*N, Ci, h, w]
             feats = feats.reshape(b, n, *feats.shape[1:])  # [B, N, Ci, h, w]
-            painted = paint_points(points, feats, proj, cam_valid, self.image_size)  # [B, P, Ci + 1]
+            painted = paint_points(
+                points, feats, proj, cam_valid, self.image_size, sampler=self.params.paint_sampler
+            )  # [B, P, Ci + 1]
         canvas = self.pillars(points, num_points, painted)  # [B, C0, H, W]
         return self.head(self.backbone(canvas))  # heatmap [B, K, Ho, Wo], reg [B, 8, Ho, Wo]
 

@@ -53,6 +53,67 @@ def test_sample_bilinear_matches_grid_sample_forward_and_backward() -> None:
     torch.testing.assert_close(grad_mine, grad_ref, atol=1e-5, rtol=1e-5)
 
 
+def test_sample_bilinear_of_a_batch_is_its_samples_alone_forward_and_backward() -> None:
+    """Batch 2 vs the same samples at batch 1 each (a DDP split): bitwise the same values and gradient into
+    the features (no index or buffer depends on the batch), and grid_sample's to float rounding at both."""
+    torch.manual_seed(0)
+    b, n, c, h, w, p = 2, 2, 6, 8, 16, 500
+    feats = torch.randn(b * n, h, w, c).permute(0, 3, 1, 2).reshape(b, n, c, h, w)  # channels-last memory
+    gx = torch.rand(b, n, p) * 2.2 - 1.1  # some taps off the map: zero padding
+    gy = torch.rand(b, n, p) * 2.2 - 1.1
+    mask = torch.rand(b, n, p) > 0.3
+    g = torch.randn(b, n, p, c)
+
+    def sample(lo: int, hi: int, ref: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        f = feats[lo:hi].detach().clone().requires_grad_(True)
+        m = f.shape[0] * n
+        if ref:
+            grid = torch.stack([gx[lo:hi], gy[lo:hi]], -1).reshape(m, 1, p, 2)
+            out = torch.nn.functional.grid_sample(f.reshape(m, c, h, w), grid, align_corners=False)
+            out = out.reshape(-1, n, c, p).transpose(2, 3) * mask[lo:hi, ..., None]  # [b, N, P, C]
+        else:
+            out = sample_bilinear(f, gx[lo:hi], gy[lo:hi], mask[lo:hi])  # [b, N, P, C]
+        (grad,) = torch.autograd.grad(out, f, g[lo:hi])
+        return out.detach(), grad
+
+    out, grad = sample(0, 2, ref=False)
+    split = [sample(i, i + 1, ref=False) for i in range(b)]
+    assert torch.equal(out, torch.cat([o for o, _ in split]))
+    assert torch.equal(grad, torch.cat([gr for _, gr in split]))
+    for lo, hi in ((0, 2), (0, 1), (1, 2)):
+        for mine, ref in zip(sample(lo, hi, ref=False), sample(lo, hi, ref=True)):
+            torch.testing.assert_close(mine, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sampler", ["gather", "grid_sample"])
+def test_painting_of_a_batch_is_its_samples_painted_alone(sampler: str) -> None:
+    """paint_points (projection + sampling) at batch 2 vs batch 1 each, values and feature gradient, with
+    either `model.paint_sampler`; the two samplers agree. To float rounding: the projection's einsum
+    blocks differently at another batch size."""
+    torch.manual_seed(0)
+    b, n, c, h, w, p = 2, 2, 6, 8, 16, 500  # h, w: the 64 x 32 test image at stride 4
+    feats = torch.randn(b * n, h, w, c).permute(0, 3, 1, 2).reshape(b, n, c, h, w)
+    points = torch.cat([torch.rand(b, p, 1) * 30, torch.rand(b, p, 2) * 20 - 10, torch.rand(b, p, 1)], -1)
+    proj = camera_proj(b, n)  # [B, N, 3, 4]
+    cam_valid = torch.tensor([[True, True], [True, False]])
+    g = torch.randn(b, p, c + 1)
+
+    def paint(lo: int, hi: int, how: str) -> tuple[torch.Tensor, torch.Tensor]:
+        f = feats[lo:hi].detach().clone().requires_grad_(True)
+        out = paint_points(points[lo:hi], f, proj[lo:hi], cam_valid[lo:hi], IMAGE_SIZE, sampler=how)
+        (grad,) = torch.autograd.grad(out, f, g[lo:hi])
+        return out.detach(), grad
+
+    out, grad = paint(0, 2, sampler)
+    assert 0.2 < out[..., -1].mean() < 0.9  # some points seen by a camera, some not
+    split = [paint(i, i + 1, sampler) for i in range(b)]
+    torch.testing.assert_close(out, torch.cat([o for o, _ in split]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad, torch.cat([gr for _, gr in split]), atol=1e-5, rtol=1e-5)
+    other = paint(0, 2, "grid_sample" if sampler == "gather" else "gather")
+    torch.testing.assert_close(out, other[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad, other[1], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
 def test_conv1x1_equals_conv2d_forward_and_backward(memory_format: torch.memory_format) -> None:
     torch.manual_seed(0)
