@@ -16,12 +16,18 @@ Targets (the optimize issue): ORT FP32 >= 1.5x eager at batch 1; ORT INT8 >= 2x 
 <= 1 point. TensorRT (`--tensorrt`, GPU machines with `pip install '.[tensorrt]'`): FP16 and INT8 engines
 timed the same way; skipped with the reason elsewhere.
 
+`--optimized DIR` times the artifacts an optimize stage built (DIR/onnxruntime/model.{fp32,int8}.onnx)
+instead of building them here; otherwise the INT8 model is built with the stage's recipe
+(`pfactory.inference.sensitivity.build_int8`: calibration method and layers kept float chosen by
+measurement). `--profile N` adds ONNX Runtime's per-node profile of every ORT artifact (N runs of the
+first batch-1 frame, kernel time summed per op type): where the time goes, and what bounds INT8.
+
 `--ort-parallel` adds every ORT artifact under ORT's parallel executor (ExecutionMode.ORT_PARALLEL,
 `--threads` inter-op threads, 1 and `--threads` intra-op threads) to the same interleaved table: the
 inter-op overlap experiment of docs/OPTIMIZE.md ("Inter-op parallelism").
 
-Run: `python benchmarks/bench_optimize.py [--model DIR] [--data DIR] [--batches 1 4] [--iterations 30]
-      [--threads 2] [--ort-parallel] [--tensorrt] [--json out.json]`
+Run: `python benchmarks/bench_optimize.py [--model DIR] [--data DIR] [--optimized DIR] [--batches 1 4]
+      [--iterations 30] [--threads 2] [--profile 10] [--ort-parallel] [--tensorrt] [--json out.json]`
 """
 
 from __future__ import annotations
@@ -102,7 +108,8 @@ def _kpis(model: Any, runners: dict[str, Any], data: Path, frames: int, threshol
     res = {}
     for name in runners:
         m = evaluate_kpis(gts, preds[name], classes).metrics
-        res[name] = {"mAP": m["mAP"], "NDS": m["NDS"], "frames": seen}
+        ap2 = {c: m["classes"][c]["ap"]["2.0"] for c in classes}
+        res[name] = {"mAP": m["mAP"], "NDS": m["NDS"], "ap2": ap2, "frames": seen}
     return res
 
 
@@ -125,6 +132,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--parity-frames", type=int, default=16)
     ap.add_argument("--kpi-frames", type=int, default=50, help="val frames for the mAP comparison")
     ap.add_argument("--no-int8", action="store_true")
+    ap.add_argument("--optimized", type=Path, default=None, help="time this optimized dir's ORT artifacts")
+    ap.add_argument("--profile", type=int, default=0, help="ORT per-node profile over N runs (0: off)")
     ap.add_argument("--tensorrt", action="store_true", help="also build and time TensorRT FP16/INT8 engines")
     ap.add_argument(
         "--ort-parallel",
@@ -139,10 +148,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from pfactory.inference.calibration import load_feeds
     from pfactory.inference.export import export_onnx
     from pfactory.inference.latency import EAGER, measure_latency
-    from pfactory.inference.ort_backend import quantize_int8, save_optimized_fp32, write_rewritten
+    from pfactory.inference.ort_backend import save_optimized_fp32, write_rewritten
     from pfactory.inference.params import Int8Params, ParityParams
     from pfactory.inference.parity import compare_outputs, gate
     from pfactory.inference.runtime import OrtRunner, TorchRunner
+    from pfactory.inference.sensitivity import build_int8, format_report
 
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
@@ -181,16 +191,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fp32_path = save_optimized_fp32(work / "model.rewritten.onnx", work / "model.fp32.onnx")
     artifacts = {"onnxruntime/fp32": fp32_path}
     quant = None
-    if not args.no_int8:
+    sensitivity = None
+    if args.optimized is not None:
+        artifacts = {
+            f"onnxruntime/{p}": args.optimized / "onnxruntime" / f"model.{p}.onnx"
+            for p in ("fp32", "int8")
+            if (args.optimized / "onnxruntime" / f"model.{p}.onnx").is_file()
+            and not (p == "int8" and args.no_int8)
+        }
+        print(f"timing the artifacts of {args.optimized}: {sorted(artifacts)}", flush=True)
+    elif not args.no_int8:
         t0 = time.perf_counter()
-        quant = quantize_int8(
-            work / "model.rewritten.onnx",
-            work / "model.int8.onnx",
-            calib,
-            Int8Params(calibration_frames=len(calib)),
-        )
+        pp = ParityParams()
+        quant, sensitivity = build_int8(
+            work / "model.rewritten.onnx", work / "model.int8.onnx", calib,
+            Int8Params(calibration_frames=len(calib)), score_threshold=pp.agreement_score_threshold,
+            match_distance_m=pp.match_distance_m, threads=args.threads, cache_dir=work, work_dir=work,
+        )  # fmt: skip
         artifacts["onnxruntime/int8"] = work / "model.int8.onnx"
-        print(f"int8: {quant.quantized_nodes} nodes quantized, excluded {sorted(quant.excluded_nodes)}, "
+        print(format_report(sensitivity), flush=True)
+        print(f"int8: {quant.quantized_nodes} nodes quantized, float: {sorted(quant.excluded_nodes)}, "
               f"{time.perf_counter() - t0:.1f} s", flush=True)  # fmt: skip
 
     ort = {
@@ -255,6 +275,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             },
         }  # fmt: skip
 
+    profile = {
+        name: _node_profile(artifacts[name], name.split("/")[1], feeds_by_batch[args.batches[0]][0], args.threads,
+                            args.profile, work)
+        for name in ort
+    } if args.profile else None  # fmt: skip
+
     kpis = None
     if args.data is not None and args.model is not None:
         kp_runners = {"pytorch/eager": eager, **ort}
@@ -274,6 +300,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "fallback": exported.fallback_reason,
         },
         "int8": quant.to_json() if quant else None,
+        "sensitivity": sensitivity,
+        "profile": profile,
         "parity": parity,
         "latency": latency,
         "speedup_vs_best_eager": best_eager,
@@ -285,6 +313,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
     return result
+
+
+def _node_profile(
+    path: Path, precision: str, feed: dict, threads: int, runs: int, work: Path
+) -> dict[str, Any]:
+    """ORT's profiler over `runs` runs of `feed` (after one warm-up): kernel time per op type, ms per run.
+
+    Reads the Chrome-trace JSON ORT writes (`SessionOptions.enable_profiling`): events of category
+    "Node" named `<node>_kernel_time`, their `args.op_name`; the per-op-type sums are divided by `runs`.
+    `total_ms` = the sum of kernel times; `run_ms` = the mean of the "model_run" events (kernels plus
+    ORT's own scheduling and copies).
+    """
+    import onnxruntime as ort_mod
+
+    from pfactory.inference.ort_backend import needs_exact_u8s8, session_options
+
+    so = session_options(threads, "all", spin=False)
+    so.enable_profiling = True
+    so.profile_file_prefix = str(work / f"profile.{precision}")
+    session = ort_mod.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    if precision == "int8" and needs_exact_u8s8(session):
+        print(f"note: {path.name} has 8-bit weights (not saturation-free on CPUs without VNNI)", flush=True)
+    session.run(None, feed)
+    for _ in range(runs):
+        session.run(None, feed)
+    trace = json.loads(Path(session.end_profiling()).read_text())
+    by_op: dict[str, float] = {}
+    node_events = [
+        e for e in trace if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")
+    ]
+    runs_seen = [e for e in trace if e.get("name") == "model_run"]
+    skip = len(node_events) // (runs + 1)  # the warm-up run's events come first
+    for e in node_events[skip:]:
+        op = e.get("args", {}).get("op_name", "?")
+        by_op[op] = by_op.get(op, 0.0) + e["dur"] / 1000.0
+    per_run = {k: round(v / runs, 3) for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])}
+    return {
+        "runs": runs,
+        "threads": threads,
+        "total_ms": round(sum(per_run.values()), 3),
+        "run_ms": round(float(np.mean([e["dur"] for e in runs_seen[1:]])) / 1000.0, 3)
+        if len(runs_seen) > 1
+        else None,
+        "by_op_type_ms": per_run,
+    }
 
 
 def _tensorrt(exported: Any, calib: list, work: Path, ort: dict, args: argparse.Namespace) -> dict[str, Any]:
@@ -370,13 +443,36 @@ def _print(r: dict[str, Any], args: argparse.Namespace) -> None:
             f"{g(m['scores']['tolerance_ratio'])} | repeat {g(max(m['repeatability'].values()))} | "
             f"gate: {'PASS' if not p['failures'] else p['failures']}"
         )
+        a = m["agreement"]
+        print(
+            f"  {'':18s} confident (score >= {a['score_threshold']:g}): match {a['match_rate']:.4f} of "
+            f"{a['reference_detections']} | scores p50/p95/p99/max |d| "
+            + "/".join(g(a["scores_abs_diff"][q]) for q in ("p50", "p95", "p99", "max"))
+        )
     if r["kpis"]:
-        base = r["kpis"]["pytorch/eager"]["mAP"]
+        base = r["kpis"]["pytorch/eager"]
         print("\nKPIs (val, evaluate-stage code):")
         for name, k in r["kpis"].items():
+            ap = " ".join(f"{c} {100 * (k['ap2'][c] - base['ap2'][c]):+.2f}" for c in base["ap2"])
             print(
-                f"  {name:20s} mAP {100 * k['mAP']:.2f}  NDS {100 * k['NDS']:.2f}  drop {100 * (base - k['mAP']):+.2f} pts"
+                f"  {name:20s} mAP {100 * k['mAP']:.2f}  NDS {100 * k['NDS']:.2f}  "
+                f"delta {100 * (k['mAP'] - base['mAP']):+.2f} pts | AP@2m delta {ap}"
             )
+    if r.get("profile"):
+        print("\nORT per-node profile (kernel ms per run, by op type):")
+        names = list(r["profile"])
+        ops = list(dict.fromkeys(op for n in names for op in r["profile"][n]["by_op_type_ms"]))
+        ops.sort(key=lambda op: -max(r["profile"][n]["by_op_type_ms"].get(op, 0.0) for n in names))
+        print(f"  {'op type':24s}" + "".join(f"{n:>22s}" for n in names))
+        for op in ops[:20]:  # the largest in any artifact (QLinearConv is INT8's alone)
+            print(
+                f"  {op:24s}"
+                + "".join(f"{r['profile'][n]['by_op_type_ms'].get(op, 0.0):22.3f}" for n in names)
+            )
+        print(f"  {'kernels total':24s}" + "".join(f"{r['profile'][n]['total_ms']:22.3f}" for n in names))
+        print(
+            f"  {'model_run (mean)':24s}" + "".join(f"{r['profile'][n]['run_ms'] or 0:22.3f}" for n in names)
+        )
     b1 = r["speedup_vs_best_eager"].get("batch_1", {})
 
     def best_of(prefix: str) -> float:

@@ -38,7 +38,7 @@ def _log_result(result: dict[str, Any]) -> None:
     if result["version"] is not None:
         metrics["promote/version"] = float(result["version"])
     for g in result["gates"]:
-        key = g["name"].replace("/", "_")
+        key = g["name"].replace("/", "_").replace("+", "-inf")  # MLflow names allow no "+" (range "40+")
         for field in ("value", "margin"):
             v = g[field]
             if isinstance(v, int | float) and not isinstance(v, bool):

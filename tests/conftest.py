@@ -269,3 +269,11 @@ def build_nuscenes_tables(real: Path, root: Path, version: str = "v1.0-mini") ->
 def nuscenes_tables(real_nuscenes_dir: Path, tmp_path: Path) -> NuScenesFixture:
     """A writable nuScenes root in tmp_path with two samples (see `build_nuscenes_tables`)."""
     return build_nuscenes_tables(real_nuscenes_dir, tmp_path / "nuscenes")
+
+
+@pytest.fixture(scope="session")
+def int8_bench(tmp_path_factory):
+    """tests/inference/helpers.py `int8_bench`, once per session (the INT8 parity and promotion gate tests)."""
+    from tests.inference.helpers import int8_bench as build
+
+    return build(tmp_path_factory.mktemp("int8-bench"))

@@ -12,6 +12,7 @@ every file. `out` is built in a temporary sibling and renamed into place on succ
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -104,9 +105,11 @@ def optimize(
     from pfactory.inference.calibration import load_feeds
     from pfactory.inference.export import OUTPUT_NAMES, export_onnx
     from pfactory.inference.latency import EAGER, measure_latency
-    from pfactory.inference.ort_backend import quantize_int8, save_optimized_fp32, write_rewritten
+    from pfactory.inference.ort_backend import save_optimized_fp32, write_rewritten
     from pfactory.inference.parity import compare_outputs, parity_report, report_failures
     from pfactory.inference.runtime import TorchRunner, open_runner, resolve_backend
+    from pfactory.inference.sensitivity import REPORT as SENSITIVITY
+    from pfactory.inference.sensitivity import build_int8, format_report
     from pfactory.model.io import WEIGHTS, load_model
     from pfactory.tracking import package_versions
 
@@ -158,29 +161,40 @@ def optimize(
                           "graph_rewrites": rewrites,
                           "graph_optimization": "ORT_ENABLE_EXTENDED (saved); ORT_ENABLE_ALL at load"})  # fmt: skip
         calib = None
+        sensitivity = None
         if precision == "int8":
             t0 = time.perf_counter()
             calib = load_feeds(
                 data, opt.int8.calibration_split, 1, opt.int8.calibration_frames, opt.num_threads
             )
             timings["calibration_data_s"] = time.perf_counter() - t0
-        if precision == "int8" and backend == "onnxruntime":
+            # Calibration method, per-layer sensitivity and the layers kept float, measured on the
+            # calibration frames (pfactory.inference.sensitivity); TensorRT's INT8 reuses the choice.
             emit_progress("optimize", phase=f"INT8 quantization, {opt.int8.calibration_frames} frames")
-            q = quantize_int8(
+            q, sensitivity = build_int8(
                 ort_src, tmp / mf.ORT_DIR / "model.int8.onnx", calib.feeds, opt.int8,
-                cache_path=tmp / mf.ORT_DIR / "calibration.json", work_dir=tmp,
+                score_threshold=opt.parity.agreement_score_threshold,
+                match_distance_m=opt.parity.match_distance_m, threads=threads,
+                cache_dir=tmp / mf.ORT_DIR, work_dir=tmp, previous_cache_dir=out / mf.ORT_DIR,
             )  # fmt: skip
+            sensitivity["calibration_frame_ids"] = calib.all_frame_ids()
+            atomic_write_json(tmp / mf.ORT_DIR / SENSITIVITY, sensitivity)
+            print(format_report(sensitivity), file=sys.stderr)
             timings["quantize_s"] = q.quantize_s
-            artifacts.append({"backend": "onnxruntime", "precision": "int8", "file": f"{mf.ORT_DIR}/model.int8.onnx",
-                              "graph_rewrites": rewrites, "quantization": q.to_json(),
-                              "calibration_frame_ids": calib.all_frame_ids()})  # fmt: skip
+            if backend == "onnxruntime":
+                artifacts.append({"backend": "onnxruntime", "precision": "int8", "file": f"{mf.ORT_DIR}/model.int8.onnx",
+                                  "graph_rewrites": rewrites, "quantization": q.to_json(),
+                                  "sensitivity": f"{mf.ORT_DIR}/{SENSITIVITY}",
+                                  "calibration_frame_ids": calib.all_frame_ids()})  # fmt: skip
+            else:  # the engine is the INT8 artifact; the ORT model was only the profile's by-product
+                (tmp / mf.ORT_DIR / "model.int8.onnx").unlink()
         ort_src.unlink()  # not an artifact: model.fp32.onnx / model.int8.onnx are built from it
 
         # 3. TensorRT engine (GPU machines)
         trt_meta = None
         if backend == "tensorrt":
             emit_progress("optimize", phase=f"building the TensorRT {precision} engine")
-            entry = _build_tensorrt(opt, precision, tmp, exported, calib, previous_timing)
+            entry = _build_tensorrt(opt, precision, tmp, exported, calib, previous_timing, sensitivity)
             timings["tensorrt_build_s"] = entry["build_s"]
             trt_meta = entry["metadata"]
             artifacts.append(entry)
@@ -277,13 +291,17 @@ def optimize(
 
 
 def _build_tensorrt(
-    opt: OptimizeParams, precision: str, tmp: Path, exported: Any, calib: Any, previous_timing: bytes | None
-) -> dict[str, Any]:
-    """The TensorRT engine of `precision` (tensorrt_backend's module docstring has the version split)."""
+    opt: OptimizeParams, precision: str, tmp: Path, exported: Any, calib: Any, previous_timing: bytes | None,
+    sensitivity: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The TensorRT engine of `precision` (tensorrt_backend's module docstring has the version split).
+
+    INT8 keeps the layers the sensitivity profile kept float (`sensitivity`, computed with ONNX Runtime
+    on the calibration frames) out of INT8, in FP16, on both TensorRT generations."""
     import onnx
 
     from pfactory.inference import manifest as mf
-    from pfactory.inference.ort_backend import quantize_int8, select_excluded_nodes
+    from pfactory.inference.ort_backend import quantize_int8
     from pfactory.inference.tensorrt_backend import (
         TIMING_CACHE,
         OnnxSource,
@@ -291,34 +309,34 @@ def _build_tensorrt(
         cast_onnx_fp16,
         engine_spec,
         import_tensorrt,
+        sensitivity_fp16_layers,
     )
 
     trt = import_tensorrt()
     trt_dir = tmp / mf.TRT_DIR
     trt_dir.mkdir(parents=True, exist_ok=True)
     onnx_path = tmp / mf.ONNX_FILE
-    _, excluded = select_excluded_nodes(
-        onnx.load(str(onnx_path)), opt.int8.op_types, opt.int8.exclude_op_types, opt.int8.exclude_nodes
-    )
+    fp16_layers = sensitivity_fp16_layers(onnx.load(str(onnx_path)), sensitivity, opt.int8.exclude_nodes)
     spec = engine_spec(
-        opt, precision, trt.__version__, exported.inputs, max(opt.latency.batch_sizes), sorted(excluded)
+        opt, precision, trt.__version__, exported.inputs, max(opt.latency.batch_sizes), fp16_layers
     )
     source = onnx_path
     if spec.onnx_source == OnnxSource.FP16_CAST.value:
         source = cast_onnx_fp16(onnx_path, trt_dir / "model.fp16.onnx", opt.tensorrt.fp16_keep_fp32_op_types)
     elif spec.onnx_source == OnnxSource.INT8_QDQ.value:
-        # TensorRT >= 11: explicit quantization; the calibrator choice becomes the QDQ calibration method.
-        int8 = opt.int8.model_copy(update={"ort_method": opt.int8.calibrator})
-        source = trt_dir / "model.int8.qdq.onnx"
+        # TensorRT >= 11: explicit quantization; the calibrator choice becomes the QDQ calibration method,
+        # the sensitivity choice the unquantized layers, and the float part runs in FP16.
+        int8 = opt.int8.model_copy(update={"ort_method": opt.int8.calibrator, "exclude_op_types": []})
+        qdq = trt_dir / "model.int8.qdq.fp32.onnx"
+        kept = [layer["weight"] for layer in (sensitivity or {}).get("layers", [])
+                if layer["name"] in set((sensitivity or {}).get("kept_float", []))]  # fmt: skip
         quantize_int8(
-            onnx_path,
-            source,
-            calib.feeds,
-            int8,
-            for_tensorrt=True,
-            cache_path=trt_dir / "calibration.json",
-            work_dir=tmp,
-        )
+            onnx_path, qdq, calib.feeds, int8, for_tensorrt=True, cache_path=trt_dir / "calibration.json",
+            work_dir=tmp, keep_float=kept,
+        )  # fmt: skip
+        keep32 = [*opt.tensorrt.fp16_keep_fp32_op_types, "QuantizeLinear", "DequantizeLinear"]
+        source = cast_onnx_fp16(qdq, trt_dir / "model.int8.qdq.onnx", keep32)
+        qdq.unlink()
     prev = None
     if previous_timing is not None:
         prev = tmp / ".previous-timing.cache"

@@ -23,7 +23,11 @@ How outputs are compared (docs/OPTIMIZE.md, "Parity"):
 - match rate: matched / max(#reference, #candidate detections): missing and extra detections both count;
 - repeatability: the candidate run twice on the same frames must agree (to `repeat_atol`; 0 = bitwise):
   a kernel that races (ORT's ScatterND reduction over duplicate rows did: graph_rewrite.py) shows here
-  even when one run happens to land close to PyTorch.
+  even when one run happens to land close to PyTorch;
+- agreement (`detection_agreement`, the robust view INT8 is gated on): the same matching restricted to
+  confident detections (score >= `agreement_score_threshold`, 0.3), their match rate, and quantiles of
+  the matched-score |diff| and BEV centre distance (p50/p95/p99/max). A percentile, not the worst
+  element: one near-threshold peak that INT8 moves by 0.2 is noise, many are a defect.
 """
 
 from __future__ import annotations
@@ -83,6 +87,58 @@ def match_detections(
             taken[j] = True
             pairs.append((int(i), j))
     return pairs, int(ref_idx.size), n_cand
+
+
+def _quantiles(x: list[float] | np.ndarray) -> dict[str, float | None]:
+    """p50/p95/p99/max of `x` (linear interpolation); None for an empty sample."""
+    a = np.asarray(x, dtype=np.float64)
+    if a.size == 0:
+        return {"p50": None, "p95": None, "p99": None, "max": None}
+    p50, p95, p99 = (float(v) for v in np.quantile(a, [0.5, 0.95, 0.99]))
+    return {"p50": p50, "p95": p95, "p99": p99, "max": float(a.max())}
+
+
+def detection_agreement(
+    reference: Sequence[Outputs],
+    candidate: Sequence[Outputs],
+    score_threshold: float,
+    match_distance_m: float,
+) -> dict[str, Any]:
+    """Agreement of confident detections: both sides cut at `score_threshold` (> 0).
+
+    Out: {"score_threshold", "frames", "reference_detections", "candidate_detections", "matched",
+    "match_rate" (matched / max(#ref, #cand): a missed or an extra confident detection both count),
+    "scores_abs_diff" {p50, p95, p99, max} over matched pairs, "centre_distance_m" {p50, p95, p99, max}}.
+    Matching as `match_detections` (same label, BEV centre within `match_distance_m`), so two
+    runtimes that swap the rank of near-tied peaks agree.
+    """
+    if len(reference) != len(candidate):
+        raise ValueError(f"{len(reference)} reference batches vs {len(candidate)} candidate batches")
+    n_ref = n_cand = n_matched = frames = 0
+    sdiff: list[float] = []
+    dist: list[float] = []
+    for r, c in zip(reference, candidate):
+        for b in range(r["scores"].shape[0]):
+            frames += 1
+            rb, rs, rl = r["boxes"][b], r["scores"][b], r["labels"][b]
+            cb, cs, cl = c["boxes"][b], c["scores"][b], c["labels"][b]
+            pairs, nr, nc = match_detections(rb, rs, rl, cb, cs, cl, score_threshold, match_distance_m)
+            n_ref += nr
+            n_cand += nc
+            n_matched += len(pairs)
+            for i, j in pairs:
+                sdiff.append(abs(float(cs[j]) - float(rs[i])))
+                dist.append(float(np.hypot(*(cb[j, :2].astype(np.float64) - rb[i, :2]))))
+    return {
+        "score_threshold": score_threshold,
+        "frames": frames,
+        "reference_detections": n_ref,
+        "candidate_detections": n_cand,
+        "matched": n_matched,
+        "match_rate": 1.0 if max(n_ref, n_cand) == 0 else n_matched / max(n_ref, n_cand),
+        "scores_abs_diff": _quantiles(sdiff),
+        "centre_distance_m": _quantiles(dist),
+    }
 
 
 def _box_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -182,6 +238,9 @@ def compare_outputs(
     t = tol or ParityTolerance()
     metrics["tolerance"] = t.model_dump()  # the atol/rtol the tolerance ratios below were computed with
     metrics["repeatability"] = repeatability(candidate, repeat) if repeat is not None else None
+    metrics["agreement"] = detection_agreement(
+        reference, candidate, params.agreement_score_threshold, params.match_distance_m
+    )
     if n_matched:
         rb_all, cb_all = np.concatenate(ref_pairs), np.concatenate(cand_pairs)  # [M, 7]
         diff = np.abs(_box_diff(cb_all, rb_all))  # [M, 7]
@@ -260,6 +319,18 @@ def gate(metrics: dict[str, Any], tol: ParityTolerance) -> list[str]:
         if not value >= limit:
             failures.append(f"{name} = {value:.6g} < {limit:.6g}")
 
+    agree = metrics.get("agreement")
+    if agree is not None:
+        th = agree["score_threshold"]
+        lower(f"agreement.match_rate (score >= {th:g})", agree["match_rate"], tol.min_agreement)
+        p99 = agree["scores_abs_diff"]["p99"]
+        if tol.scores_p99_atol is not None and p99 is not None and not p99 <= tol.scores_p99_atol:
+            failures.append(
+                f"agreement.scores p99 |diff| (score >= {th:g}) = {p99:.4g} > {tol.scores_p99_atol:g} "
+                f"(max {agree['scores_abs_diff']['max']:.3g} over {agree['matched']} matched)"
+            )
+    elif tol.min_agreement is not None or tol.scores_p99_atol is not None:
+        raise ValueError("metrics have no 'agreement' block: computed by an older compare_outputs")
     close("boxes", tol.boxes_atol, tol.boxes_rtol)
     close("yaw", tol.yaw_atol, None)
     close("scores", tol.scores_atol, tol.scores_rtol)
@@ -306,6 +377,7 @@ def parity_report(
         "frames": len(frame_ids),
         "frame_ids": list(frame_ids),
         "score_threshold": params.score_threshold,
+        "agreement_score_threshold": params.agreement_score_threshold,
         "match_distance_m": params.match_distance_m,
         "boxes_rel_floor": params.boxes_rel_floor,
         "scores_rel_floor": params.scores_rel_floor,

@@ -48,12 +48,21 @@ class OrtRunner(Runner):
         inter_op_threads: int | None = None,
     ) -> None:
         """`inter_op_threads` > 1: ORT's parallel executor (measurements only, slower here: see
-        `ort_backend.session_options`); the default None keeps the sequential executor."""
-        from pfactory.inference.ort_backend import make_session
+        `ort_backend.session_options`); the default None keeps the sequential executor.
+
+        An INT8 model that does not declare itself saturation-free on x86 (8-bit weights: an artifact
+        built with `int8.reduce_range: false` or before the format was recorded) gets ORT's exact U8U8
+        mode, so it computes the same on CPUs without VNNI (`self.exact_u8s8`)."""
+        from pfactory.inference.ort_backend import make_session, needs_exact_u8s8
 
         self.path = Path(path)
         self.precision = precision
         self.session = make_session(self.path, device, intra_op_threads, spin, inter_op_threads)
+        self.exact_u8s8 = precision == "int8" and needs_exact_u8s8(self.session)
+        if self.exact_u8s8:
+            self.session = make_session(
+                self.path, device, intra_op_threads, spin, inter_op_threads, exact_u8s8=True
+            )
         self.device = "cuda" if self.session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
         batch_dim = self.session.get_inputs()[0].shape[0]
         # A graph exported with a fixed batch (export fallback) declares an int here.

@@ -11,12 +11,15 @@ Out: `tensorrt/model.<precision>.plan`, `tensorrt/timing.cache`, `tensorrt/calib
 Two TensorRT generations, one spec (`engine_spec`, pure Python, unit-tested without TensorRT):
 - TensorRT <= 10 (weakly typed): FP16 = BuilderFlag.FP16; INT8 = BuilderFlag.INT8 (+ FP16 fallback) with
   an implicit calibrator, `IInt8EntropyCalibrator2` or `IInt8MinMaxCalibrator` (`optimize.int8.calibrator`),
-  its cache kept; nodes excluded from INT8 (`optimize.int8.exclude_nodes`) are pinned to FP32 layers.
+  its cache kept; the layers the sensitivity profile keeps float (`onnxruntime/sensitivity.json`, the same
+  choice as ONNX Runtime's INT8) and `optimize.int8.exclude_nodes` are pinned to FP16 layers.
   (Implicit calibration is deprecated since 10.1.)
 - TensorRT >= 11 removed the precision flags and the calibrators (strong typing only: docs.nvidia.com,
   "Migrating from TensorRT 10.x to 11.x"): FP16 = the ONNX model cast to FP16 (ORT's float16 converter,
   precision-sensitive op types kept FP32); INT8 = explicit quantization from the QDQ model built the same
-  way as ONNX Runtime's INT8 but with symmetric int8 activations, calibrated with `calibrator`'s method.
+  way as ONNX Runtime's INT8 but with symmetric int8 activations and 8-bit weights, calibrated with
+  `calibrator`'s method, the same sensitivity-chosen layers left unquantized, and its float part cast to
+  FP16 (Q/DQ and `fp16_keep_fp32_op_types` kept FP32): those layers run in FP16.
 Both: an optimization profile over batch and padded point count (min/opt/max from `optimize.tensorrt`),
 the workspace limit, the builder optimization level and a timing cache reused across builds.
 """
@@ -75,7 +78,9 @@ class EngineSpec:
     profile: dict[str, tuple[list[int], list[int], list[int]]]
     calibration_profile: dict[str, tuple[list[int], list[int], list[int]]] | None
     calibration_points: int
-    fp32_layers: list[str] = field(default_factory=list)
+    fp16_layers: list[str] = field(default_factory=list)
+    """ONNX node names whose layers are pinned to FP16 in an INT8 build (TensorRT <= 10): the layers the
+    sensitivity profile keeps float."""
     timing_cache: bool = True
 
     def to_json(self) -> dict[str, Any]:
@@ -93,13 +98,14 @@ def engine_spec(
     tensorrt_version: str,
     inputs: list[TensorSpec],
     max_batch: int,
-    fp32_layers: list[str] | None = None,
+    fp16_layers: list[str] | None = None,
 ) -> EngineSpec:
     """The build spec of a `precision` engine for TensorRT `tensorrt_version` (module docstring).
 
     `inputs`: the export's input specs (fixed camera count and image size; dynamic batch/points).
     `max_batch`: largest batch of the profile (1 when the export has a fixed batch).
-    `fp32_layers`: ONNX node names kept in FP32 for INT8 on TensorRT <= 10 (layer names = node names).
+    `fp16_layers`: ONNX node names kept out of INT8, in FP16, on TensorRT <= 10 (layer names = node names);
+    `sensitivity_fp16_layers` derives them from the sensitivity report.
     """
     if precision not in ("fp32", "fp16", "int8"):
         raise ValueError(f"TensorRT precision must be fp32 | fp16 | int8, got {precision!r}")
@@ -146,7 +152,7 @@ def engine_spec(
         # Implicit calibration of a dynamic-shape network runs at one fixed shape: the calibration
         # profile (batch 1, opt_points); `CalibrationBatches` pads/truncates every frame to it.
         calibration_profile = shapes(tp.opt_points, tp.opt_points, tp.opt_points, (1, 1, 1))
-        layers = sorted(fp32_layers or [])
+        layers = sorted(fp16_layers or [])
         if layers:
             flags.append("PREFER_PRECISION_CONSTRAINTS")
     return EngineSpec(
@@ -161,7 +167,7 @@ def engine_spec(
         profile=profile,
         calibration_profile=calibration_profile,
         calibration_points=tp.opt_points,
-        fp32_layers=layers,
+        fp16_layers=layers,
         timing_cache=tp.timing_cache,
     )
 
@@ -197,17 +203,17 @@ def apply_spec(
                 cal.set_shape(name, mn, opt, mx)
             config.set_calibration_profile(cal)
 
-    if spec.fp32_layers:
+    if spec.fp16_layers:
         # TensorRT's ONNX parser names a layer after its node (sometimes with a suffix): prefix match.
         for i in range(network.num_layers):
             layer = network.get_layer(i)
             if any(
                 layer.name == n or layer.name.startswith(n + "_") or layer.name.startswith(n + " ")
-                for n in spec.fp32_layers
+                for n in spec.fp16_layers
             ):
-                layer.precision = trt.float32
+                layer.precision = trt.float16
                 for j in range(layer.num_outputs):
-                    layer.set_output_type(j, trt.float32)
+                    layer.set_output_type(j, trt.float16)
 
     cache = None
     if spec.timing_cache:
@@ -324,14 +330,38 @@ def make_calibrator(trt: Any, kind: str, batches: CalibrationBatches) -> Any:
     return _Calibrator()
 
 
-def cast_onnx_fp16(src: str | Path, dst: str | Path, keep_fp32_op_types: list[str]) -> Path:
+def sensitivity_fp16_layers(
+    export_model: Any, report: dict[str, Any] | None, exclude_nodes: list[str]
+) -> list[str]:
+    """Node names of `export_model` (what TensorRT parses) kept out of INT8 in FP16: the layers the
+    sensitivity report keeps float (matched by weight initializer: ORT's pre-processing renames some
+    nodes) plus the nodes matching the `exclude_nodes` patterns. ORT-specific op-type exclusions
+    (`exclude_op_types`: no int8 ConvTranspose kernel on ORT's CPU EP) do not apply to TensorRT."""
+    from pfactory.inference.ort_backend import select_excluded_nodes
+
+    kept_weights = set()
+    if report is not None:
+        by_name = {layer["name"]: layer for layer in report.get("layers", [])}
+        kept_weights = {by_name[n]["weight"] for n in report.get("kept_float", []) if n in by_name}
+    names = {n.name for n in export_model.graph.node if len(n.input) > 1 and n.input[1] in kept_weights}
+    if exclude_nodes:
+        op_types = sorted({n.op_type for n in export_model.graph.node})
+        names |= set(select_excluded_nodes(export_model, op_types, [], exclude_nodes)[0])
+    return sorted(names)
+
+
+def cast_onnx_fp16(
+    src: str | Path, dst: str | Path, keep_fp32_op_types: list[str], model: Any = None
+) -> Path:
     """`src` with float tensors and weights cast to FP16, I/O kept FP32 and `keep_fp32_op_types` in FP32
     (ONNX Runtime's converter; what TensorRT >= 11's strongly typed FP16 build parses)."""
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     model = convert_float_to_float16(
-        onnx.load(str(src)), keep_io_types=True, op_block_list=list(keep_fp32_op_types)
+        model if model is not None else onnx.load(str(src)),
+        keep_io_types=True,
+        op_block_list=list(keep_fp32_op_types),
     )
     # The converter appends its input casts at the end of the node list; ONNX needs topological order.
     _toposort(model.graph)

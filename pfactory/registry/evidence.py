@@ -3,8 +3,9 @@
 In:  `optimized/` (`backend.json` manifest, `parity.json`, `latency.json`) and the evaluate stage's
      `kpis.json` (`{"mAP", "NDS", "classes": {name: {"ap": {th: ..}, "mean_ap", "ate", "ase", "aoe"}},
      "delta": {"mAP": optimized - PyTorch}, "data": {"prepared_hash", "split", "frames"}, ...}`).
-Out: `Evidence` (KPI summary, parity verdict + worst figures, latency of the primary artifact at the gated
-     batch, data identity, artifact hashes) and `Evidence.tags()`: the model-version tags (strings) that
+Out: `Evidence` (KPI summary, parity verdict + worst figures, the KPI delta optimized - PyTorch (mAP, per
+     class AP, per range bucket) and the primary artifact's confident-detection agreement, latency of the
+     primary artifact at the gated batch, data identity, artifact hashes) and `Evidence.tags()`: the model-version tags (strings) that
      make a registered version self-describing in the MLflow UI and searchable
      (`search_model_versions("tags.`kpi.mAP` > '0.5'")` compares strings; read them back with `kpis_from_tags`).
 A malformed or missing file raises `EvidenceError` naming the file, the field and the expectation.
@@ -146,6 +147,44 @@ def parity_summary(parity: Mapping[str, Any], source: str) -> dict[str, Any]:
     }
 
 
+def delta_summary(delta: Any, source: str) -> dict[str, Any] | None:
+    """kpis.json "delta" (optimized - PyTorch on the same frames) condensed: {"mAP", "classes": {C: {th:
+    AP delta}}, "by_range": {bucket: mAP delta}}; None when evaluate ran without the reference. A null
+    delta (a class or bucket without ground truth in the evaluated frames) is left out."""
+    if not isinstance(delta, Mapping) or "mAP" not in delta:
+        return None
+    out: dict[str, Any] = {"mAP": _number(delta, "mAP", source, "delta."), "classes": {}, "by_range": {}}
+    for name, c in (delta.get("classes") or {}).items():
+        ap = c.get("ap") if isinstance(c, Mapping) else None
+        if not isinstance(ap, Mapping):
+            raise EvidenceError(
+                f"{source}: field 'delta.classes.{name}.ap': expected {{threshold: AP delta}}"
+            )
+        out["classes"][str(name)] = {
+            str(k): _number(ap, k, source, f"delta.classes.{name}.ap.") for k in ap if ap[k] is not None
+        }
+    for bucket, b in (delta.get("by_range") or {}).items():
+        if isinstance(b, Mapping) and b.get("mAP") is not None:
+            out["by_range"][str(bucket)] = _number(b, "mAP", source, f"delta.by_range.{bucket}.")
+    return out
+
+
+def agreement_summary(parity: Mapping[str, Any], artifact: str, source: str) -> dict[str, Any] | None:
+    """The confident-detection agreement of `artifact` in parity.json (None: a report without it)."""
+    a = ((parity.get("artifacts") or {}).get(artifact) or {}).get("metrics", {}).get("agreement")
+    if not isinstance(a, Mapping):
+        return None
+    scores = a.get("scores_abs_diff") or {}
+    return {
+        "artifact": artifact,
+        "score_threshold": _number(a, "score_threshold", source, f"artifacts.{artifact}.metrics.agreement."),
+        "match_rate": _number(a, "match_rate", source, f"artifacts.{artifact}.metrics.agreement."),
+        "scores_p99": None if scores.get("p99") is None else float(scores["p99"]),
+        "matched": int(a.get("matched", 0)),
+        "frames": int(a.get("frames", 0)),
+    }
+
+
 def latency_summary(latency: Mapping[str, Any], runner: str, batch: int, source: str) -> dict[str, Any]:
     """p50/p99 of `runner` at `batch_<batch>` of latency.json."""
     key = f"batch_{batch}"
@@ -182,6 +221,10 @@ class Evidence:
     """`primary` ("<backend>/<precision>"), `manifest_sha256`, `weights_sha256`, `files` {path: sha256}."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Optional context (by-range mAP) for the model card."""
+    delta: dict[str, Any] | None = None
+    """`delta_summary` of kpis.json: the optimized artifact's KPIs minus PyTorch's (mAP, class AP, range)."""
+    agreement: dict[str, Any] | None = None
+    """`agreement_summary` of the primary artifact in parity.json (confident detections vs PyTorch)."""
 
     def tags(self) -> dict[str, str]:
         """Model-version tags (strings): KPIs, parity, latency, data identity, artifact hashes."""
@@ -204,6 +247,13 @@ class Evidence:
             t[f"kpi.{name}.ap"] = _fmt(c["mean_ap"])
         if self.delta_map is not None:
             t["kpi.delta_mAP_vs_pytorch"] = _fmt(self.delta_map)
+        for name, ap in (self.delta or {}).get("classes", {}).items():
+            if "2.0" in ap:
+                t[f"kpi.{name}.delta_ap_2m_vs_pytorch"] = _fmt(ap["2.0"])
+        if self.agreement is not None:
+            t["parity.agreement.match_rate"] = _fmt(self.agreement["match_rate"])
+            if self.agreement["scores_p99"] is not None:
+                t["parity.agreement.scores_p99"] = _fmt(self.agreement["scores_p99"])
         if self.parity["failures"]:
             t["parity.failures"] = "; ".join(self.parity["failures"])[:5000]
         for k, v in self.parity["worst"].items():
@@ -240,9 +290,8 @@ def read_evidence(optimized: Path, kpis_file: Path, latency_batch: int = 1) -> E
     delta_map = None
     if isinstance(delta, Mapping) and "mAP" in delta:
         delta_map = _number(delta, "mAP", src, "delta.")
-    parity = parity_summary(
-        read_json(optimized / PARITY, "the optimize stage's parity report"), str(optimized / PARITY)
-    )
+    parity_doc = read_json(optimized / PARITY, "the optimize stage's parity report")
+    parity = parity_summary(parity_doc, str(optimized / PARITY))
     latency = latency_summary(
         read_json(optimized / LATENCY, "the optimize stage's latency report"), runner, latency_batch,
         str(optimized / LATENCY),
@@ -265,6 +314,8 @@ def read_evidence(optimized: Path, kpis_file: Path, latency_batch: int = 1) -> E
             "files": dict(manifest.get("files") or {}),
         },
         extra=extra,
+        delta=delta_summary(delta, src),
+        agreement=agreement_summary(parity_doc, runner, str(optimized / PARITY)),
     )
 
 

@@ -11,6 +11,15 @@ Gates (params.promote):
 - `p99_latency_ms`            p99 at batch `latency_batch`, primary artifact <= max_p99_latency_ms (absolute)
 - `optimize_parity`           optimized/parity.json "passed" (when require_parity)   (absolute)
 - `parity_map_delta`          |mAP(optimized) - mAP(PyTorch)| <= parity_map_tolerance (absolute)
+- `parity_class_ap_delta/<C>` per class, |AP@parity_class_ap_distance_m(optimized) - AP(PyTorch)|
+                              <= parity_class_ap_tolerance (absolute)
+- `parity_range_map_delta/<B>` per range bucket, |mAP(optimized) - mAP(PyTorch)| <= parity_range_map_tolerance
+- `parity_agreement`          confident-detection match rate of the primary artifact vs PyTorch
+                              (parity.json) >= min_parity_agreement (absolute)
+- `parity_scores_p99`         p99 |score diff| of those matched detections <= max_parity_scores_p99
+The parity_* gates are the optimized artifact's accuracy evidence (INT8 above all): the KPI delta the
+evaluate stage measured on the same frames plus the robust detection agreement, never a single worst
+element. An evaluation without the PyTorch reference cannot verify them: they fail, saying so.
 - `map_regression`            champion mAP - candidate mAP <= max_map_regression     (vs champion)
 - `class_ap_regression/<C>`   per class, champion AP - candidate AP <= max_class_ap_regression (vs champion)
 """
@@ -76,21 +85,7 @@ def apply_gates(
                 "optimize parity vs PyTorch: passed" if ok else f"optimize parity vs PyTorch FAILED ({why})",
             )
         )  # fmt: skip
-    if candidate.delta_map is None:
-        gates.append(
-            Gate(
-                "parity_map_delta", None, params.parity_map_tolerance, False, None,
-                "|mAP(optimized) - mAP(PyTorch)|: kpis.json has no 'delta.mAP' (evaluate ran without the "
-                "PyTorch reference): FAILED, cannot verify",
-            )
-        )  # fmt: skip
-    else:
-        gates.append(
-            _upper(
-                "parity_map_delta", abs(candidate.delta_map), params.parity_map_tolerance,
-                "|mAP(optimized) - mAP(PyTorch)|",
-            )
-        )  # fmt: skip
+    gates += _parity_gates(params, candidate)
     if champion_kpis is not None:
         gates.append(
             _upper(
@@ -115,6 +110,67 @@ def apply_gates(
                     f"{name} AP drop vs champion ({champ['mean_ap']:.4g} -> {cand['mean_ap']:.4g})",
                 )
             )  # fmt: skip
+    return gates
+
+
+def _unverifiable(name: str, threshold: float, what: str, why: str) -> Gate:
+    return Gate(name, None, threshold, False, None, f"{what}: {why}: FAILED, cannot verify")
+
+
+def _parity_gates(params: PromoteParams, candidate: Evidence) -> list[Gate]:
+    """The accuracy evidence of the optimized artifact vs PyTorch (module docstring)."""
+    gates: list[Gate] = []
+    no_ref = "kpis.json has no 'delta' (evaluate ran without the PyTorch reference)"
+    if candidate.delta_map is None:
+        gates.append(
+            _unverifiable(
+                "parity_map_delta", params.parity_map_tolerance, "|mAP(optimized) - mAP(PyTorch)|",
+                "kpis.json has no 'delta.mAP' (evaluate ran without the PyTorch reference)",
+            )
+        )  # fmt: skip
+    else:
+        gates.append(
+            _upper(
+                "parity_map_delta", abs(candidate.delta_map), params.parity_map_tolerance,
+                "|mAP(optimized) - mAP(PyTorch)|",
+            )
+        )  # fmt: skip
+    th = params.parity_class_ap_distance_m
+    delta = candidate.delta
+    for name in candidate.kpis["classes"]:
+        what = f"{name} |AP@{th:g}m(optimized) - AP(PyTorch)|"
+        gname = f"parity_class_ap_delta/{name}"
+        ap = (delta or {}).get("classes", {}).get(name)
+        value = None if ap is None else next((v for k, v in ap.items() if float(k) == th), None)
+        if value is None:
+            why = no_ref if delta is None else f"kpis.json 'delta.classes.{name}.ap' has no {th:g} m entry"
+            gates.append(_unverifiable(gname, params.parity_class_ap_tolerance, what, why))
+        else:
+            gates.append(_upper(gname, abs(value), params.parity_class_ap_tolerance, what))
+    for bucket, value in (delta or {}).get("by_range", {}).items():
+        gates.append(
+            _upper(
+                f"parity_range_map_delta/{bucket}", abs(value), params.parity_range_map_tolerance,
+                f"range {bucket} m |mAP(optimized) - mAP(PyTorch)|",
+            )
+        )  # fmt: skip
+    a = candidate.agreement
+    if a is None:
+        why = "parity.json has no 'agreement' for the primary artifact (an older optimize stage)"
+        gates.append(_unverifiable("parity_agreement", params.min_parity_agreement, "agreement", why))
+        gates.append(_unverifiable("parity_scores_p99", params.max_parity_scores_p99, "scores p99", why))
+        return gates
+    where = f"{a['artifact']} vs PyTorch, score >= {a['score_threshold']:g}, {a['frames']} frames"
+    gates.append(
+        _lower("parity_agreement", a["match_rate"], params.min_parity_agreement, f"match rate ({where})")
+    )
+    p99 = a["scores_p99"] if a["scores_p99"] is not None else 0.0  # nothing matched: the match rate decides
+    gates.append(
+        _upper(
+            "parity_scores_p99", p99, params.max_parity_scores_p99,
+            f"p99 |score diff| over {a['matched']} matched ({where})",
+        )
+    )  # fmt: skip
     return gates
 
 

@@ -37,8 +37,22 @@ class PromoteParams(Section):
     """Batch size whose p99 the latency gate reads (`batch_<n>` of latency.json)."""
     require_parity: bool = True
     """Absolute gate: the optimize stage's parity verdict (`optimized/parity.json` "passed") must be true."""
-    parity_map_tolerance: NonNegFloat = 0.03
-    """Absolute gate: |mAP(optimized) - mAP(PyTorch)| (`kpis.json` "delta"."mAP") at most this."""
+    parity_map_tolerance: NonNegFloat = 0.005
+    """Absolute gate: |mAP(optimized) - mAP(PyTorch)| (`kpis.json` "delta"."mAP", the evaluate stage on
+    the same frames) at most this: 0.5 points. Was 0.03 (3 points: wide enough for any INT8 artifact)."""
+    parity_class_ap_tolerance: NonNegFloat = 0.01
+    """Absolute gate, per class: |AP@`parity_class_ap_distance_m`(optimized) - AP(PyTorch)| at most this
+    (`kpis.json` "delta"."classes"."<C>"."ap"): 1 point."""
+    parity_class_ap_distance_m: PositiveFloat = 2.0
+    """Matching distance (m) of the per-class AP the class gate reads (a key of the KPIs' "ap")."""
+    parity_range_map_tolerance: NonNegFloat = 0.015
+    """Absolute gate, per range bucket: |mAP(optimized) - mAP(PyTorch)| (`kpis.json` "delta"."by_range")
+    at most this: 1.5 points (a bucket holds a third of the objects: its delta is noisier)."""
+    min_parity_agreement: Annotated[float, Field(ge=0, le=1)] = 0.95
+    """Absolute gate: the primary artifact's confident-detection match rate vs PyTorch (`parity.json`
+    metrics.agreement.match_rate, score >= optimize.parity.agreement_score_threshold)."""
+    max_parity_scores_p99: NonNegFloat = 0.06
+    """Absolute gate: the 99th percentile of |score diff| over those matched detections."""
     lock_timeout_s: PositiveFloat = 600.0
     """How long a promotion waits for the registry lock held by another promotion before giving up."""
     intended_use: str = (

@@ -22,8 +22,9 @@ def calib_feeds(tiny_model):
 @pytest.fixture(scope="module")
 def quantized(exported, calib_feeds, tmp_path_factory):
     out = tmp_path_factory.mktemp("int8")
+    params = Int8Params(exclude_nodes=["head.heatmap", "head.reg"])  # forced exclusions by module path
     result = quantize_int8(
-        exported.path, out / "model.int8.onnx", calib_feeds, Int8Params(), cache_path=out / "calibration.json"
+        exported.path, out / "model.int8.onnx", calib_feeds, params, cache_path=out / "calibration.json"
     )
     return out, result
 
@@ -48,8 +49,8 @@ def test_qdq_model_is_calibrated_and_quantizes_convs(quantized, calib_feeds) -> 
 
 def test_excluded_nodes_stay_float(quantized, exported) -> None:
     out, r = quantized
-    # Default exclusions: the two output convs, found by their detector module path, and every
-    # ConvTranspose by op type (no int8 ConvTranspose kernel in ORT's CPU EP).
+    # The two output convs, found by their detector module path (`exclude_nodes`), and every
+    # ConvTranspose by op type (the default `exclude_op_types`: no int8 ConvTranspose kernel in ORT's CPU EP).
     assert len(r.excluded_nodes) == 4 and not r.unmatched_patterns
     by_module = [w for w in r.excluded_nodes.values() if "head." in w]
     by_type = [w for w in r.excluded_nodes.values() if w == "op type ConvTranspose"]
@@ -104,7 +105,8 @@ def test_calibration_cache_is_reused_without_data(quantized, exported, tmp_path)
     out, r = quantized
     cache = tmp_path / "calibration.json"
     cache.write_bytes((out / "calibration.json").read_bytes())
-    again = quantize_int8(exported.path, tmp_path / "again.onnx", [], Int8Params(), cache_path=cache)
+    params = Int8Params(exclude_nodes=["head.heatmap", "head.reg"])
+    again = quantize_int8(exported.path, tmp_path / "again.onnx", [], params, cache_path=cache)
     assert again.calibration_frames == 0
     a = onnx.load(str(out / r.path))
     b = onnx.load(str(tmp_path / "again.onnx"))

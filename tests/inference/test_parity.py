@@ -181,9 +181,11 @@ def test_report_gates_each_artifact_and_names_failures() -> None:
     assert not report["artifacts"]["onnxruntime/int8"]["passed"] and not report["passed"]
     lines = report_failures(report)
     assert lines and all(line.startswith("onnxruntime/int8: ") for line in lines)
-    assert any(line.startswith("onnxruntime/int8: scores: ") for line in lines)
+    assert any(
+        line.startswith("onnxruntime/int8: agreement.scores p99 |diff| (score >= 0.3) = ") for line in lines
+    )
     err = ParityError(lines, "x/parity.json")
-    assert "onnxruntime/int8: scores: max |diff|" in str(err) and "x/parity.json" in str(err)
+    assert "onnxruntime/int8: agreement.scores p99" in str(err) and "x/parity.json" in str(err)
 
 
 def test_match_detections_greedy_by_score() -> None:
@@ -218,3 +220,57 @@ def test_a_non_repeatable_candidate_fails_even_when_close() -> None:
     assert gate(same, tol) == [] and same["repeatability"]["labels_mismatch"] == 0
     fp16 = ParityParams().fp16  # TensorRT FP16: repeatability reported, not gated
     assert gate(compare_outputs([ref], [run1], ParityParams(), fp16, repeat=[run2]), fp16) == []
+
+
+def _confident(n_frames: int = 4, k: int = 40, seed: int = 5) -> list[dict[str, np.ndarray]]:
+    """Frames with many confident detections (scores 0.3-0.95) and low-score clutter below 0.3."""
+    out = []
+    for i in range(n_frames):
+        o = _outputs(b=1, k=k, seed=seed + i)
+        o["scores"][0, :30] = np.linspace(0.95, 0.31, 30)
+        o["scores"][0, 30:] = np.linspace(0.25, 0.06, k - 30)
+        out.append(o)
+    return out
+
+
+def test_agreement_is_robust_to_one_outlier_but_not_to_a_shift() -> None:
+    """One confident score moved by 0.2 of 120 moves the max, not the p99: INT8's gate passes; the same
+    0.08 on every confident detection is a defect: it fails, naming the percentile."""
+    ref = _confident()
+    params, tol = ParityParams(), ParityParams().int8
+    one = [_copy(o) for o in ref]
+    one[0]["scores"][0, 5] -= 0.2
+    m = compare_outputs(ref, one, params, tol)
+    a = m["agreement"]
+    assert a["reference_detections"] == 120 and a["match_rate"] == 1.0
+    assert a["scores_abs_diff"]["max"] == pytest.approx(0.2, abs=1e-6) and a["scores_abs_diff"]["p99"] < 0.05
+    assert gate(m, tol) == []
+    shifted = [_copy(o) for o in ref]
+    for o in shifted:
+        o["scores"][0, :30] -= 0.08
+    failures = gate(compare_outputs(ref, shifted, params, tol), tol)
+    assert len(failures) == 1 and failures[0].startswith("agreement.scores p99 |diff| (score >= 0.3) = 0.08")
+
+
+def test_agreement_ignores_clutter_below_the_threshold_but_counts_lost_confident_detections() -> None:
+    ref = _confident()
+    params, tol = ParityParams(), ParityParams().int8
+    clutter = [_copy(o) for o in ref]
+    for o in clutter:
+        o["boxes"][0, 30:, 0] += 10.0  # every low-score peak elsewhere: parity's match rate drops ...
+    m = compare_outputs(ref, clutter, params, tol)
+    assert m["match_rate"] < 0.8 and m["agreement"]["match_rate"] == 1.0  # ... the confident ones agree
+    assert gate(m, tol) == []
+    lost = [_copy(o) for o in ref]
+    for o in lost:
+        o["boxes"][0, :3, 0] += 10.0  # 3 of 30 confident detections moved away: 27 matched of 30 (+3 extra)
+    m = compare_outputs(ref, lost, params, tol)
+    assert m["agreement"]["match_rate"] == pytest.approx(0.9)
+    assert gate(m, tol) == [f"agreement.match_rate (score >= 0.3) = {0.9:.6g} < 0.95"]
+
+
+def test_int8_gate_is_agreement_and_repeatability_fp32_stays_elementwise() -> None:
+    t8, t32 = ParityParams().int8, ParityParams().fp32
+    assert (t8.min_agreement, t8.scores_p99_atol, t8.repeat_atol) == (0.95, 0.06, 0.0)
+    assert t8.scores_atol is None and t8.min_match_rate is None and t8.min_cosine is None
+    assert (t32.scores_atol, t32.boxes_atol, t32.min_match_rate, t32.repeat_atol) == (5e-5, 1e-4, 0.99, 0.0)

@@ -110,6 +110,7 @@ FAKE_TRT = SimpleNamespace(
     BuilderFlag=BuilderFlag,
     MemoryPoolType=SimpleNamespace(WORKSPACE="workspace"),
     float32="float32",
+    float16="float16",
     IInt8EntropyCalibrator2=type("IInt8EntropyCalibrator2", (_CalibratorBase,), {}),
     IInt8MinMaxCalibrator=type("IInt8MinMaxCalibrator", (_CalibratorBase,), {}),
 )
@@ -118,7 +119,7 @@ FAKE_TRT = SimpleNamespace(
 def _spec(precision: str, version: str, **over) -> EngineSpec:
     params = OptimizeParams.model_validate(over)
     return engine_spec(
-        params, precision, version, INPUTS, max_batch=4, fp32_layers=["node_conv2d_14", "node_Conv_991"]
+        params, precision, version, INPUTS, max_batch=4, fp16_layers=["node_conv2d_14", "node_Conv_991"]
     )
 
 
@@ -136,7 +137,7 @@ def test_trt10_int8_uses_implicit_calibration_with_a_fixed_profile(calibrator: s
     assert s.flags == ["INT8", "FP16", "PREFER_PRECISION_CONSTRAINTS"]
     assert s.calibrator == calibrator and s.calibration_points == 5000
     assert s.calibration_profile["points"] == ([1, 5000, 4], [1, 5000, 4], [1, 5000, 4])
-    assert s.fp32_layers == ["node_Conv_991", "node_conv2d_14"]
+    assert s.fp16_layers == ["node_Conv_991", "node_conv2d_14"]
 
 
 @pytest.mark.parametrize(
@@ -187,10 +188,11 @@ def test_apply_spec_sets_flags_pools_profiles_calibrator_and_timing_cache() -> N
     assert len(config.profiles) == 1 and config.profiles[0].shapes == spec.profile
     assert config.int8_calibrator is calibrator
     assert config.calibration_profile.shapes == spec.calibration_profile
-    # Pinned to FP32: the excluded nodes' layers (exact or "_suffix"), not a name that merely starts alike.
-    pinned = [layer.name for layer in network.layers if layer.precision == "float32"]
+    # Kept out of INT8, in FP16: the sensitivity-chosen nodes' layers (exact or "_suffix"), not a name
+    # that merely starts alike.
+    pinned = [layer.name for layer in network.layers if layer.precision == "float16"]
     assert pinned == ["node_conv2d_14", "node_conv2d_14_1", "node_Conv_991"]
-    assert network.layers[0].output_types == {0: "float32", 1: "float32"}
+    assert network.layers[0].output_types == {0: "float16", 1: "float16"}
     assert cache.blob == b"old" and config.timing_cache == (cache, False)
 
 
@@ -338,3 +340,58 @@ def test_real_tensorrt_engine_builds(exported, tmp_path) -> None:  # pragma: no 
         )
     entry = build_engine(source, spec, tmp_path)
     assert (tmp_path / entry["file"]).is_file() and entry["metadata"]["gpu"]
+
+
+def test_fp16_layers_come_from_the_sensitivity_report_by_weight(exported) -> None:
+    """The report names ORT's pre-processed nodes; TensorRT parses the export, whose node names can differ
+    (the point MLP's Gemm is renamed by pre-processing): layers are matched by their weight initializer."""
+    import onnx
+
+    from pfactory.inference.tensorrt_backend import sensitivity_fp16_layers
+
+    model = onnx.load(str(exported.path))
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    report = {
+        "layers": [
+            {"name": "renamed/GemmTransposeFusion/", "weight": gemm.input[1]},
+            {"name": conv.name, "weight": conv.input[1]},
+            {"name": "quantized", "weight": "w.quantized"},
+        ],
+        "kept_float": ["renamed/GemmTransposeFusion/", conv.name],
+    }
+    assert sensitivity_fp16_layers(model, report, []) == sorted([gemm.name, conv.name])
+    by_pattern = sensitivity_fp16_layers(model, None, ["head.heatmap"])
+    assert len(by_pattern) == 1 and by_pattern[0] != conv.name
+    assert sensitivity_fp16_layers(model, None, []) == []
+
+
+def test_trt11_int8_qdq_keeps_the_sensitivity_layers_unquantized_in_fp16(exported, tmp_path) -> None:
+    """TensorRT >= 11 (strongly typed) INT8: the symmetric QDQ model with the kept-float layer left
+    unquantized, then its float part cast to FP16 around the Q/DQ pairs: that layer runs in FP16."""
+    import onnx
+
+    from pfactory.inference.ort_backend import quantize_int8
+    from pfactory.inference.tensorrt_backend import cast_onnx_fp16
+
+    from .helpers import make_feed, make_model
+
+    model = make_model()
+    feeds = [make_feed(model, 1, 600, seed=i) for i in range(3)]
+    conv = next(n for n in onnx.load(str(exported.path)).graph.node if n.op_type == "Conv")
+    int8 = OptimizeParams().int8.model_copy(update={"ort_method": "minmax", "exclude_op_types": []})
+    q = quantize_int8(
+        exported.path, tmp_path / "qdq.onnx", feeds, int8, for_tensorrt=True, keep_float=[conv.input[1]]
+    )
+    assert q.format["weight_bits"] == 8 and q.symmetric_activations  # TensorRT's QDQ: symmetric int8
+    kept = [n for n, why in q.excluded_nodes.items() if why == "kept float (sensitivity)"]
+    assert len(kept) == 1
+    keep32 = [*OptimizeParams().tensorrt.fp16_keep_fp32_op_types, "QuantizeLinear", "DequantizeLinear"]
+    out = onnx.load(str(cast_onnx_fp16(tmp_path / "qdq.onnx", tmp_path / "qdq16.onnx", keep32)))
+    inits = {i.name: i.data_type for i in out.graph.initializer}
+    node = next(n for n in out.graph.node if n.name == kept[0])
+    assert inits[node.input[1]] == onnx.TensorProto.FLOAT16  # the kept layer: FP16 weights
+    scales = [
+        inits[n.input[1]] for n in out.graph.node if n.op_type == "DequantizeLinear" and n.input[1] in inits
+    ]
+    assert scales and all(t == onnx.TensorProto.FLOAT for t in scales)  # Q/DQ stay FP32

@@ -112,11 +112,13 @@ def ground_truth(prepared: Path) -> list[Any]:
 def _document(
     metrics: dict[str, Any], reference: dict[str, Any] | None, data: dict[str, Any]
 ) -> dict[str, Any]:
+    from pfactory.evaluate.report import kpi_delta
+
     doc = dict(metrics)
     doc["data"] = data
     if reference is not None:
         doc["reference"] = reference
-        doc["delta"] = {"mAP": metrics["mAP"] - reference["mAP"], "NDS": metrics["NDS"] - reference["NDS"]}
+        doc["delta"] = kpi_delta(metrics, reference)  # the evaluate stage's own delta: class AP, range
     return doc
 
 
@@ -133,14 +135,18 @@ def jittered(gt: list[Any], jitter_m: float, seed: int) -> list[Any]:
     return out
 
 
-def write_eval(eval_dir: Path, prepared: Path, jitter_m: float, seed: int = 0) -> dict[str, Any]:
-    """Write `eval_dir/kpis.json` for predictions jittered by `jitter_m` (reference: 5% less jitter)."""
+def write_eval(
+    eval_dir: Path, prepared: Path, jitter_m: float, seed: int = 0, reference_jitter: float = 1.0
+) -> dict[str, Any]:
+    """Write `eval_dir/kpis.json` for predictions jittered by `jitter_m`; the PyTorch reference's
+    predictions are the same ones (same seed) jittered by `reference_jitter * jitter_m` (1: identical
+    KPIs, delta 0 -- an optimized artifact that computes what PyTorch computes)."""
     from pfactory.fsutil import atomic_write_json
     from pfactory.metrics import evaluate_detections
 
     gt = ground_truth(prepared)
     kpis = evaluate_detections(gt, jittered(gt, jitter_m, seed)).metrics
-    ref = evaluate_detections(gt, jittered(gt, jitter_m * 0.95, seed)).metrics
+    ref = evaluate_detections(gt, jittered(gt, jitter_m * reference_jitter, seed)).metrics
     doc = _document(kpis, ref, data_block(prepared, len(gt)))
     atomic_write_json(eval_dir / "kpis.json", doc)
     return doc

@@ -26,8 +26,16 @@ def test_absolute_gates_pass_and_report_margins(evidence_dirs) -> None:
     optimized, kpis_file, kpis = evidence_dirs
     ev = read_evidence(optimized, kpis_file)
     gates = {g.name: g for g in apply_gates(promote_params(), ev, None)}
-    assert set(gates) == {"min_map", "p99_latency_ms", "optimize_parity", "parity_map_delta"}
+    classes = sorted(kpis["classes"])
+    buckets = sorted(kpis["by_range"])
+    assert set(gates) == {
+        "min_map", "p99_latency_ms", "optimize_parity", "parity_map_delta", "parity_agreement",
+        "parity_scores_p99", *(f"parity_class_ap_delta/{c}" for c in classes),
+        *(f"parity_range_map_delta/{b}" for b in buckets),
+    }  # fmt: skip
     assert not failed(gates.values())
+    # The FP32 artifact of the bench agrees with PyTorch on every confident detection.
+    assert gates["parity_agreement"].value == 1.0 and gates["parity_scores_p99"].value < 1e-4
     assert gates["min_map"].value == pytest.approx(kpis["mAP"]) and gates["min_map"].margin == pytest.approx(
         kpis["mAP"] - 0.2
     )
@@ -49,13 +57,15 @@ def test_each_failing_gate_is_named_with_its_shortfall(evidence_dirs) -> None:
     doc["delta"]["mAP"] = -0.004
     kpis_file.write_text(json.dumps(doc))
     ev = read_evidence(optimized, kpis_file)
-    params = promote_params(min_map=0.99, max_p99_latency_ms=0.001, parity_map_tolerance=0.0)
+    params = promote_params(
+        min_map=0.99, max_p99_latency_ms=0.001, parity_map_tolerance=0.0, max_parity_scores_p99=0.0
+    )
     champion = {"mAP": 1.0, "classes": {**ev.kpis["classes"], "Truck": {"mean_ap": 0.5, "ap": {}}}}
     champion["classes"]["Car"] = {"mean_ap": ev.kpis["classes"]["Car"]["mean_ap"] + 0.2, "ap": {}}
     bad = {g.name: g for g in failed(apply_gates(params, ev, champion))}
     assert set(bad) == {
         "min_map", "p99_latency_ms", "optimize_parity", "parity_map_delta", "map_regression",
-        "class_ap_regression/Car", "class_ap_regression/Truck",
+        "class_ap_regression/Car", "class_ap_regression/Truck", "parity_scores_p99",
     }  # fmt: skip
     assert bad["min_map"].margin < 0 and bad["min_map"].margin == pytest.approx(kpis["mAP"] - 0.99)
     assert f"FAILED by {0.99 - kpis['mAP']:.4g}" in bad["min_map"].detail
@@ -69,15 +79,55 @@ def test_each_failing_gate_is_named_with_its_shortfall(evidence_dirs) -> None:
     assert "FAIL  p99_latency_ms" in table and "PASS  class_ap_regression/Pedestrian" in table
 
 
-def test_missing_delta_fails_the_parity_kpi_gate(evidence_dirs) -> None:
-    optimized, kpis_file, _ = evidence_dirs
+def test_missing_delta_fails_the_parity_kpi_gates(evidence_dirs) -> None:
+    optimized, kpis_file, kpis = evidence_dirs
     doc = json.loads(kpis_file.read_text())
     del doc["delta"]
     kpis_file.write_text(json.dumps(doc))
-    gate = next(
-        g for g in apply_gates(promote_params(), read_evidence(optimized, kpis_file), None) if not g.passed
+    bad = failed(apply_gates(promote_params(), read_evidence(optimized, kpis_file), None))
+    assert bad[0].name == "parity_map_delta"
+    assert sorted(g.name for g in bad[1:]) == sorted(f"parity_class_ap_delta/{c}" for c in kpis["classes"])
+    assert "no 'delta.mAP'" in bad[0].detail and all("cannot verify" in g.detail for g in bad)
+
+
+def test_class_ap_and_range_deltas_are_gated_at_two_metres_and_per_bucket(bench, tmp_path) -> None:
+    """An optimized artifact that loses detections: predictions jittered 30 % more than the reference's
+    (the same boxes and scores otherwise), scored by the KPI library as the evaluate stage would."""
+    optimized = tmp_path / "optimized"
+    shutil.copytree(bench["optimized"], optimized)
+    doc = write_eval(tmp_path / "eval", bench["prepared_a"], 1.3, reference_jitter=1 / 1.3)
+    ev = read_evidence(optimized, tmp_path / "eval" / "kpis.json")
+    gates = {g.name: g for g in apply_gates(promote_params(), ev, None)}
+    for c, d in doc["delta"]["classes"].items():
+        g = gates[f"parity_class_ap_delta/{c}"]
+        assert g.value == pytest.approx(abs(d["ap"]["2.0"])) and g.passed == (abs(d["ap"]["2.0"]) <= 0.01)
+    for b, d in doc["delta"]["by_range"].items():
+        assert gates[f"parity_range_map_delta/{b}"].value == pytest.approx(abs(d["mAP"]))
+    assert not gates["parity_map_delta"].passed and abs(doc["delta"]["mAP"]) > 0.005
+    assert any(not g.passed for n, g in gates.items() if n.startswith("parity_class_ap_delta/"))
+    strict = {g.name: g for g in apply_gates(promote_params(parity_class_ap_distance_m=0.5), ev, None)}
+    car = strict["parity_class_ap_delta/Car"]
+    assert (
+        car.value == pytest.approx(abs(doc["delta"]["classes"]["Car"]["ap"]["0.5"]))
+        and "AP@0.5m" in car.detail
     )
-    assert gate.name == "parity_map_delta" and "no 'delta.mAP'" in gate.detail
+
+
+def test_agreement_gates_read_the_primary_artifacts_confident_detections(evidence_dirs) -> None:
+    optimized, kpis_file, _ = evidence_dirs
+    parity = json.loads((optimized / "parity.json").read_text())
+    agree = parity["artifacts"]["onnxruntime/fp32"]["metrics"]["agreement"]
+    agree["match_rate"], agree["scores_abs_diff"]["p99"] = 0.9, 0.08
+    (optimized / "parity.json").write_text(json.dumps(parity))
+    bad = {
+        g.name: g for g in failed(apply_gates(promote_params(), read_evidence(optimized, kpis_file), None))
+    }
+    assert set(bad) == {"parity_agreement", "parity_scores_p99"}
+    assert (
+        "FAILED by 0.05" in bad["parity_agreement"].detail
+        and "score >= 0.3" in bad["parity_agreement"].detail
+    )
+    assert bad["parity_scores_p99"].value == 0.08 and "FAILED by 0.02" in bad["parity_scores_p99"].detail
 
 
 @pytest.mark.parametrize(

@@ -74,8 +74,9 @@ def test_stage_writes_artifacts_evidence_and_mlflow(dataset, tmp_path, monkeypat
 
     files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert {
-        "model.onnx", "onnxruntime/model.fp32.onnx", "onnxruntime/model.int8.onnx", "onnxruntime/calibration.json",
-        "parity.json", "latency.json", "backend.json",
+        "model.onnx", "onnxruntime/model.fp32.onnx", "onnxruntime/model.int8.onnx",
+        "onnxruntime/calibration.percentile.json", "onnxruntime/calibration.minmax.json",
+        "onnxruntime/sensitivity.json", "parity.json", "latency.json", "backend.json",
     } <= files  # fmt: skip
     assert not list(tmp_path.glob(".optimized.*")), "the temporary build directory must be gone"
 
@@ -85,6 +86,20 @@ def test_stage_writes_artifacts_evidence_and_mlflow(dataset, tmp_path, monkeypat
     assert set(manifest["files"]) == files - {"backend.json", OUTPUT_MARKER}  # the marker: fsutil, written last
     arts = {a["precision"]: a for a in manifest["artifacts"]}
     assert set(arts) == {"fp32", "int8"} and arts["int8"]["quantization"]["calibration_frames"] == 3
+    # INT8: the format that computes the same on every x86 CPU, the sensitivity profile and its choice.
+    q = arts["int8"]["quantization"]
+    assert q["format"]["weight_bits"] == 7 and q["format"]["x86_saturation_free"]
+    sens = json.loads((out / "onnxruntime" / "sensitivity.json").read_text())
+    assert arts["int8"]["sensitivity"] == "onnxruntime/sensitivity.json"
+    assert sens["calibration"]["chosen"] == q["method"] and sens["calibration_frame_ids"]
+    assert all("sensitivity" in layer for layer in sens["layers"]) and len(sens["greedy"]) >= 1
+    assert {n for n, why in q["excluded_nodes"].items() if why == "kept float (sensitivity)"} == set(
+        sens["kept_float"]
+    )
+    import onnx
+
+    props = {m.key: m.value for m in onnx.load(str(out / "onnxruntime/model.int8.onnx")).metadata_props}
+    assert props["pfactory.int8.x86_exact"] == "true"
     assert manifest["onnx"]["checks"]["checker"] == "passed" and manifest["onnx"]["opset"] >= 18
     assert [i["name"] for i in manifest["onnx"]["inputs"]] == ["points", "num_points", "images", "proj"]
     assert manifest["model"]["weights_sha256"] == sha256_file(dataset["model"] / "model.pt")
