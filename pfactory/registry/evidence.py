@@ -51,7 +51,9 @@ def _number(obj: Mapping[str, Any], key: str, source: str, where: str = "") -> f
 
 
 def kpi_summary(kpis: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """The part of kpis.json the gates and the model card use: mAP, NDS, per-class AP and TP errors.
+    """The part of kpis.json the gates and the model card use: mAP, NDS, per-class AP, TP errors and
+    ground-truth counts (`classes.<C>.num_gt`, `by_range_num_gt.<bucket>.<C>`: the KPI-delta gates'
+    resolution).
 
     `source` names the file (or version) in error messages. A class without `mean_ap` gets the mean of
     its `ap` thresholds (the KPI library's definition).
@@ -81,8 +83,21 @@ def kpi_summary(kpis: Mapping[str, Any], source: str) -> dict[str, Any]:
         for m in ("ate", "ase", "aoe"):
             if isinstance(c.get(m), int | float):
                 entry[m] = float(c[m])
+        if isinstance(c.get("num_gt"), int):
+            entry["num_gt"] = c["num_gt"]
         out_classes[str(name)] = entry
     summary: dict[str, Any] = {"mAP": _number(kpis, "mAP", source), "classes": out_classes}
+    support = {
+        str(bucket): {
+            str(k): v["num_gt"]
+            for k, v in (b.get("classes") or {}).items()
+            if isinstance(v, Mapping) and isinstance(v.get("num_gt"), int)
+        }
+        for bucket, b in (kpis.get("by_range") or {}).items()
+        if isinstance(b, Mapping)
+    }
+    if support:
+        summary["by_range_num_gt"] = support  # ground-truth objects per range bucket and class
     if "NDS" in kpis:
         summary["NDS"] = _number(kpis, "NDS", source)
     return summary
@@ -149,8 +164,9 @@ def parity_summary(parity: Mapping[str, Any], source: str) -> dict[str, Any]:
 
 def delta_summary(delta: Any, source: str) -> dict[str, Any] | None:
     """kpis.json "delta" (optimized - PyTorch on the same frames) condensed: {"mAP", "classes": {C: {th:
-    AP delta}}, "by_range": {bucket: mAP delta}}; None when evaluate ran without the reference. A null
-    delta (a class or bucket without ground truth in the evaluated frames) is left out."""
+    AP delta}}, "by_range": {bucket: mAP delta}, "by_range_classes": {bucket: {C: mean AP delta}}}; None
+    when evaluate ran without the reference. A null delta (a class or bucket without ground truth in the
+    evaluated frames) is left out."""
     if not isinstance(delta, Mapping) or "mAP" not in delta:
         return None
     out: dict[str, Any] = {"mAP": _number(delta, "mAP", source, "delta."), "classes": {}, "by_range": {}}
@@ -163,9 +179,15 @@ def delta_summary(delta: Any, source: str) -> dict[str, Any] | None:
         out["classes"][str(name)] = {
             str(k): _number(ap, k, source, f"delta.classes.{name}.ap.") for k in ap if ap[k] is not None
         }
+    out["by_range_classes"] = {}
     for bucket, b in (delta.get("by_range") or {}).items():
         if isinstance(b, Mapping) and b.get("mAP") is not None:
             out["by_range"][str(bucket)] = _number(b, "mAP", source, f"delta.by_range.{bucket}.")
+            out["by_range_classes"][str(bucket)] = {
+                str(name): _number(c, "mean_ap", source, f"delta.by_range.{bucket}.classes.{name}.")
+                for name, c in (b.get("classes") or {}).items()
+                if isinstance(c, Mapping) and c.get("mean_ap") is not None
+            }
     return out
 
 

@@ -136,15 +136,26 @@ def jittered(gt: list[Any], jitter_m: float, seed: int) -> list[Any]:
 
 
 def write_eval(
-    eval_dir: Path, prepared: Path, jitter_m: float, seed: int = 0, reference_jitter: float = 1.0
+    eval_dir: Path,
+    prepared: Path,
+    jitter_m: float,
+    seed: int = 0,
+    reference_jitter: float = 1.0,
+    copies: int = 1,
 ) -> dict[str, Any]:
     """Write `eval_dir/kpis.json` for predictions jittered by `jitter_m`; the PyTorch reference's
     predictions are the same ones (same seed) jittered by `reference_jitter * jitter_m` (1: identical
-    KPIs, delta 0 -- an optimized artifact that computes what PyTorch computes)."""
+    KPIs, delta 0 -- an optimized artifact that computes what PyTorch computes). `copies` > 1 evaluates
+    the split's frames that many times (independent noise per copy): an evaluation with enough objects
+    per class that one flipped detection is worth less than the parity tolerances."""
     from pfactory.fsutil import atomic_write_json
-    from pfactory.metrics import evaluate_detections
+    from pfactory.metrics import FrameDetections, evaluate_detections
 
-    gt = ground_truth(prepared)
+    gt = [
+        FrameDetections(f"{f.frame_id}#{k}" if copies > 1 else f.frame_id, f.boxes, f.names)
+        for k in range(copies)
+        for f in ground_truth(prepared)
+    ]
     kpis = evaluate_detections(gt, jittered(gt, jitter_m, seed)).metrics
     ref = evaluate_detections(gt, jittered(gt, jitter_m * reference_jitter, seed)).metrics
     doc = _document(kpis, ref, data_block(prepared, len(gt)))

@@ -70,12 +70,14 @@ def test_first_promotion_registers_tags_and_writes_the_release(bench, tmp_path, 
     assert (result["version"], result["champion_before"], result["champion_after"]) == (1, None, 1)
     assert not result["reevaluated_champion"]
     names = [g["name"] for g in result["gates"]]
-    assert names == [
-        "min_map",
-        "p99_latency_ms",
-        "optimize_parity",
-        "parity_map_delta",
-    ]  # absolute gates only
+    classes = sorted(cand["kpis"]["classes"])
+    buckets = sorted(cand["kpis"]["delta"]["by_range"])
+    assert classes == ["Car", "Cyclist", "Pedestrian"] and buckets  # the evidence the parity gates read
+    assert names[:4] == ["min_map", "p99_latency_ms", "optimize_parity", "parity_map_delta"]
+    assert names[-2:] == ["parity_agreement", "parity_scores_p99"]
+    assert sorted(names[4:-2]) == sorted(
+        [*(f"parity_class_ap_delta/{c}" for c in classes), *(f"parity_range_map_delta/{b}" for b in buckets)]
+    )  # absolute gates only: no champion yet, so no regression gate
     assert all(
         g["passed"] and set(g) >= {"name", "value", "threshold", "passed", "margin"} for g in result["gates"]
     )
