@@ -37,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from pfactory.fsutil import atomic_write_json  # noqa: E402
 from tests.newcomer import cpu_quota, fresh_clone, newcomer_env  # noqa: E402
 
 STAGES = ("synth", "prepare", "train", "optimize", "evaluate", "promote")
@@ -138,6 +139,7 @@ def one_run(
             return rec
         result = json.loads(p.stdout[p.stdout.index("{") :])
         rec.update(figures(result, rec["command_s"]))
+        rec.update(accuracy(clone_path / "artifacts" / "runs"))
         return rec
     finally:
         if shared is not None or keep is not None:
@@ -166,6 +168,62 @@ def figures(result: dict[str, Any], command_s: float) -> dict[str, Any]:
         "promotion": (result.get("promotion") or {}).get("decision"),
         "not_run": [s for s, r in (result.get("stages") or {}).items() if r.get("how") != "ran"],
     }
+
+
+def accuracy(runs: Path) -> dict[str, Any]:
+    """The run's accuracy evidence, read from its own files before the clone goes: per class AP (mean over
+    the distance thresholds), AOE and the optimized artifact's AP@2m delta vs PyTorch (eval/kpis.json), and
+    the primary artifact's confident-detection agreement (optimized/parity.json + backend.json)."""
+    dirs = sorted(d for d in runs.glob("*") if (d / "artifacts" / "eval" / "kpis.json").is_file())
+    if not dirs:
+        return {"accuracy": None}
+    art = dirs[-1] / "artifacts"
+    kpis = json.loads((art / "eval" / "kpis.json").read_text())
+    delta = (kpis.get("delta") or {}).get("classes") or {}
+    out: dict[str, Any] = {
+        "classes": {
+            c: {
+                "ap": v.get("mean_ap"),
+                "aoe": v.get("aoe"),
+                "num_gt": v.get("num_gt"),
+                "delta_ap_2m": ((delta.get(c) or {}).get("ap") or {}).get("2.0"),
+            }
+            for c, v in (kpis.get("classes") or {}).items()
+        }
+    }
+    try:
+        p = json.loads((art / "optimized" / "backend.json").read_text())["primary"]
+        primary = f"{p['backend']}/{p['precision']}"  # the key of parity.json "artifacts"
+        parity = json.loads((art / "optimized" / "parity.json").read_text())
+        agreement = parity["artifacts"][primary]["metrics"]["agreement"]
+        out["agreement"] = {
+            "artifact": primary,
+            "match_rate": agreement["match_rate"],
+            "scores_p99": agreement["scores_abs_diff"]["p99"],
+            "matched": agreement["matched"],
+        }
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        out["agreement"] = {"error": f"{type(e).__name__}: {e}"}
+    return {"accuracy": out}
+
+
+def accuracy_line(i: int, r: dict[str, Any]) -> str:
+    a = r.get("accuracy")
+    if not a:
+        return f"{r['variant']} {i}: -"
+    cls = "; ".join(
+        f"{c} AP {_f(v['ap'], '{:.3f}')} AOE {_f(v['aoe'], '{:.3f}')} ΔAP@2m {_f(v['delta_ap_2m'], '{:+.4f}')}"
+        f" (N {v['num_gt']})"
+        for c, v in a["classes"].items()
+    )
+    ag = a.get("agreement") or {}
+    agree = (
+        f"{ag['artifact']} match {ag['match_rate']:.3f} (score>=0.3, {ag['matched']} matched), p99 "
+        f"{_f(ag['scores_p99'], '{:.3f}')}"
+        if "match_rate" in ag
+        else ag.get("error", "-")
+    )
+    return f"{r['variant']} {i}: {cls}; {agree}"
 
 
 def _f(v: Any, fmt: str = "{:.1f}") -> str:
@@ -247,23 +305,26 @@ def main(argv: list[str] | None = None) -> int:
     for label, overrides in variants:
         for i in range(1, args.runs + 1):
             rec = one_run(
-                label, [*args.set_param, *overrides], args.install, args.cpus, args.keep, args.timeout
-            )
+                label, [*args.set_param, *overrides], args.install, args.cpus, args.keep, args.timeout,
+                shared=args.shared_clone,
+            )  # fmt: skip
+            rec["run"] = i
             records.append(rec)
             print(row(i, rec), flush=True)
             if rec.get("exit") != 0:
                 print(f"  {label} run {i}: {rec.get('failure')}", flush=True)
+            if args.json:  # after every run: a long matrix stopped halfway keeps what it measured
+                atomic_write_json(args.json, {"machine": machine(), "install": env_note, "runs": records})
     print()
     for label, _ in variants:
         print(f"{label}: {medians([r for r in records if r['variant'] == label])}")
+    print("\naccuracy (per run):")
+    for r in records:
+        print("  " + accuracy_line(r["run"], r))
     if records and records[0].get("quota"):
         print(f"quota: {records[0]['quota']}")
     if records and records[0].get("dirty"):
         print(f"note: {len(records[0]['dirty'])} uncommitted working-tree files were copied into each clone")
-    if args.json:
-        args.json.write_text(
-            json.dumps({"machine": machine(), "install": env_note, "runs": records}, indent=2)
-        )
     return 0 if all(r.get("exit") == 0 for r in records) else 1
 
 
