@@ -167,6 +167,22 @@ def _name_dynamic_dims(model: Any) -> None:
     _rename_dims(model, mapping)
 
 
+# Node metadata the exporter writes that names this machine's files: the Python stack of every op, with the
+# absolute path of the source file (a run workspace's path): model.onnx would differ between two identical
+# runs and publish the path. The module scopes (`_SCOPE_KEY`) stay: they name modules, not files.
+_MACHINE_KEYS = ("pkg.torch.onnx.stack_trace",)
+
+
+def _drop_machine_metadata(model: Any) -> None:
+    """Remove `_MACHINE_KEYS` from every node's metadata (graph and local functions)."""
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    for node in nodes:
+        keep = [p for p in node.metadata_props if p.key not in _MACHINE_KEYS]
+        if len(keep) != len(node.metadata_props):
+            del node.metadata_props[:]
+            node.metadata_props.extend(keep)
+
+
 def _set_metadata(model: Any, meta: dict[str, Any]) -> None:
     import onnx
 
@@ -267,6 +283,7 @@ def export_onnx(
             f"{path}: the padded point count came out fixed ({points_dim}); it must be dynamic"
         )
     _name_dynamic_dims(proto)
+    _drop_machine_metadata(proto)
     _set_metadata(proto, metadata or {})
     onnx.save(proto, str(path))
     checks = check_onnx(path)

@@ -166,8 +166,8 @@ def finish(run: Run) -> dict[str, Any]:
     return json.loads(out[out.index("{") :])
 
 
-# Outputs whose bytes are a function of code, data and params only (kpis.json minus its timings is compared
-# apart; latency.json and the release's audit/run ids are not deterministic by design).
+# Outputs whose bytes are a function of code, data and params only (JSON files and kpis.json compared without
+# their timings; latency.json and the release's audit/run ids are not deterministic by design).
 DETERMINISTIC = (
     "artifacts/prepared",
     "artifacts/model/model.pt",
@@ -194,7 +194,10 @@ def digest(workspace: Path) -> dict[str, str]:
         p = workspace / rel
         files = [p] if p.is_file() else sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else []
         for f in files:
-            out[f.relative_to(workspace).as_posix()] = hashlib.sha256(f.read_bytes()).hexdigest()
+            data = f.read_bytes()
+            if f.suffix == ".json":  # a JSON output may carry timings (calibration.json: its latency run)
+                data = json.dumps(_strip(json.loads(data)), sort_keys=True).encode()
+            out[f.relative_to(workspace).as_posix()] = hashlib.sha256(data).hexdigest()
     kpis = workspace / "artifacts/eval/kpis.json"
     if kpis.is_file():
         out["kpis (no timings)"] = hashlib.sha256(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -150,3 +152,17 @@ def test_export_scatter_equals_the_kernel_on_nonnegative_features(n: int, c: int
     got = scatter_max_nonnegative(feats, row, num_cells)
     assert got.shape == (num_cells, c)
     assert torch.equal(got, want)
+
+
+def test_the_graph_names_no_file_of_this_machine(exported) -> None:
+    """The exporter's per-node Python stack traces carry the absolute path of the source file (a run's
+    workspace): model.onnx differed between two identical runs (tests/faults/test_crashes.py) and published
+    the path. They are dropped; the module scopes stay."""
+    from pfactory.inference.export import _SCOPE_KEY
+
+    model = onnx.load(str(exported.path))
+    keys = {p.key for n in model.graph.node for p in n.metadata_props}
+    values = [p.value for n in model.graph.node for p in n.metadata_props]
+    root = str(Path(__file__).resolve().parents[2])
+    assert "pkg.torch.onnx.stack_trace" not in keys and _SCOPE_KEY in keys
+    assert not [v for v in values if root in v or 'File "/' in v], "a path of this machine in the graph"
