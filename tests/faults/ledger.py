@@ -106,10 +106,12 @@ def render(meta: dict[str, Any], entries: list[Entry]) -> str:
             f" Then {r.get('cases', '?')} case(s), {r.get('trials', '?')} trial(s) by `{r.get('command', '?')}`"
             f" at commit `{r.get('commit', '?')}` ({r.get('when', '?')}, load {r.get('load_start', '?')} at its "
             f"start, {str(r.get('machine', '?')).rsplit('load ', 1)[-1]} at its end, {r.get('seconds', 0):.0f} s, "
-            f"{_size(r)[:-1]}, pytest exit status {r.get('exitstatus', '?')})"
+            f"{'full' if r.get('full') else 'CI'} size, pytest exit status {r.get('exitstatus', '?')})"
             + (f", replacing the rows of {r['replaced']} earlier case(s)." if r.get("replaced") else ".")
             for r in meta.get("parts", [])
         ),
+        "",
+        _kills_per_stage(entries),
         "",
         "*Survived* means what each test demands (tests/faults/): a bad input is refused with a one-line "
         "error naming its file and field, the frame alone refused by prepare and every other frame kept; a "
@@ -153,6 +155,20 @@ def render(meta: dict[str, Any], entries: list[Entry]) -> str:
                 f"| `{case}` | {len(ce)} | {sum(e.survived for e in ce)} | {sum(e.lost for e in ce)} | {detail} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _kills_per_stage(entries: list[Entry]) -> str:
+    """What of the SIGKILL matrix these entries cover: trials per stage (the full matrix is 3 in each)."""
+    from tests.flows.pipeline_project import STAGES
+
+    n = {s: sum(e.case == f"SIGKILL in {s}" for e in entries) for s in STAGES}
+    missing = [s for s in STAGES if n[s] < 3]
+    return (
+        "SIGKILL trials per stage: "
+        + ", ".join(f"{s} {n[s]}" for s in STAGES)
+        + " (the full matrix: 3 each"
+        + (f"; not run to full size here: {', '.join(missing)})." if missing else ", all run).")
+    )
 
 
 def _size(meta: dict[str, Any]) -> str:

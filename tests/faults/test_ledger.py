@@ -37,4 +37,6 @@ def test_slices_render_into_one_table(tmp_path: Path, capsys) -> None:
     assert "`slice train`" in header and "replacing the rows of 1 earlier case(s)" in header
     assert "`slice synth`" in header and "full size" in header and "3 trial(s)" in header
     assert "load 3.10 at its end" in header
+    assert "SIGKILL trials per stage: synth 3, prepare 0, train 3," in text
+    assert "not run to full size here: prepare, optimize, evaluate, promote" in text
     capsys.readouterr()
