@@ -147,7 +147,7 @@ def render(meta: dict[str, Any], entries: list[Entry]) -> str:
         for e in es:
             cases[e.case].append(e)
         for case, ce in cases.items():
-            detail = "; ".join(dict.fromkeys(e.detail for e in ce if e.detail))
+            detail = _neutral("; ".join(dict.fromkeys(e.detail for e in ce if e.detail)))
             detail = detail.replace("|", "\\|").replace("\n", " ")
             if len(detail) > 240:
                 detail = detail[:237] + "..."
@@ -155,6 +155,16 @@ def render(meta: dict[str, Any], entries: list[Entry]) -> str:
                 f"| `{case}` | {len(ce)} | {sum(e.survived for e in ce)} | {sum(e.lost for e in ce)} | {detail} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _neutral(text: str) -> str:
+    """`text` without the paths of the machine that ran it: the checkout as `<repo>`, pytest's temp dirs
+    as `<tmp>` (the published document is the same wherever the suite ran)."""
+    import re
+
+    repo = str(Path(__file__).resolve().parents[2])
+    text = text.replace(repo + "/", "<repo>/").replace(repo, "<repo>")
+    return re.sub(r"/tmp/[^/\s]+/", "<tmp>/", text)
 
 
 def _kills_per_stage(entries: list[Entry]) -> str:

@@ -40,3 +40,18 @@ def test_slices_render_into_one_table(tmp_path: Path, capsys) -> None:
     assert "SIGKILL trials per stage: synth 3, prepare 0, train 3," in text
     assert "not run to full size here: prepare, optimize, evaluate, promote" in text
     capsys.readouterr()
+
+
+def test_the_document_names_no_path_of_the_machine(tmp_path: Path) -> None:
+    from tests.faults.conftest import REPO
+
+    led = tmp_path / "l.json"
+    _ledger(led, False, "ci run", [("params", "x", True)])
+    doc = __import__("json").loads(led.read_text())
+    doc["entries"][0]["detail"] = f"{REPO}/params.yaml: bad; /tmp/pytest-of-x/test_a0/out: disk full"
+    led.write_text(__import__("json").dumps(doc))
+    out = tmp_path / "R.md"
+    main(["--render", str(led), "--report", str(out)])
+    text = out.read_text()
+    assert str(REPO) not in text and "/tmp/" not in text
+    assert "<repo>/params.yaml: bad; <tmp>/test_a0/out: disk full" in text
