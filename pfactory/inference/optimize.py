@@ -52,6 +52,7 @@ def _flat_metrics(
             "boxes_max_rel_diff": m["boxes"]["max_rel_diff"],
             "boxes_cosine": m["boxes"]["cosine"],
             "yaw_max_abs_diff": m["yaw"]["max_abs_diff"],
+            "yaw_p99_abs_diff": m["yaw"].get("p99_abs_diff"),
             "boxes_tolerance_ratio": m["boxes"]["tolerance_ratio"],
             "yaw_tolerance_ratio": m["yaw"]["tolerance_ratio"],
             "scores_tolerance_ratio": m["scores"]["tolerance_ratio"],
