@@ -31,6 +31,7 @@ EXIT_STAGE_FAILED = 1
 EXIT_SERVICE = 3
 MAX_LINES = 15  # the whole output of a failed run (progress lines before the screen included)
 MIN_LINES = 7  # the failure screen itself, however much was printed before it
+LOG_NOTE = "   "  # separates a log path from its note ("(Prefect's: prefect.log beside it)")
 MAX_REASON_LINES = 4
 MAX_REASON_CHARS = 400  # per reason line; the full text is in the log
 
@@ -222,8 +223,9 @@ def stage_failure(
     shown = openable(log, cwd)
     if prefect_log is not None:
         beside = Path(prefect_log).parent == Path(log).parent
-        shown += f"   (Prefect's: {Path(prefect_log).name if beside else openable(prefect_log, cwd)}" + (
-            " beside it)" if beside else ")"
+        shown += (
+            f"{LOG_NOTE}(Prefect's: {Path(prefect_log).name if beside else openable(prefect_log, cwd)}"
+            + (" beside it)" if beside else ")")
         )
     logs = [("log", shown)]
     if transient:
@@ -332,7 +334,8 @@ def _rows(text: str, width: int) -> int:
 def failure_lines(f: Failure, width: int = 100, max_lines: int = MAX_LINES) -> list[tuple[str, str]]:
     """The screen as `(style, text)` lines wrapped to `width` (paths are never split: they stay
     copyable), at most `max_lines` terminal rows: hints are dropped first, then middle reason lines,
-    when it would not fit (the log has everything)."""
+    then the reason's wrapped rows after its first (marked " …"), when it would not fit (the log has
+    everything); the title, the log paths and the exit line stay."""
     width = max(width, 40)
     max_lines = max(max_lines, MIN_LINES)
 
@@ -340,11 +343,12 @@ def failure_lines(f: Failure, width: int = 100, max_lines: int = MAX_LINES) -> l
         return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=" " * len(first),
                              break_long_words=False, break_on_hyphens=False) or [first]  # fmt: skip
 
-    def build(reason: list[str], hints: list[str]) -> list[tuple[str, str]]:
+    def build(reason: list[str], hints: list[str], bare_logs: bool = False) -> list[tuple[str, str]]:
         out = [("bold red", ln) for ln in wrap(f.title, "✗ ")]
         for i, r in enumerate(reason):
             out += [("", ln) for ln in wrap(r.strip(), "reason: " if i == 0 else "        ")]
         for label, path in f.logs:
+            path = path.split(LOG_NOTE)[0] if bare_logs else path  # the path without its note
             out += [("cyan", ln) for ln in wrap(path, f"{label + ':':<8}")]
         for i, h in enumerate(hints):
             out += [("", ln) for ln in wrap(h, "try:    " if i == 0 else "        ")]
@@ -362,6 +366,18 @@ def failure_lines(f: Failure, width: int = 100, max_lines: int = MAX_LINES) -> l
     while rows(lines) > max_lines and len(reason) > 1:
         reason.pop(-2 if len(reason) > 2 else -1)
         lines = build(reason, hints)
+    if rows(lines) > max_lines:
+        lines = build(reason, hints, bare_logs=True)
+    while rows(lines) > max_lines:  # the reason's wrapped rows go next (its first stays, marked as cut):
+        cut = [i for i, (style, _) in enumerate(lines) if style == ""][1:]  # the log path is worth more
+        if not cut:
+            break
+        for i in reversed(cut):
+            del lines[i]
+            if rows(lines) <= max_lines:
+                break
+        first = next(i for i, (style, _) in enumerate(lines) if style == "")
+        lines[first] = ("", lines[first][1].rstrip() + " …")
     while rows(lines) > max_lines and len(lines) > 2:
         lines.pop(-2)  # last resort: the exit line stays
     return lines

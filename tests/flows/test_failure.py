@@ -146,6 +146,31 @@ def test_stage_failure_screen_fits_15_lines_and_names_stage_reason_log(tmp_path)
     assert any(t.startswith("reason:") for _, t in short) and any(t.startswith("log:") for _, t in short)
 
 
+def test_after_a_fresh_start_the_log_path_stays_on_the_screen(tmp_path):
+    """What a newcomer saw (22a7007, 2026-12-01): 8 lines of first-start and synth progress, then a
+    3-row reason at a 72-column terminal; the screen dropped the log line. Now the Prefect note and the
+    reason's continuation rows go first (marked " …"): title, reason, the openable log path, exit."""
+    ws = tmp_path / "artifacts" / "runs" / "20261201T173909Z-run-c3602a"
+    (ws / "logs").mkdir(parents=True)
+    (ws / "artifacts" / "prepared").mkdir(parents=True)
+    (ws / "artifacts" / "prepared" / "rejected.jsonl").write_text("{}\n")
+    out = (
+        "$ dvc repro prepare\nprepare: 250 of 250 frames refused (100.0%), more than "
+        "prepare.max_reject_fraction = 10.0%; the reasons are in artifacts/prepared/rejected.jsonl\n"
+    )
+    log = ws / "logs" / "prepare.log"
+    log.write_text(out)
+    f = stage_failure("prepare", out, log, ws, 2, 6, 1, prefect_log=ws / "logs" / "prefect.log", cwd=tmp_path)
+    lines = failure_lines(f, width=72, max_lines=MAX_LINES - 8)
+    assert sum(-(-len(t) // 72) for _, t in lines) <= MAX_LINES - 8
+    text = [t for _, t in lines]
+    assert text[0].startswith("✗ factory run failed at stage prepare") and text[-1].startswith("exit 1")
+    assert any(t.startswith("reason: prepare: 250 of 250 frames refused") for t in text)
+    assert any(t.startswith("log:") and t.endswith("artifacts/runs/20261201T173909Z-run-c3602a/logs/prepare.log")
+               for t in text), text  # fmt: skip
+    assert (tmp_path / next(t for t in text if t.startswith("log:")).split()[-1]).is_file()  # it opens
+
+
 def test_a_long_reason_still_fits_the_screen(tmp_path):
     long = "$ dvc repro optimize\noptimize: failed:\n" + "".join(
         f"  gate {i}: " + "x" * 300 + "\n" for i in range(30)
