@@ -368,7 +368,9 @@ def failure_lines(f: Failure, width: int = 100, max_lines: int = MAX_LINES) -> l
         lines = build(reason, hints)
     if rows(lines) > max_lines:
         lines = build(reason, hints, bare_logs=True)
-    while rows(lines) > max_lines:  # the reason's wrapped rows go next (its first stays, marked as cut):
+    while (
+        rows(lines) > max_lines
+    ):  # the reason's last wrapped rows go next (its first stays; " …" marks the cut):
         cut = [i for i, (style, _) in enumerate(lines) if style == ""][1:]  # the log path is worth more
         if not cut:
             break
@@ -376,8 +378,8 @@ def failure_lines(f: Failure, width: int = 100, max_lines: int = MAX_LINES) -> l
             del lines[i]
             if rows(lines) <= max_lines:
                 break
-        first = next(i for i, (style, _) in enumerate(lines) if style == "")
-        lines[first] = ("", lines[first][1].rstrip() + " …")
+        last = max(i for i, (style, _) in enumerate(lines) if style == "")  # the last reason row kept
+        lines[last] = ("", lines[last][1].rstrip() + " …")
     while rows(lines) > max_lines and len(lines) > 2:
         lines.pop(-2)  # last resort: the exit line stays
     return lines

@@ -166,6 +166,8 @@ def test_after_a_fresh_start_the_log_path_stays_on_the_screen(tmp_path):
     text = [t for _, t in lines]
     assert text[0].startswith("✗ factory run failed at stage prepare") and text[-1].startswith("exit 1")
     assert any(t.startswith("reason: prepare: 250 of 250 frames refused") for t in text)
+    reason = [t for (style, t) in lines if style == ""]
+    assert reason[-1].endswith(" …") and not any(t.endswith(" …") for t in reason[:-1])  # cut at the end
     assert any(t.startswith("log:") and t.endswith("artifacts/runs/20261201T173909Z-run-c3602a/logs/prepare.log")
                for t in text), text  # fmt: skip
     assert (tmp_path / next(t for t in text if t.startswith("log:")).split()[-1]).is_file()  # it opens
