@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from pfactory.fsutil import atomic_write_json  # noqa: E402
+from pfactory.registry import EvidenceError  # noqa: E402
+from pfactory.registry.evidence import agreement_summary  # noqa: E402
 from tests.newcomer import cpu_quota, fresh_clone, newcomer_env  # noqa: E402
 
 STAGES = ("synth", "prepare", "train", "optimize", "evaluate", "promote")
@@ -194,15 +196,10 @@ def accuracy(runs: Path) -> dict[str, Any]:
     try:
         p = json.loads((art / "optimized" / "backend.json").read_text())["primary"]
         primary = f"{p['backend']}/{p['precision']}"  # the key of parity.json "artifacts"
-        parity = json.loads((art / "optimized" / "parity.json").read_text())
-        agreement = parity["artifacts"][primary]["metrics"]["agreement"]
-        out["agreement"] = {
-            "artifact": primary,
-            "match_rate": agreement["match_rate"],
-            "scores_p99": agreement["scores_abs_diff"]["p99"],
-            "matched": agreement["matched"],
-        }
-    except (OSError, KeyError, TypeError, ValueError) as e:
+        parity_file = art / "optimized" / "parity.json"
+        agreement = agreement_summary(json.loads(parity_file.read_text()), primary, str(parity_file))
+        out["agreement"] = agreement or {"error": f"{parity_file}: no agreement for {primary}"}
+    except (OSError, KeyError, TypeError, ValueError, EvidenceError) as e:
         out["agreement"] = {"error": f"{type(e).__name__}: {e}"}
     return {"accuracy": out}
 
