@@ -106,8 +106,10 @@ def _default_git_identity(root: Path) -> None:
         os.environ.setdefault("GIT_COMMITTER_EMAIL", "factory@localhost")
 
 
-def save_experiment(ws: Workspace, name: str | None) -> dict[str, Any] | None:
+def save_experiment(ws: Workspace, name: str | None, stages: list[str] | None = None) -> dict[str, Any] | None:
     """Record the finished run `ws` as a DVC experiment (module docstring); None for a copy workspace.
+    `stages`: the stages a partial run (`factory run --until`) ran; the experiment commits only those
+    (`dvc exp save <stage> ...`: the later stages' outputs do not exist). None: every stage.
     Returns `{"name", "rev", "baseline", "ref"}`."""
     if ws.mode != "git" or ws.baseline is None:
         return None
@@ -121,7 +123,7 @@ def save_experiment(ws: Workspace, name: str | None) -> dict[str, Any] | None:
         args = ["exp", "save", "-n", exp, "-m", f"factory run {ws.run_id}"]
         for p in include:
             args += ["-I", p]
-        ws.dvc(*args, log_name="experiment")
+        ws.dvc(*args, *(stages or []), log_name="experiment")
     ref = exp_ref(ws.baseline, exp)
     rev = _git(ws.root, "rev-parse", ref).strip()
     return {"name": exp, "rev": rev, "baseline": ws.baseline, "ref": ref}

@@ -289,7 +289,8 @@ def pipeline(
                 mlflow.log_artifact(str(ws.path / "dvc.lock"))
                 mlflow.set_tags({f"data.{k}.md5": v for k, v in ws.out_hashes().items()})
         # The finished run as DVC sees it: an experiment of the project, its outputs at the root's paths.
-        results["experiment"] = save_experiment(ws, name)
+        partial = selected != list(declared_stages(root_path))
+        results["experiment"] = save_experiment(ws, name, selected if partial else None)
         mlflow.set_tags(experiment_tags(ws, results["experiment"]))
         results["checked_out"] = checkout_outputs(ws) if checkout else None
         metrics, summary = collect_metrics(ws)

@@ -176,3 +176,17 @@ def test_commands_find_the_project_from_a_subfolder(project: Path, runs: dict) -
     assert docs_p == root_p
     r = factory(project / "docs", "data", "show", "--out", "f.png")
     assert r.returncode == 0 and (project / "docs" / "f.png").is_file(), r.stderr
+
+
+def test_a_partial_run_until_a_stage_is_an_experiment_of_the_stages_it_ran(project: Path, runs: dict) -> None:
+    """`factory run --until prepare` in a git project: `dvc exp save` once failed the finished run because
+    the later stages' outputs (artifacts/model/model.pt, ...) do not exist; the experiment now commits
+    the stages that ran."""
+    r = factory(project, "run", *tiny_args(), "--until", "prepare", "--name", "upto-prepare", "--json",
+                timeout=900, env=GIT_IDENTITY)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout[r.stdout.index("{") :])
+    assert list(result["stages"]) == ["synth", "prepare"]
+    assert result["experiment"]["name"] == "upto-prepare"
+    lock = yaml.safe_load(_git(project, "show", f"{result['experiment']['rev']}:dvc.lock"))
+    assert set(lock["stages"]) == {"synth", "prepare"}, sorted(lock["stages"])
