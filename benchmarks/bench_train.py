@@ -13,6 +13,10 @@
         round's starting network: 3x3 stem and head conv, sincos heading), s2d-head1 (space-to-depth stem,
         1x1 shared head conv), gather-paint (camera painting by `sample_bilinear` instead of grid_sample),
         compiled (Inductor, fullgraph, automatic dynamic shapes).
+    python benchmarks/bench_train.py ab --baseline TREE --data PREPARED [--rounds 3] [--steps 10]
+        This tree's default training step vs another source tree's (a checkout of an earlier commit),
+        each with its own code and embedded defaults, on the same in-memory batches, interleaved
+        round by round, one process per run: samples/s, step ms, CPU ms, and the ratio of the medians.
     python benchmarks/bench_train.py frames [--frames 200 800 2000] [--seed 7] [--steps N] [--work DIR]
         One synthetic dataset of the largest size (frames are generated per index, so every smaller
         set is a prefix of it); each size is prepared from the first frames and trained for the same
@@ -183,6 +187,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "s2d-head1": {"set": ["model.bev_stem=space_to_depth", "model.head_kernel=1"]},
     "gather-paint": {"set": ["model.paint_sampler=gather"]},
     "compiled": {"set": [], "compile": True},
+    "fp32": {"set": ["train.bf16=false"]},
+    "fp32-compiled": {"set": ["train.bf16=false"], "compile": True},
 }
 
 
@@ -195,7 +201,7 @@ def variant_step_rate(
     from pfactory.model.detector import build_model
     from pfactory.train.data import data_info, epoch_batches, make_loader_factory, to_device
     from pfactory.train.rng import seed_everything
-    from pfactory.train.runtime import Timer, setup_runtime
+    from pfactory.train.runtime import Timer, setup_runtime, use_bf16
     from pfactory.train.schedule import make_optimizer
     from pfactory.train.trainer import model_for_data, train_step
 
@@ -216,13 +222,13 @@ def variant_step_rate(
     forward: Any = model
     if v.get("compile"):
         forward = torch.compile(model, fullgraph=True)  # automatic dynamic: P goes symbolic on its 1st change
-    use_bf16 = tp.bf16 and rt.device.type == "cuda"
+    bf16 = use_bf16(tp.bf16, rt.device)
     timer = Timer()
     times, first = [], 0.0
     frames_after_warmup = 0
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        train_step(forward, model, batches[i % len(batches)], optimizer, scheduler, tp, rt, timer, use_bf16)
+        train_step(forward, model, batches[i % len(batches)], optimizer, scheduler, tp, rt, timer, bf16)
         dt = time.perf_counter() - t0
         if i < warmup:
             first += dt
@@ -285,6 +291,36 @@ def cmd_variants(args: argparse.Namespace) -> None:
     if base:
         for r in rows:
             print(f"{r['variant']}: {r['samples/s'] / base['samples/s']:.2f}x eager samples/s")
+
+
+# --------------------------------------------------------------------------------------------------
+# A/B against another source tree (e.g. a checkout of an earlier commit)
+# --------------------------------------------------------------------------------------------------
+def cmd_ab(args: argparse.Namespace) -> None:
+    """Each tree's own default training step on the same prepared data, interleaved round by round
+    (baseline, this tree, baseline, ...), each run its own process (`benchmarks/ab_step.py` with the
+    tree first on PYTHONPATH): medians per tree and the ratio of the medians."""
+    import os
+    import subprocess
+
+    trees = {"baseline": Path(args.baseline).resolve(), "this tree": ROOT}
+    rows: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        for label, tree in trees.items():
+            env = {**os.environ, "PYTHONPATH": str(tree)}
+            cmd = [sys.executable, str(ROOT / "benchmarks" / "ab_step.py"), str(Path(args.data).resolve()),
+                   str(args.steps), "3", json.dumps(args.set)]  # fmt: skip
+            res = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env)
+            line = [ln for ln in res.stdout.splitlines() if ln.startswith("AB ")]
+            if res.returncode or not line:
+                raise SystemExit(f"{label} ({tree}) failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
+            row = {"round": r + 1, "tree": label, **json.loads(line[-1].removeprefix("AB "))}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print_table(rows)
+    med = {k: statistics.median(x["samples/s"] for x in rows if x["tree"] == k) for k in trees}
+    print(f"\nmedian samples/s: baseline {med['baseline']:.2f}, this tree {med['this tree']:.2f} -> "
+          f"{med['this tree'] / med['baseline']:.2f}x")  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------
@@ -395,18 +431,22 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for name in ("throughput", "variants", "frames", "ablation"):
+    for name in ("throughput", "variants", "ab", "frames", "ablation"):
         p = sub.add_parser(name)
         p.add_argument("-S", "--set", action="append", default=[], help="section.key=value override")
         p.add_argument(
             "--backend", default="torch", choices=["torch", "dali"], help="loader for accuracy runs"
         )
-        if name in ("throughput", "ablation", "variants"):
+        if name in ("throughput", "ablation", "variants", "ab"):
             p.add_argument("--data", required=True, help="a prepared directory")
         if name == "variants":
             p.add_argument("--steps", type=int, default=20, help="timed steps per variant (after 3 warm-up)")
             p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
             p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+        if name == "ab":
+            p.add_argument("--baseline", required=True, help="the other source tree (a checkout)")
+            p.add_argument("--steps", type=int, default=10, help="timed steps per run (after 3 warm-up)")
+            p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (one run per tree each)")
         if name == "throughput":
             p.add_argument("--steps", type=int, default=20)
             p.add_argument("--batch", type=int, default=4)
@@ -425,9 +465,13 @@ def main(argv: list[str] | None = None) -> None:
             )
             p.add_argument("--ablation", action="store_true", help="also train lidar-only at each size")
     args = parser.parse_args(argv)
-    {"throughput": cmd_throughput, "variants": cmd_variants, "frames": cmd_frames, "ablation": cmd_ablation}[
-        args.cmd
-    ](args)
+    {
+        "throughput": cmd_throughput,
+        "variants": cmd_variants,
+        "ab": cmd_ab,
+        "frames": cmd_frames,
+        "ablation": cmd_ablation,
+    }[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -57,13 +57,29 @@ class Conv1x1(nn.Conv2d):
         return y.permute(0, 3, 1, 2)  # [B, Cout, H, W], channels-last memory
 
 
+class GroupNorm(nn.GroupNorm):
+    """`nn.GroupNorm` that normalizes a bf16 input in fp32 (the output is fp32; the next convolution's
+    autocast casts it back to bf16).
+
+    Why: on CPU, PyTorch's bf16 GroupNorm kernel is ~10x slower on a channels-last input than its fp32
+    one (forward + backward of [4, 32, 100, 88]: 12.4 vs 4.8 ms at 1 thread, docs/MODEL.md "Speed"),
+    and every 2D tensor of this network is channels-last. The statistics in fp32 are also what
+    autocast's own fp32 list would give. Same parameters and state-dict keys as `nn.GroupNorm`.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == torch.bfloat16:
+            x = x.float()
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
 def conv_norm_act(c_in: int, c_out: int, groups: int, stride: int = 1, kernel: int = 3) -> nn.Sequential:
     """Conv (no bias: the norm has one) -> GroupNorm -> ReLU."""
     if kernel == 1 and stride == 1:
         conv: nn.Module = Conv1x1(c_in, c_out, bias=False)
     else:
         conv = nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False)
-    return nn.Sequential(conv, nn.GroupNorm(groups, c_out), nn.ReLU(inplace=True))
+    return nn.Sequential(conv, GroupNorm(groups, c_out), nn.ReLU(inplace=True))
 
 
 class ImageBranch(nn.Module):
@@ -83,6 +99,16 @@ class ImageBranch(nn.Module):
 
     def forward(self, images: Tensor) -> Tensor:
         return self.net(images)  # [B*N, Ci, Hi/s, Wi/s]
+
+
+def _project(proj: Tensor, xyz1: Tensor) -> Tensor:
+    """proj [B, N, 3, 4] @ xyz1 [B, P, 4] -> [B, N, P, 3], in fp32 also under bf16 autocast (bf16's 8-bit
+    mantissa would move a pixel at u ~ 400 by ~2 px)."""
+    dev = xyz1.device.type
+    if torch.is_autocast_enabled(dev):
+        with torch.autocast(dev, enabled=False):
+            return torch.einsum("bnij,bpj->bnpi", proj.float(), xyz1.float())
+    return torch.einsum("bnij,bpj->bnpi", proj, xyz1)
 
 
 def paint_points(
@@ -107,7 +133,7 @@ def paint_points(
     p = points.shape[1]
     wi, hi = image_size
     xyz1 = torch.cat([points[..., :3], torch.ones_like(points[..., :1])], dim=-1)  # [B, P, 4]
-    uvw = torch.einsum("bnij,bpj->bnpi", proj, xyz1)  # [B, N, P, 3] homogeneous pixels
+    uvw = _project(proj, xyz1)  # [B, N, P, 3] homogeneous pixels
     depth = uvw[..., 2]  # [B, N, P]
     if torch.onnx.is_in_onnx_export():
         # Export only, the same values: per-coordinate [B, N, P] ops instead of [B, N, P, 2] ones with a
@@ -138,7 +164,10 @@ def paint_points(
     # Park unseen points at the image centre: finite coordinates keep the weights (and grid_sample's
     # gradient) finite; their samples are zeroed by `seen`.
     gx, gy = gx.where(seen, 0.0), gy.where(seen, 0.0)  # [B, N, P]
-    if sampler == "gather":
+    # Under torch.compile: the gather sampler. Inductor (torch 2.13, CPU) compiles grid_sample's backward
+    # with the first batch's point count baked into a saved tensor's stride, so the next point count
+    # fails `assert_size_stride` (tests/train/test_compile.py); the gather gives the same values.
+    if sampler == "gather" or torch.compiler.is_compiling():
         sampled = sample_bilinear(features, gx, gy, seen)  # [B, N, P, C]
     else:
         sampled = F.grid_sample(
@@ -366,7 +395,8 @@ class PillarEncoder(nn.Module):
 
 
 class BevBackbone(nn.Module):
-    """[B, C0, H, W] pillar canvas -> [B, sum(up), H/hs, W/hs] multi-scale features at the head stride."""
+    """[B, C0, H, W] pillar canvas -> [B, sum(up), H/hs, W/hs] multi-scale features at the head stride
+    ([B, up, H/hs, W/hs] with `neck: sum`)."""
 
     def __init__(self, p: ModelParams) -> None:
         super().__init__()
@@ -392,7 +422,7 @@ class BevBackbone(nn.Module):
                 f = stride // self.head_stride
                 up = nn.Sequential(
                     nn.ConvTranspose2d(c, p.up_channels, f, stride=f, bias=False),
-                    nn.GroupNorm(g, p.up_channels),
+                    GroupNorm(g, p.up_channels),
                     nn.ReLU(inplace=True),
                 )
             else:  # at or below the head stride: (strided) 1x1 / 3x3 conv down to it
@@ -400,7 +430,8 @@ class BevBackbone(nn.Module):
                 up = conv_norm_act(c, p.up_channels, g, stride=f, kernel=1 if f == 1 else 3)
             self.ups.append(up)
             c_prev = c
-        self.out_channels = p.up_channels * len(self.stages)
+        self.sum_neck = p.neck == "sum"
+        self.out_channels = p.up_channels * (1 if self.sum_neck else len(self.stages))
 
     def forward(self, canvas: Tensor) -> Tensor:
         """canvas [B, C0, H, W] (or [B, 4*C0, H/2, W/2], space-to-depth) -> [B, sum(up), H/hs, W/hs]."""
@@ -415,8 +446,13 @@ class BevBackbone(nn.Module):
         for stage, up in zip(self.stages, self.ups):
             x = stage(x)  # [B, c_i, Hp/s_i, Wp/s_i]
             outs.append(up(x))  # [B, up, Hp/hs, Wp/hs]
-        y = torch.cat(outs, dim=1)  # [B, n*up, Hp/hs, Wp/hs]
-        return y[:, :, : h // self.head_stride, : w // self.head_stride]  # [B, n*up, H/hs, W/hs]
+        if self.sum_neck:
+            y = outs[0]
+            for o in outs[1:]:
+                y = y + o  # [B, up, Hp/hs, Wp/hs]
+        else:
+            y = torch.cat(outs, dim=1)  # [B, n*up, Hp/hs, Wp/hs]
+        return y[:, :, : h // self.head_stride, : w // self.head_stride]  # [B, n*up or up, H/hs, W/hs]
 
 
 class CenterHead(nn.Module):

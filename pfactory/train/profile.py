@@ -13,7 +13,7 @@ import torch
 from pfactory.model.detector import build_model
 from pfactory.train.data import LoaderFactory, data_info, epoch_batches, make_loader_factory, to_device
 from pfactory.train.rng import seed_everything
-from pfactory.train.runtime import Timer, setup_runtime
+from pfactory.train.runtime import Timer, setup_runtime, use_bf16
 from pfactory.train.schedule import make_optimizer
 from pfactory.train.trainer import model_for_data, train_step
 
@@ -40,7 +40,7 @@ def profile_train(params: Any, data: Path, steps: int, out: Path, *, loader_fact
     optimizer = make_optimizer(model, tp)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     forward = torch.compile(model) if tp.compile else model
-    use_bf16 = tp.bf16 and rt.device.type == "cuda"
+    bf16 = use_bf16(tp.bf16, rt.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device.type == "cuda" else [])
     warmup = 2
     timer = Timer()
@@ -54,7 +54,7 @@ def profile_train(params: Any, data: Path, steps: int, out: Path, *, loader_fact
     def step() -> None:
         with timer("data"):
             batch = to_device(next(it), rt.device)
-        train_step(forward, model, batch, optimizer, scheduler, tp, rt, timer, use_bf16)
+        train_step(forward, model, batch, optimizer, scheduler, tp, rt, timer, bf16)
 
     it = batches()
     for _ in range(warmup):

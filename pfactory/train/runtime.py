@@ -51,6 +51,23 @@ def setup_runtime(device: str) -> Runtime:
     return Runtime(dev, rank, world, local)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """True where bf16 convolutions and matmuls run natively: CUDA, or a CPU with AVX512-BF16 or AMX
+    (oneDNN's bf16 kernels); elsewhere bf16 is emulated and slower than fp32."""
+    if device.type == "cuda":
+        return True
+    if device.type != "cpu":
+        return False
+    cpu = torch.cpu
+    return bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)()
+                or getattr(cpu, "_is_amx_tile_supported", lambda: False)())  # fmt: skip
+
+
+def use_bf16(enabled: bool, device: torch.device) -> bool:
+    """`train.bf16` resolved for this device: bf16 autocast when asked for and native here."""
+    return enabled and native_bf16(device)
+
+
 @contextlib.contextmanager
 def nvtx(name: str) -> Iterator[None]:
     """An NVTX range (Nsight) when CUDA is present, and a profiler label either way."""

@@ -61,7 +61,7 @@ from pfactory.train.data import (
 )
 from pfactory.train.params import TrainParams
 from pfactory.train.rng import rng_state, seed_everything, set_rng_state
-from pfactory.train.runtime import Runtime, Timer, all_reduce_sum, peak_memory_mb, setup_runtime
+from pfactory.train.runtime import Runtime, Timer, all_reduce_sum, peak_memory_mb, setup_runtime, use_bf16
 from pfactory.train.schedule import lr_factor, make_optimizer
 from pfactory.train.tracker import Tracker, progress_bar
 
@@ -147,7 +147,7 @@ class Trainer:
                 model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
             )
         self.forward = torch.compile(net) if tp.compile else net
-        self.use_bf16 = tp.bf16 and rt.device.type == "cuda"
+        self.use_bf16 = use_bf16(tp.bf16, rt.device)
 
         self.tracker = Tracker(track and rt.is_main)
         # The resolved config: the whole params when given a `pfactory.config.Params`, else its two sections.
@@ -368,9 +368,9 @@ def validate(
         with timer("validate"):
             loader = factory(data, "val", tp.batch_size, False, None, tp.seed, rt.device, tp.num_threads)
             loader.set_epoch(0)
-            use_bf16 = tp.bf16 and rt.device.type == "cuda"
+            val_bf16 = tp.bf16 and rt.device.type == "cuda"
             gts, preds = predict(model, loader, info.classes, tp.score_threshold, rt.device,
-                                 torch.bfloat16 if use_bf16 else None)  # fmt: skip
+                                 torch.bfloat16 if val_bf16 else None)  # fmt: skip
             kpis = evaluate_kpis(gts, preds, info.classes)
         scalars = kpi_scalars(kpis.metrics)
         tracker.metrics(scalars, step)
@@ -419,6 +419,7 @@ def finish(
         "resumed": resumed,
         "world_size": rt.world_size,
         "device": str(rt.device),
+        "precision": "bf16 autocast" if use_bf16(tp.bf16, rt.device) else "fp32",
         "timings_s": {k: round(v, 3) for k, v in timer.totals.items()},
         "val": final.get("kpis"),
         "mlflow_run_id": tracker.run_id,

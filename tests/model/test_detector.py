@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pfactory.model.detector import Conv1x1, build_model, paint_points, sample_bilinear
+from pfactory.model.detector import Conv1x1, GroupNorm, build_model, paint_points, sample_bilinear
 from pfactory.model.params import ModelParams
 
 from .helpers import IMAGE_SIZE, camera_proj, random_batch, tiny_params
@@ -15,12 +15,13 @@ from .helpers import IMAGE_SIZE, camera_proj, random_batch, tiny_params
 @pytest.mark.parametrize("camera", [True, False])
 @pytest.mark.parametrize("cams", [1, 3])
 @pytest.mark.parametrize(
-    ("stem", "head_kernel", "heading"),
-    [("space_to_depth", 1, "axis_sign"), ("conv3x3", 3, "sincos")],
-    ids=["default", "format1_network"],
+    ("stem", "head_kernel", "heading", "neck"),
+    [("space_to_depth", 1, "axis_sign", "concat"), ("conv3x3", 3, "sincos", "concat"),
+     ("conv3x3", 3, "sincos", "sum")],
+    ids=["s2d_head1_axis_sign", "format1_network", "sum_neck"],
 )
-def test_output_shapes(camera: bool, cams: int, stem: str, head_kernel: int, heading: str) -> None:
-    p = tiny_params(camera=camera, bev_stem=stem, head_kernel=head_kernel, heading=heading)
+def test_output_shapes(camera: bool, cams: int, stem: str, head_kernel: int, heading: str, neck: str) -> None:
+    p = tiny_params(camera=camera, bev_stem=stem, head_kernel=head_kernel, heading=heading, neck=neck)
     torch.manual_seed(0)
     model = build_model(p, IMAGE_SIZE)
     b = random_batch(p, batch=2, cams=cams)
@@ -128,6 +129,41 @@ def test_conv1x1_equals_conv2d_forward_and_backward(memory_format: torch.memory_
     grads_ref = torch.autograd.grad(y_ref, [x, ref.weight, ref.bias], g)
     for a, e in zip(grads, grads_ref):
         torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
+def test_group_norm_normalizes_bf16_in_fp32_forward_and_backward(memory_format: torch.memory_format) -> None:
+    """The bf16 input (a conv output under autocast) is normalized in fp32: the same values and gradients
+    as `nn.GroupNorm` on that input in fp32, and an fp32 input is plain `nn.GroupNorm`."""
+    torch.manual_seed(0)
+    gn, ref = GroupNorm(4, 16), torch.nn.GroupNorm(4, 16)
+    with torch.no_grad():
+        gn.weight.uniform_(0.5, 1.5), gn.bias.uniform_(-0.5, 0.5)
+    ref.load_state_dict(gn.state_dict())
+    x32 = torch.randn(2, 16, 6, 5).contiguous(memory_format=memory_format)
+    for x in (x32, x32.to(torch.bfloat16)):
+        xa = x.detach().requires_grad_(True)
+        xr = x.detach().float().requires_grad_(True)
+        y, y_ref = gn(xa), ref(xr)
+        assert y.dtype == torch.float32
+        torch.testing.assert_close(y, y_ref, atol=1e-6, rtol=1e-6)
+        g = torch.randn_like(y)
+        grads = torch.autograd.grad(y, [xa, gn.weight, gn.bias], g)
+        grads_ref = torch.autograd.grad(y_ref, [xr, ref.weight, ref.bias], g)
+        torch.testing.assert_close(grads[0].float(), grads_ref[0].to(x.dtype).float(), atol=1e-6, rtol=1e-6)
+        for a, e in zip(grads[1:], grads_ref[1:]):
+            torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
+
+
+def test_painting_projects_in_fp32_under_bf16_autocast() -> None:
+    """Under CPU bf16 autocast the projection einsum stays fp32: painting samples the same pixels."""
+    p = tiny_params()
+    b = random_batch(p, batch=2, cams=2)
+    feats = torch.randn(2, 2, 5, IMAGE_SIZE[1] // 4, IMAGE_SIZE[0] // 4)
+    ref = paint_points(b["points"], feats, b["proj"], b["cam_valid"], IMAGE_SIZE)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = paint_points(b["points"], feats, b["proj"], b["cam_valid"], IMAGE_SIZE)
+    torch.testing.assert_close(got.float(), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_default_params_grid() -> None:
