@@ -45,7 +45,11 @@ class TrainParams(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; auto = cuda when available."""
     bf16: bool = True
-    """bf16 autocast on CUDA (ignored on CPU, where fp32 is faster and deterministic)."""
+    """bf16 autocast where this machine runs bf16 natively: CUDA, or a CPU with AVX512-BF16 or AMX
+    (`pfactory.train.runtime.native_bf16`); fp32 elsewhere, where bf16 would be emulated and slower. The loss,
+    GroupNorm statistics and the camera projection stay fp32; the CPU path is as deterministic as fp32 (same
+    seed, same loss curve). 2 cores with AVX512-BF16: 1.37x the fp32 training step (docs/MODEL.md, "Speed").
+    metrics.json's `precision` says which one a run used. false: fp32 everywhere."""
     compile: bool = False
     """`torch.compile` the model (first step pays ~20-60 s of compilation)."""
     loader: Literal["auto", "dali", "torch"] = "auto"
@@ -62,9 +66,10 @@ class TrainParams(Section):
     """Write `checkpoint.pt` every this many optimizer steps (and at the end)."""
     log_every_steps: PositiveInt = 5
     """Log step metrics to MLflow every this many steps."""
-    val_every_epochs: Annotated[int, Field(ge=0)] = 1
+    val_every_epochs: Annotated[int, Field(ge=0)] = 3
     """Validate (KPIs on the val split) every this many epochs, and always after the last; 0 = only then.
-    ~0.7 s per validation of 48 frames on 2 cores: per-epoch KPIs cost ~10 s of the ~3 min default run."""
+    ~1.2 s per validation of ~50 frames on 2 cores: every epoch cost 18 s of a 178 s default train; every
+    3rd epoch (5 points on the val curve) costs ~6 s."""
     score_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.05
     """Detections scoring below this are dropped before the validation KPIs (= `evaluate.score_threshold`)."""
     max_steps: PositiveInt | None = None
