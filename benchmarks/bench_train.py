@@ -17,6 +17,9 @@
         This tree's default training step vs another source tree's (a checkout of an earlier commit),
         each with its own code and embedded defaults, on the same in-memory batches, interleaved
         round by round, one process per run: samples/s, step ms, CPU ms, and the ratio of the medians.
+    python benchmarks/bench_train.py explain --data PREPARED [--compile-backend eager]
+        torch._dynamo.explain over the default training step on a real batch (graph breaks), then one
+        compiled epoch over every training batch: graphs compiled and recompiles from the point counts.
     python benchmarks/bench_train.py frames [--frames 200 800 2000] [--seed 7] [--steps N] [--work DIR]
         One synthetic dataset of the largest size (frames are generated per index, so every smaller
         set is a prefix of it); each size is prepared from the first frames and trained for the same
@@ -294,6 +297,55 @@ def cmd_variants(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# dynamo over an epoch of real batches
+# --------------------------------------------------------------------------------------------------
+def cmd_explain(args: argparse.Namespace) -> None:
+    """`torch._dynamo.explain` over the default training step (forward + targets + loss) on the first
+    real batch, then one compiled epoch (fullgraph, automatic dynamic shapes, forward + backward) over
+    every training batch: graph breaks, graphs, and the recompiles the varying point counts cause."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from pfactory.model.detector import build_model
+    from pfactory.model.loss import detection_loss
+    from pfactory.model.targets import build_targets
+    from pfactory.train.data import data_info, epoch_batches, make_loader_factory
+    from pfactory.train.trainer import model_for_data
+
+    params = make_params(args.set)
+    mp, tp = params.model, params.train
+    info = data_info(Path(args.data))
+    loader = make_loader_factory(tp)(Path(args.data), "train", tp.batch_size, True, tp.augment, tp.seed,
+                                     torch.device("cpu"), tp.num_threads)  # fmt: skip
+    model = build_model(model_for_data(mp, info), info.image_size)
+    p = model.params
+
+    def step(points, num_points, images, proj, cam_valid, boxes, labels, num_boxes):
+        out = model(points, num_points, images, proj, cam_valid)
+        return detection_loss(out, build_targets(boxes, labels, p, num_boxes))["loss"]
+
+    keys = ("points", "num_points", "images", "proj", "cam_valid", "boxes", "labels", "num_boxes")
+    batches = [tuple(b[k] for k in keys) for b in epoch_batches(loader, 0, 0)]
+    torch._dynamo.reset()
+    ex = torch._dynamo.explain(step)(*batches[0])
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(step, backend=args.compile_backend, fullgraph=True)
+    t0 = time.perf_counter()
+    for b in batches:
+        compiled(*b).backward()
+    points = sorted(int(b[0].shape[1]) for b in batches)
+    print(json.dumps({
+        "graph breaks": ex.graph_break_count, "graphs (explain)": ex.graph_count,
+        "break reasons": [str(r.reason) for r in ex.break_reasons],
+        "epoch batches": len(batches), "distinct point counts": len(set(points)),
+        "point counts": f"{points[0]}..{points[-1]}", "graphs compiled over the epoch": counters["stats"]["unique_graphs"],
+        "recompiles": counters["stats"]["unique_graphs"] - 1, "backend": args.compile_backend,
+        "epoch s": round(time.perf_counter() - t0, 1),
+    }, indent=2))  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------
 # A/B against another source tree (e.g. a checkout of an earlier commit)
 # --------------------------------------------------------------------------------------------------
 def cmd_ab(args: argparse.Namespace) -> None:
@@ -431,18 +483,22 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
-    for name in ("throughput", "variants", "ab", "frames", "ablation"):
+    for name in ("throughput", "variants", "ab", "explain", "frames", "ablation"):
         p = sub.add_parser(name)
         p.add_argument("-S", "--set", action="append", default=[], help="section.key=value override")
         p.add_argument(
             "--backend", default="torch", choices=["torch", "dali"], help="loader for accuracy runs"
         )
-        if name in ("throughput", "ablation", "variants", "ab"):
+        if name in ("throughput", "ablation", "variants", "ab", "explain"):
             p.add_argument("--data", required=True, help="a prepared directory")
         if name == "variants":
             p.add_argument("--steps", type=int, default=20, help="timed steps per variant (after 3 warm-up)")
             p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
             p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+        if name == "explain":
+            p.add_argument(
+                "--compile-backend", default="eager", help="torch.compile backend for the epoch (inductor: slow)"
+            )
         if name == "ab":
             p.add_argument("--baseline", required=True, help="the other source tree (a checkout)")
             p.add_argument("--steps", type=int, default=10, help="timed steps per run (after 3 warm-up)")
@@ -469,6 +525,7 @@ def main(argv: list[str] | None = None) -> None:
         "throughput": cmd_throughput,
         "variants": cmd_variants,
         "ab": cmd_ab,
+        "explain": cmd_explain,
         "frames": cmd_frames,
         "ablation": cmd_ablation,
     }[args.cmd](args)
