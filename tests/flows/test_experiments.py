@@ -107,8 +107,16 @@ def test_each_run_is_a_dvc_experiment_dvc_exp_show_lists_with_map(project: Path,
 def test_dvc_metrics_diff_and_exp_diff_compare_two_runs(project: Path, runs: dict) -> None:
     diff = json.loads(_dvc_ok(project, "metrics", "diff", "lr-a", "lr-b", "--json"))
     diff = diff.get("diff", diff)
-    m = diff["artifacts/eval/metrics.json"]["mAP"]
-    assert m["old"] == pytest.approx(runs["lr-a"]["kpis"]["mAP"]) and m["new"] == pytest.approx(runs["lr-b"]["kpis"]["mAP"])
+    # The learning rate moves the training loss for sure; the tiny runs' mAP may tie (DVC leaves an unchanged
+    # metric out of the diff).
+    loss = diff["artifacts/model/metrics.json"]["final_loss"]
+    assert loss["old"] != loss["new"], loss
+    a, b = runs["lr-a"]["kpis"]["mAP"], runs["lr-b"]["kpis"]["mAP"]
+    ev = diff.get("artifacts/eval/metrics.json", {})
+    if a != b:
+        assert ev["mAP"]["old"] == pytest.approx(a) and ev["mAP"]["new"] == pytest.approx(b), ev
+    else:
+        assert "mAP" not in ev, ev
     ediff = json.loads(_dvc_ok(project, "exp", "diff", "lr-a", "lr-b", "--json"))
     assert ediff["params"]["params.yaml"]["train.lr"] == {"old": 0.002, "new": 0.004, "diff": pytest.approx(0.002)}
     pdiff = _dvc_ok(project, "params", "diff", "lr-a", "lr-b")
@@ -186,7 +194,7 @@ def test_a_partial_run_until_a_stage_is_an_experiment_of_the_stages_it_ran(proje
                 timeout=900, env=GIT_IDENTITY)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout[r.stdout.index("{") :])
-    assert list(result["stages"]) == ["synth", "prepare"]
+    assert set(result["stages"]) == {"synth", "prepare"}
     assert result["experiment"]["name"] == "upto-prepare"
     lock = yaml.safe_load(_git(project, "show", f"{result['experiment']['rev']}:dvc.lock"))
     assert set(lock["stages"]) == {"synth", "prepare"}, sorted(lock["stages"])
