@@ -46,7 +46,11 @@ def trained_tiny(root, epochs: int = 16, train_frames: int = 32, val_frames: int
 
     data = fake_prepared(root / "data", train=train_frames, val=val_frames)
     if not (root / "model" / "model.pt").is_file():
-        train_fake(data, root / "model", epochs=epochs, val_every_epochs=1000, checkpoint_every_steps=100_000)
+        # fp32: this fixture pins the model the INT8 gate tests were sized on. Trained under bf16 autocast
+        # (the default on a CPU with AVX512-BF16), INT8 flipped a little more than one object's worth of its
+        # 12 held-out objects (|dmAP| 0.0203 > 0.0186); the default run's INT8 stays at dmAP -0.0001.
+        train_fake(data, root / "model", epochs=epochs, val_every_epochs=1000, checkpoint_every_steps=100_000,
+                   bf16=False)  # fmt: skip
     model, _ = load_model(root / "model", map_location="cpu")
 
     def feeds(split: str, n: int) -> tuple[list[dict[str, np.ndarray]], list[dict]]:
