@@ -68,9 +68,7 @@ class GroupNorm(nn.GroupNorm):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dtype == torch.bfloat16:
-            x = x.float()
-        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+        return super().forward(x.float() if x.dtype == torch.bfloat16 else x)
 
 
 def conv_norm_act(c_in: int, c_out: int, groups: int, stride: int = 1, kernel: int = 3) -> nn.Sequential:

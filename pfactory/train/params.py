@@ -48,7 +48,7 @@ class TrainParams(Section):
     """bf16 autocast where this machine runs bf16 natively: CUDA, or a CPU with AVX512-BF16 or AMX
     (`pfactory.train.runtime.native_bf16`); fp32 elsewhere, where bf16 would be emulated and slower. The loss,
     GroupNorm statistics and the camera projection stay fp32; the CPU path is as deterministic as fp32 (same
-    seed, same loss curve). 2 cores with AVX512-BF16: 1.37x the fp32 training step (docs/MODEL.md, "Speed").
+    seed, same loss curve). 2 cores with AVX512-BF16: 1.29x the fp32 training step (docs/MODEL.md, "Speed").
     metrics.json's `precision` says which one a run used. false: fp32 everywhere."""
     compile: bool = False
     """`torch.compile` the model (first step pays ~20-60 s of compilation)."""
