@@ -184,40 +184,88 @@ def paint_points(
     return torch.cat([mean, flag], dim=-1)  # [B, P, C + 1]
 
 
-def sample_bilinear(features: Tensor, gx: Tensor, gy: Tensor, mask: Tensor) -> Tensor:
-    """`F.grid_sample(bilinear, zeros padding, align_corners=False)` as four row gathers, times `mask`.
+class _BilinearRows(torch.autograd.Function):
+    """out[q] = sum_k weight[q, k] * table[index[q, k]]: four weighted row gathers, as one autograd node.
 
-    features [B, N, C, h, w] (channels-last memory per camera: the image branch's output, so the
-    [B*N*h*w, C] row table below is a view), gx, gy [B, N, P] normalized coordinates, mask [B, N, P]
-    bool -> [B, N, P, C]. The same weights and corner order as ATen's CPU kernel, so the values agree
-    to float rounding (tested); each sample's rows are computed alone, so a batch gives bitwise the
-    forward and feature gradient of its samples run one by one (tested). Why: grid_sample's CPU
-    backward scatters one float at a time (24 ms of a 450 ms step at 80k points x 32 channels, 1
-    thread); here the backward is four row-wise `index_add`s, and the output is [P, C] rows, the
-    layout the pillar MLP reads. Used with `model.paint_sampler: gather`.
+    table [R, C] (any float dtype; gathered in float32), index [Q, 4] int64 rows, weight [Q, 4] float32
+    -> out [Q, C] float32. Backward: grad_table [R, C] (the table's dtype) by four row `index_add_`s
+    into one zeroed table, in point order (deterministic on CPU); no gradient to index or weight (the
+    sampling coordinates come from the data, not from parameters). One node with four gathers and a
+    hand-written backward replaces the ~30 [Q, C] autograd ops of the same arithmetic spelled in tensor
+    ops, which made the gather sampler no faster than grid_sample (docs/MODEL.md, "Speed").
     """
-    b, n, c, h, w = features.shape
-    p = gx.shape[-1]
-    table = features.permute(0, 1, 3, 4, 2).reshape(b * n * h * w, c)  # [B*N*h*w, C]
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, table: Tensor, index: Tensor, weight: Tensor
+    ) -> Tensor:
+        rows = table.float() if table.dtype != torch.float32 else table  # [R, C]
+        out = rows.index_select(0, index[:, 0]).mul_(weight[:, 0:1])  # [Q, C]
+        for k in range(1, 4):
+            out.addcmul_(rows.index_select(0, index[:, k]), weight[:, k : k + 1])
+        ctx.save_for_backward(index, weight)
+        ctx.table_rows, ctx.table_dtype = table.shape[0], table.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor) -> tuple[Tensor, None, None]:
+        index, weight = ctx.saved_tensors
+        grad_out = grad_out.float().contiguous()  # [Q, C]
+        grad_table = grad_out.new_zeros(ctx.table_rows, grad_out.shape[1])  # [R, C]
+        term = torch.empty_like(grad_out)  # [Q, C], reused by the four corners
+        for k in range(4):
+            grad_table.index_add_(0, index[:, k], torch.mul(grad_out, weight[:, k : k + 1], out=term))
+        return grad_table.to(ctx.table_dtype), None, None
+
+
+def bilinear_taps(gx: Tensor, gy: Tensor, mask: Tensor, h: int, w: int) -> tuple[Tensor, Tensor]:
+    """grid_sample's four bilinear taps (align_corners=False, zero padding) of normalized coordinates.
+
+    gx, gy [B, N, P] in [-1, 1] inside a [h, w] feature map, mask [B, N, P] bool -> (index [B, N, P, 4]
+    int64 row of the [B*N*h*w] row table, weight [B, N, P, 4]). Corner order and weight formulas are
+    ATen's CPU kernel's (north-west, north-east, south-west, south-east); a corner outside the map or a
+    masked sample gets weight 0 (and a clamped, valid row).
+    """
+    b, n, _ = gx.shape
     ix = ((gx + 1) * w - 1) / 2  # [B, N, P] feature-map pixel coordinates (grid_sample's unnormalize)
     iy = ((gy + 1) * h - 1) / 2
     x0, y0 = torch.floor(ix), torch.floor(iy)  # [B, N, P] north-west corner
     x1, y1 = x0 + 1, y0 + 1
-    base = torch.arange(b * n, device=features.device).view(b, n, 1) * (h * w)  # [B, N, 1] first row
-    out: Tensor | None = None
-    for xc, yc, weight in (
+    base = torch.arange(b * n, device=gx.device).view(b, n, 1) * (h * w)  # [B, N, 1] first row
+    index, weight = [], []
+    for xc, yc, wt in (
         (x0, y0, (x1 - ix) * (y1 - iy)),
         (x1, y0, (ix - x0) * (y1 - iy)),
         (x0, y1, (x1 - ix) * (iy - y0)),
         (x1, y1, (ix - x0) * (iy - y0)),
     ):
         inside = (xc >= 0) & (xc <= w - 1) & (yc >= 0) & (yc <= h - 1) & mask  # [B, N, P]
-        index = base + (yc.clamp(0, h - 1) * w + xc.clamp(0, w - 1)).long()  # [B, N, P] table row
-        rows = table.index_select(0, index.reshape(-1)).view(b, n, p, c)  # [B, N, P, C]
-        term = rows * (weight * inside).unsqueeze(-1)  # [B, N, P, C]; 0 outside the map (zero padding)
-        out = term if out is None else out + term
-    assert out is not None
-    return out
+        index.append(base + (yc.clamp(0, h - 1) * w + xc.clamp(0, w - 1)).long())  # [B, N, P]
+        weight.append(wt * inside)  # [B, N, P]; 0 outside the map (zero padding)
+    return torch.stack(index, dim=-1), torch.stack(weight, dim=-1)  # [B, N, P, 4] each
+
+
+def sample_bilinear(features: Tensor, gx: Tensor, gy: Tensor, mask: Tensor) -> Tensor:
+    """`F.grid_sample(bilinear, zeros padding, align_corners=False)` as four row gathers, times `mask`.
+
+    features [B, N, C, h, w] (channels-last memory per camera: the image branch's output, so the
+    [B*N*h*w, C] row table below is a view), gx, gy [B, N, P] normalized coordinates, mask [B, N, P]
+    bool -> [B, N, P, C] float32. The same weights and corner order as ATen's CPU kernel, so the values
+    agree to float rounding (tested); each sample's rows are computed alone, so a batch gives bitwise the
+    forward and feature gradient of its samples run one by one (tested). Why: grid_sample's CPU
+    backward scatters one float at a time and also computes the coordinates' gradient; here forward
+    and backward are one autograd node (`_BilinearRows`): four row gathers, four row `index_add_`s
+    (docs/MODEL.md, "Speed"), and the output is [P, C] rows, the layout the pillar MLP reads.
+    Differentiable w.r.t. `features` only; coordinates that require grad are refused.
+    """
+    if gx.requires_grad or gy.requires_grad:
+        raise ValueError("sample_bilinear: gx and gy must not require grad (no gradient flows to them)")
+    b, n, c, h, w = features.shape
+    p = gx.shape[-1]
+    table = features.permute(0, 1, 3, 4, 2).reshape(b * n * h * w, c)  # [B*N*h*w, C]
+    index, weight = bilinear_taps(gx, gy, mask, h, w)  # [B, N, P, 4] each
+    out = _BilinearRows.apply(table, index.reshape(-1, 4), weight.reshape(-1, 4).float())  # [B*N*P, C]
+    return out.view(b, n, p, c)
 
 
 def scatter_max_nonnegative(features: Tensor, row: Tensor, num_cells: int) -> Tensor:

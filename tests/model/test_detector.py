@@ -281,3 +281,21 @@ def test_forward_export_runs_in_onnx_runtime(tmp_path) -> None:
     torch.testing.assert_close(torch.from_numpy(got[1]), ref[1], rtol=1e-5, atol=1e-5)  # scores
     torch.testing.assert_close(torch.from_numpy(got[0]), ref[0], rtol=1e-4, atol=1e-4)  # boxes
     assert torch.equal(torch.from_numpy(got[2]), ref[2])  # labels
+
+
+def test_sample_bilinear_bf16_table_and_grad_coordinates() -> None:
+    """A bf16 feature map (autocast's conv output) is gathered in float32 and gets a bf16 gradient; the
+    coordinates carry no gradient, so coordinates that require one are refused, not silently cut."""
+    torch.manual_seed(0)
+    b, n, c, h, w, p = 1, 2, 4, 5, 6, 50
+    feats = torch.randn(b * n, h, w, c).permute(0, 3, 1, 2).reshape(b, n, c, h, w).bfloat16().requires_grad_()
+    gx, gy = torch.rand(b, n, p) * 2 - 1, torch.rand(b, n, p) * 2 - 1
+    mask = torch.ones(b, n, p, dtype=torch.bool)
+    out = sample_bilinear(feats, gx, gy, mask)
+    assert out.dtype == torch.float32
+    ref = sample_bilinear(feats.detach().float(), gx, gy, mask)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    out.sum().backward()
+    assert feats.grad is not None and feats.grad.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="gx and gy must not require grad"):
+        sample_bilinear(feats, gx.requires_grad_(), gy, mask)
