@@ -17,6 +17,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels import (  # noqa: E402
+    pillar_scatter,
     pillar_scatter_argmax_reference,
     pillar_scatter_max,
     pillar_scatter_max_reference,
@@ -292,6 +293,25 @@ def test_compact_path_matches_reference(
     assert torch.equal(winner_cell[:m], occupied) and bool((winner_cell[m:] == -1).all())
     argmax = pillar_scatter_argmax_reference(features, cell, num_cells, canvas_ref)
     assert torch.equal(winner_point[:m].long(), argmax[occupied]) and bool((winner_point[m:] == -1).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_compact_path_float_and_int_winner_paths_agree(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The float32-candidate winner (the fast path) and the int32 one (NaN maxima, N > 2**23) give the same
+    table bit for bit, on ties (small integers), signed zeros and infinities."""
+    features, cell, grad = _case(1000, 37, 5, "random", dtype, "cpu")
+    features[::7, 0] = -0.0
+    features[3::11, 1] = 0.0
+    features[::13, 2] = math.inf
+    features[5::17, 3] = -math.inf
+    fast = _compact(features, cell, 5, grad)
+    monkeypatch.setattr(pillar_scatter, "_FLOAT_CANDIDATES_MAX_N", 0)  # forces the int32 path
+    slow = _compact(features, cell, 5, grad)
+    for a, b in zip([fast[0], fast[1], *fast[2][:2]], [slow[0], slow[1], *slow[2][:2]]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert fast[2][2] == slow[2][2]
 
 
 def test_compact_path_nan_inf_and_out_of_range() -> None:
