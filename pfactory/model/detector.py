@@ -109,6 +109,23 @@ def _project(proj: Tensor, xyz1: Tensor) -> Tensor:
     return torch.einsum("bnij,bpj->bnpi", proj, xyz1)
 
 
+def _sample_coords(
+    uvw: Tensor, cam_valid: Tensor, image_size: tuple[int, int], min_depth_m: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Homogeneous pixels uvw [B, N, P, 3] -> (gx, gy, seen), each [B, N, P]: `grid_sample`'s normalized
+    coordinates (pixel u -> (u + 0.5) / Wi * 2 - 1) and whether the camera sees the point (in front of it
+    by more than `min_depth_m`, inside the image, a valid camera). Unseen points are parked at the image
+    centre: finite coordinates keep the bilinear weights (and grid_sample's gradient) finite; callers zero
+    their samples by `seen`."""
+    wi, hi = image_size
+    depth = uvw[..., 2]  # [B, N, P]
+    uv = uvw[..., :2] / depth.clamp(min=min_depth_m).unsqueeze(-1)  # [B, N, P, 2] pixels
+    gx = (uv[..., 0] + 0.5) * (2.0 / wi) - 1.0  # [B, N, P] in [-1, 1] inside the image
+    gy = (uv[..., 1] + 0.5) * (2.0 / hi) - 1.0  # [B, N, P]
+    seen = (depth > min_depth_m) & (gx.abs() <= 1.0) & (gy.abs() <= 1.0) & cam_valid[:, :, None]  # [B, N, P]
+    return gx.where(seen, 0.0), gy.where(seen, 0.0), seen
+
+
 def paint_points(
     points: Tensor,  # [B, P, >=3] lidar frame
     features: Tensor,  # [B, N, C, h, w] image features covering the model-input images exactly
@@ -155,13 +172,7 @@ def paint_points(
         mean = sampled.sum(dim=1) / count.clamp(min=1.0).unsqueeze(1)  # [B, C, P]
         flag = (count > 0).to(sampled.dtype).unsqueeze(1)  # [B, 1, P]
         return torch.cat([mean, flag], dim=1).transpose(1, 2)  # [B, P, C + 1]
-    uv = uvw[..., :2] / depth.clamp(min=min_depth_m).unsqueeze(-1)  # [B, N, P, 2] pixels
-    gx = (uv[..., 0] + 0.5) * (2.0 / wi) - 1.0  # [B, N, P] in [-1, 1] inside the image
-    gy = (uv[..., 1] + 0.5) * (2.0 / hi) - 1.0  # [B, N, P]
-    seen = (depth > min_depth_m) & (gx.abs() <= 1.0) & (gy.abs() <= 1.0) & cam_valid[:, :, None]  # [B, N, P]
-    # Park unseen points at the image centre: finite coordinates keep the weights (and grid_sample's
-    # gradient) finite; their samples are zeroed by `seen`.
-    gx, gy = gx.where(seen, 0.0), gy.where(seen, 0.0)  # [B, N, P]
+    gx, gy, seen = _sample_coords(uvw, cam_valid, image_size, min_depth_m)  # [B, N, P] each
     # Under torch.compile: the gather sampler. Inductor (torch 2.13, CPU) compiles grid_sample's backward
     # with the first batch's point count baked into a saved tensor's stride, so the next point count
     # fails `assert_size_stride` (tests/train/test_compile.py); the gather gives the same values.
@@ -184,44 +195,109 @@ def paint_points(
     return torch.cat([mean, flag], dim=-1)  # [B, P, C + 1]
 
 
+def paint_points_projected(
+    points: Tensor,  # [B, P, >=3] lidar frame
+    features: Tensor,  # [B, N, C, h, w] image features (channels-last per camera)
+    proj: Tensor,  # [B, N, 3, 4] lidar -> model-input image pixels
+    cam_valid: Tensor,  # [B, N] bool
+    image_size: tuple[int, int],  # (Wi, Hi) of the model-input images, pixels
+    weight: Tensor,  # [D, C]: a linear layer's columns for paint_points' C features
+    min_depth_m: float = 0.1,
+) -> tuple[Tensor, Tensor]:
+    """`paint_points`, with its C features multiplied by `weight`, computed by projecting before sampling.
+
+    Returns (rows [B, P, D] float32 = paint_points(...)[..., :C] @ weight.T, flag [B, P] float32 =
+    paint_points(...)[..., C], 1 where a camera sees the point).
+    Bilinear sampling, the zero for unseen points and the mean over cameras are all linear in the
+    features, so the pillar MLP's first layer can be applied to the [B*N*h*w, C] feature-map rows (a
+    13k-row GEMM at the default size) and the projected rows sampled (`_BilinearRows`' four row gathers)
+    instead of sampling C channels per point, concatenating them behind the point decoration and
+    multiplying there. Only the samples a camera sees are gathered (about 37% of the default data's
+    points; under torch.compile all of them, with zero weights: no data-dependent shapes). The same
+    function to float rounding (tested against `paint_points`, forward and backward); no [B, P, C + 1]
+    tensor, no concatenation, and the rows are [P, D], the layout the pillar encoder adds them to
+    (docs/MODEL.md, "Speed"). Runs in float32 under bf16 autocast (as `_project` does).
+    Differentiable w.r.t. `features` and `weight`.
+    """
+    b, n, c, h, w = features.shape
+    p = points.shape[1]
+    if weight.shape[-1] != c:
+        raise ValueError(f"paint_points_projected: weight has {weight.shape[-1]} columns, expected {c}")
+    dev = points.device.type
+    with torch.autocast(dev, enabled=False):
+        xyz1 = torch.cat([points[..., :3], torch.ones_like(points[..., :1])], dim=-1).float()  # [B, P, 4]
+        uvw = _project(proj.float(), xyz1)  # [B, N, P, 3]
+        gx, gy, seen = _sample_coords(uvw, cam_valid, image_size, min_depth_m)  # [B, N, P] each
+        rows = features.float().permute(0, 1, 3, 4, 2).reshape(b * n * h * w, c)  # [B*N*h*w, C]
+        table = F.linear(rows, weight.float())  # [B*N*h*w, D]
+        if torch.compiler.is_compiling():
+            index, wts = bilinear_taps(gx, gy, seen, h, w)  # [B, N, P, 4] each, 0 weights where unseen
+            sampled = _BilinearRows.apply(table, index.reshape(-1, 4), wts.reshape(-1, 4))  # [B*N*P, D]
+        else:
+            dest = seen.reshape(-1).nonzero().squeeze(1)  # [S] the seen samples of the [B*N*P] rows
+            fx, fy = gx.reshape(-1)[dest], gy.reshape(-1)[dest]  # [S]
+            index, wts = bilinear_taps(fx.view(1, 1, -1), fy.view(1, 1, -1), None, h, w)  # [1, 1, S, 4]
+            index = index.view(-1, 4) + (dest // p).unsqueeze(1) * (h * w)  # [S, 4] rows of camera b*N+n
+            sampled = _BilinearRows.apply(table, index, wts.view(-1, 4), dest, b * n * p)  # [B*N*P, D]
+        count = seen.sum(dim=1).to(torch.float32)  # [B, P] cameras seeing each point
+        if n == 1:
+            mean = sampled.view(b, p, -1)  # [B, P, D]; 0 where unseen
+        else:
+            mean = sampled.view(b, n, p, -1).sum(dim=1) / count.clamp(min=1.0).unsqueeze(-1)  # [B, P, D]
+        return mean, (count > 0).to(torch.float32)
+
+
 class _BilinearRows(torch.autograd.Function):
     """out[q] = sum_k weight[q, k] * table[index[q, k]]: four weighted row gathers, as one autograd node.
 
-    table [R, C] (any float dtype; gathered in float32), index [Q, 4] int64 rows, weight [Q, 4] float32
-    -> out [Q, C] float32. Backward: grad_table [R, C] (the table's dtype) by four row `index_add_`s
-    into one zeroed table, in point order (deterministic on CPU); no gradient to index or weight (the
-    sampling coordinates come from the data, not from parameters). One node with four gathers and a
-    hand-written backward replaces the ~30 [Q, C] autograd ops of the same arithmetic spelled in tensor
-    ops, which made the gather sampler no faster than grid_sample (docs/MODEL.md, "Speed").
+    table [R, C] (any float dtype; gathered in float32), index [S, 4] int64 rows, weight [S, 4] float32,
+    and optionally `dest` [S] int64 (distinct rows of a [total, C] output that the S samples go to; the
+    other rows are 0) -> out [S, C] (no dest) or [total, C], float32. Backward: grad_table [R, C] (the
+    table's dtype) by four row `index_add_`s into one zeroed table, in sample order (deterministic on
+    CPU); no gradient to index or weight (the sampling coordinates come from the data, not from
+    parameters). One node with four gathers and a hand-written backward replaces the ~30 [S, C] autograd
+    ops of the same arithmetic spelled in tensor ops, which made the gather sampler no faster than
+    grid_sample (docs/MODEL.md, "Speed"). `dest` lets a caller sample only the points a camera sees
+    (about 37% of the default data's) and still get the dense [B*N*P, C] rows.
     """
 
     @staticmethod
     def forward(
-        ctx: torch.autograd.function.FunctionCtx, table: Tensor, index: Tensor, weight: Tensor
+        ctx: torch.autograd.function.FunctionCtx,
+        table: Tensor,
+        index: Tensor,
+        weight: Tensor,
+        dest: Tensor | None = None,
+        total: int = 0,
     ) -> Tensor:
         rows = table.float() if table.dtype != torch.float32 else table  # [R, C]
-        out = rows.index_select(0, index[:, 0]).mul_(weight[:, 0:1])  # [Q, C]
+        out = rows.index_select(0, index[:, 0]).mul_(weight[:, 0:1])  # [S, C]
         for k in range(1, 4):
             out.addcmul_(rows.index_select(0, index[:, k]), weight[:, k : k + 1])
-        ctx.save_for_backward(index, weight)
+        if dest is not None:
+            out = out.new_zeros(total, out.shape[1]).index_copy_(0, dest, out)  # [total, C]
+        ctx.save_for_backward(index, weight, dest)
         ctx.table_rows, ctx.table_dtype = table.shape[0], table.dtype
         return out
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor) -> tuple[Tensor, None, None]:
-        index, weight = ctx.saved_tensors
-        grad_out = grad_out.float().contiguous()  # [Q, C]
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor
+    ) -> tuple[Tensor, None, None, None, None]:
+        index, weight, dest = ctx.saved_tensors
+        grad_out = grad_out.float()
+        grad_out = grad_out.index_select(0, dest) if dest is not None else grad_out.contiguous()  # [S, C]
         grad_table = grad_out.new_zeros(ctx.table_rows, grad_out.shape[1])  # [R, C]
-        term = torch.empty_like(grad_out)  # [Q, C], reused by the four corners
+        term = torch.empty_like(grad_out)  # [S, C], reused by the four corners
         for k in range(4):
             grad_table.index_add_(0, index[:, k], torch.mul(grad_out, weight[:, k : k + 1], out=term))
-        return grad_table.to(ctx.table_dtype), None, None
+        return grad_table.to(ctx.table_dtype), None, None, None, None
 
 
-def bilinear_taps(gx: Tensor, gy: Tensor, mask: Tensor, h: int, w: int) -> tuple[Tensor, Tensor]:
+def bilinear_taps(gx: Tensor, gy: Tensor, mask: Tensor | None, h: int, w: int) -> tuple[Tensor, Tensor]:
     """grid_sample's four bilinear taps (align_corners=False, zero padding) of normalized coordinates.
 
-    gx, gy [B, N, P] in [-1, 1] inside a [h, w] feature map, mask [B, N, P] bool -> (index [B, N, P, 4]
+    gx, gy [B, N, P] in [-1, 1] inside a [h, w] feature map, mask [B, N, P] bool or None -> (index [B, N, P, 4]
     int64 row of the [B*N*h*w] row table, weight [B, N, P, 4]). Corner order and weight formulas are
     ATen's CPU kernel's (north-west, north-east, south-west, south-east); a corner outside the map or a
     masked sample gets weight 0 (and a clamped, valid row).
@@ -239,7 +315,9 @@ def bilinear_taps(gx: Tensor, gy: Tensor, mask: Tensor, h: int, w: int) -> tuple
         (x0, y1, (x1 - ix) * (iy - y0)),
         (x1, y1, (ix - x0) * (iy - y0)),
     ):
-        inside = (xc >= 0) & (xc <= w - 1) & (yc >= 0) & (yc <= h - 1) & mask  # [B, N, P]
+        inside = (xc >= 0) & (xc <= w - 1) & (yc >= 0) & (yc <= h - 1)  # [B, N, P]
+        if mask is not None:
+            inside = inside & mask
         index.append(base + (yc.clamp(0, h - 1) * w + xc.clamp(0, w - 1)).long())  # [B, N, P]
         weight.append(wt * inside)  # [B, N, P]; 0 outside the map (zero padding)
     return torch.stack(index, dim=-1), torch.stack(weight, dim=-1)  # [B, N, P, 4] each
@@ -387,9 +465,28 @@ class PillarEncoder(nn.Module):
             return canvas.reshape(b, h // 2, w // 2, -1).permute(0, 3, 1, 2)
         return canvas.reshape(b, h, w, -1).permute(0, 3, 1, 2)
 
-    def forward(self, points: Tensor, num_points: Tensor, extra: Tensor | None) -> Tensor:
+    def painted_weight(self) -> Tensor:
+        """[C, E - 1]: the first MLP layer's columns for the painted image features (E = image channels
+        + the seen flag), what `paint_points_projected` applies before sampling."""
+        return self.mlp[0].weight[:, 9:-1]
+
+    def forward(
+        self,
+        points: Tensor,
+        num_points: Tensor,
+        extra: Tensor | None,
+        projected: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
         """points [B, P, 4], num_points [B], extra [B, P, E] or None -> canvas [B, C, H, W]
-        ([B, 4*C, H/2, W/2] with `bev_stem: space_to_depth`)."""
+        ([B, 4*C, H/2, W/2] with `bev_stem: space_to_depth`).
+
+        `projected` (instead of `extra`): `paint_points_projected`'s (rows [B, P, C], flag [B, P]), the
+        image features already multiplied by the first layer's columns for them. The first layer then
+        multiplies the 9 decoration channels and the flag (its last column) in one float32 GEMM and adds
+        the rows: what `extra = paint_points(...)` gives, to float rounding. Not exported.
+        """
+        if projected is not None and (extra is not None or torch.onnx.is_in_onnx_export()):
+            raise ValueError("PillarEncoder: `projected` replaces `extra` and is not exported")
         b, p, _ = points.shape
         h, w = self.grid
         x0, y0, z0, x1, y1, z1 = self.pc_range
@@ -433,9 +530,19 @@ class PillarEncoder(nn.Module):
         feats = [xyz_n, flat[:, 3:4], to_centre, to_mean]  # 3 + 1 + 2 + 3 = 9 channels
         if extra is not None:
             feats.append(extra.reshape(b * p, -1))  # [B*P, E]
-        decorated = torch.cat(feats, dim=1)  # [B*P, 9 + E]
         # Dropped points carry garbage offsets (trash-row mean); they never reach the canvas.
-        point_feats = self.mlp(decorated)  # [B*P, C], >= 0 after ReLU, so the empty-cell 0 is a true floor
+        # point_feats [B*P, C] >= 0 after ReLU, so the empty-cell 0 is a true floor.
+        if projected is not None:
+            rows, flag = projected  # [B, P, C], [B, P]
+            weight = self.mlp[0].weight  # [C, 9 + E]
+            with torch.autocast(points.device.type, enabled=False):
+                decorated = torch.cat([*feats, flag.reshape(b * p, 1)], dim=1).float()  # [B*P, 10]
+                w_geo = torch.cat([weight[:, :9], weight[:, -1:]], dim=1).float()  # [C, 10]
+                # linear + add_, not addmm: MKL's beta=1 path for this K=10 GEMM is ~2x slower (CPU).
+                first = F.linear(decorated, w_geo).add_(rows.reshape(b * p, -1))  # [B*P, C] float32
+            point_feats = self.mlp[1:](first)
+        else:
+            point_feats = self.mlp(torch.cat(feats, dim=1))  # [B*P, 9 + E] -> [B*P, C]
         canvas = kernels.pillar_scatter_max(point_feats, cell, num_cells, check_indices=False)  # [B*H*W, C]
         return self._as_image(canvas, b)
 
@@ -560,6 +667,12 @@ class PaintedPillarDetector(nn.Module):
             images = images.flatten(0, 1).contiguous(memory_format=torch.channels_last)  # [B*N, 3, Hi, Wi]
             feats = self.image_branch(images)  # [B*N, Ci, h, w]
             feats = feats.reshape(b, n, *feats.shape[1:])  # [B, N, Ci, h, w]
+            if self.params.paint_sampler == "gather" and not torch.onnx.is_in_onnx_export():
+                projected = paint_points_projected(
+                    points, feats, proj, cam_valid, self.image_size, self.pillars.painted_weight()
+                )  # ([B, P, C0], [B, P])
+                canvas = self.pillars(points, num_points, None, projected)  # [B, C0, H, W]
+                return self.head(self.backbone(canvas))
             painted = paint_points(
                 points, feats, proj, cam_valid, self.image_size, sampler=self.params.paint_sampler
             )  # [B, P, Ci + 1]

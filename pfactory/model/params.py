@@ -36,13 +36,13 @@ class ModelParams(Section):
     """Channels of the image-branch feature map that points are painted with."""
     image_stride: Literal[4, 8] = 4
     """Output stride of the image branch (image pixels per feature cell)."""
-    paint_sampler: Literal["grid_sample", "gather"] = "grid_sample"
-    """How a point samples its camera's feature map (bilinear, zero padding; same weights, same values to
-    float rounding). `grid_sample`: `F.grid_sample`. `gather`: four row gathers of the channels-last map
-    (`pfactory.model.detector.sample_bilinear`), whose backward is four row-wise index_adds instead of
-    grid_sample's per-float CPU scatter (cheaper on CPU: docs/MODEL.md, "Speed"). Default grid_sample: with
-    gather the two-process DDP test's 4-step trajectory left float-rounding agreement (a GroupNorm output
-    of +-2.7e-7 crossed its ReLU; docs/MODEL.md). The ONNX export always uses grid_sample."""
+    paint_sampler: Literal["grid_sample", "gather"] = "gather"
+    """How a point samples its camera's feature map (bilinear, zero padding; the same function to float
+    rounding). `gather` (default): the pillar MLP's first layer is applied to the feature-map rows first,
+    then only the points a camera sees gather their four projected rows
+    (`pfactory.model.detector.paint_points_projected`): no per-point image-feature tensor, no concat, a
+    row-wise backward (docs/MODEL.md, "Speed"). `grid_sample`: `F.grid_sample` per point, then the
+    decoration concat and the whole first layer (`paint_points`), what the ONNX export always uses."""
     point_channels: PositiveInt = 32
     """Channels of the per-point MLP output, i.e. of the scattered BEV pillar canvas."""
     point_layers: Annotated[int, Field(ge=1, le=3)] = 1

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pfactory.model.detector import Conv1x1, GroupNorm, build_model, paint_points, sample_bilinear
+from pfactory.model.detector import (
+    Conv1x1,
+    GroupNorm,
+    build_model,
+    paint_points,
+    paint_points_projected,
+    sample_bilinear,
+)
 from pfactory.model.params import ModelParams
 
 from .helpers import IMAGE_SIZE, camera_proj, random_batch, tiny_params
@@ -299,3 +306,59 @@ def test_sample_bilinear_bf16_table_and_grad_coordinates() -> None:
     assert feats.grad is not None and feats.grad.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="gx and gy must not require grad"):
         sample_bilinear(feats, gx.requires_grad_(), gy, mask)
+
+
+@pytest.mark.parametrize("cams", [1, 2])
+def test_projected_painting_is_painting_times_the_weight_forward_and_backward(cams: int) -> None:
+    """paint_points_projected = paint_points' features @ weight.T and its flag, with the gradients of the
+    features and of the weight, to float rounding: projecting before sampling is the same function.
+    Some points behind, outside or in an invalid camera (batch 2 has only camera 0 valid)."""
+    torch.manual_seed(0)
+    b, c, h, w, p, d = 2, 6, 8, 16, 500, 5
+    feats = torch.randn(b * cams, h, w, c).permute(0, 3, 1, 2).reshape(b, cams, c, h, w)
+    points = torch.cat([torch.rand(b, p, 1) * 40 - 10, torch.rand(b, p, 2) * 20 - 10, torch.rand(b, p, 1)], -1)
+    proj = camera_proj(b, cams)
+    cam_valid = torch.tensor([[True, True], [True, False]])[:, :cams]
+    weight = torch.randn(d, c)
+    g = torch.randn(b, p, d)
+
+    def run(projected: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        f, wt = feats.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        if projected:
+            rows, flag = paint_points_projected(points, f, proj, cam_valid, IMAGE_SIZE, wt)
+        else:
+            painted = paint_points(points, f, proj, cam_valid, IMAGE_SIZE)  # [B, P, C + 1]
+            rows, flag = painted[..., :c] @ wt.t(), painted[..., c]
+        gf, gw = torch.autograd.grad(rows, [f, wt], g)
+        return rows.detach(), flag, gf, gw
+
+    got, ref = run(True), run(False)
+    assert 0.2 < ref[1].mean() < 0.9  # some points seen by a camera, some not
+    assert torch.equal(got[1], ref[1])
+    for a, e in zip(got[:1] + got[2:], ref[:1] + ref[2:]):
+        torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cams", [1, 2])
+def test_gather_and_grid_sample_models_agree_forward_and_backward(cams: int) -> None:
+    """The whole detector with `paint_sampler: gather` (projected painting, flag in the first GEMM) and
+    with `grid_sample` (painting, concat, first layer), the same weights, fp32: the same outputs and
+    parameter gradients to float rounding; and under bf16 autocast both run, to bf16 rounding."""
+    torch.manual_seed(0)
+    pg, pr = tiny_params(paint_sampler="gather"), tiny_params(paint_sampler="grid_sample")
+    mg, mr = build_model(pg, IMAGE_SIZE), build_model(pr, IMAGE_SIZE)
+    mr.load_state_dict(mg.state_dict())
+    bt = random_batch(pg, batch=2, cams=cams)
+    args = (bt["points"], bt["num_points"], bt["images"], bt["proj"], bt["cam_valid"])
+    outs = [m(*args) for m in (mg, mr)]
+    for k in outs[0]:
+        torch.testing.assert_close(outs[0][k], outs[1][k], atol=1e-5, rtol=1e-4)
+    for o in outs:
+        (o["heatmap"].square().sum() + o["reg"].square().sum()).backward()
+    for (name, a), b in zip(mg.named_parameters(), mr.parameters()):
+        assert a.grad is not None and b.grad is not None, name
+        rel = float((a.grad - b.grad).norm() / b.grad.norm().clamp(min=1e-12))
+        assert rel < 1e-4, f"{name}: relative gradient difference {rel:.2e}"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf = [m(*args) for m in (mg, mr)]
+    torch.testing.assert_close(bf[0]["heatmap"].float(), bf[1]["heatmap"].float(), atol=0.1, rtol=0.05)
