@@ -13,9 +13,12 @@ padded points to boxes as plain tensor ops with static shapes, what the optimize
 
 DESIGN.md §5, step by step:
 1. image branch: a small CNN with weights shared by every camera -> [B*N, Ci, Hi/s, Wi/s];
-2. painting: every point is projected into every camera and bilinearly samples that camera's features
-   (`grid_sample`), zero where it falls behind the camera, outside the image or in an invalid camera;
-   the features of the cameras that see a point are averaged. Differentiable end to end;
+2. painting: every point is projected into every camera and bilinearly samples that camera's features,
+   zero where it falls behind the camera, outside the image or in an invalid camera; the features of
+   the cameras that see a point are averaged. Differentiable end to end. By default
+   (`model.paint_sampler: gather`, `paint_points_projected`) the pillar MLP's first layer is applied to
+   the feature map before sampling (all of it is linear) and only the seen points sample; the ONNX export
+   (and `grid_sample`) samples per point with `F.grid_sample` (`paint_points`): the same function;
 3. pillar encoder: decorated point features -> MLP -> `kernels.pillar_scatter_max` -> [B, C, H, W];
 4. BEV backbone (strided stages, each upsampled to the head stride, concatenated) and the center head.
 Every normalization is GroupNorm: a sample's output does not depend on its batch, so DDP splits and
