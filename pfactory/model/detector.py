@@ -300,10 +300,10 @@ class _BilinearRows(torch.autograd.Function):
 def bilinear_taps(gx: Tensor, gy: Tensor, mask: Tensor | None, h: int, w: int) -> tuple[Tensor, Tensor]:
     """grid_sample's four bilinear taps (align_corners=False, zero padding) of normalized coordinates.
 
-    gx, gy [B, N, P] in [-1, 1] inside a [h, w] feature map, mask [B, N, P] bool or None -> (index [B, N, P, 4]
-    int64 row of the [B*N*h*w] row table, weight [B, N, P, 4]). Corner order and weight formulas are
-    ATen's CPU kernel's (north-west, north-east, south-west, south-east); a corner outside the map or a
-    masked sample gets weight 0 (and a clamped, valid row).
+    gx, gy [B, N, P] in [-1, 1] inside a [h, w] feature map, mask [B, N, P] bool or None (no mask) ->
+    (index [B, N, P, 4] int64 row of the [B*N*h*w] row table, weight [B, N, P, 4]). Corner order and
+    weight formulas are ATen's CPU kernel's (north-west, north-east, south-west, south-east); a corner
+    outside the map or a masked sample gets weight 0 (and a clamped, valid row).
     """
     b, n, _ = gx.shape
     ix = ((gx + 1) * w - 1) / 2  # [B, N, P] feature-map pixel coordinates (grid_sample's unnormalize)
