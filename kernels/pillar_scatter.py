@@ -207,7 +207,7 @@ _FLOAT_CANDIDATES_MAX_N = 2**23  # candidates < 2N <= 2**24: exact in float32
 
 
 def _pillar_scatter_max_compact(
-    features: Tensor, cell_index: Tensor, num_cells: int, with_winner: bool
+    features: Tensor, cell_index: Tensor, num_cells: int, with_winner: bool, canvas_dtype: torch.dtype
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """`pfk::pillar_scatter_max` off CUDA: the reference's canvas and the compact winner table.
 
@@ -225,7 +225,8 @@ def _pillar_scatter_max_compact(
     row, occupied, m = _compact_rows(cell_index, num_cells)  # [N], [M]
     row_nc = row[:, None].expand(n, c)  # [N, C]
     seg = features.new_empty(m + 1, c).scatter_reduce_(0, row_nc, features, "amax", include_self=False)
-    canvas = features.new_zeros(num_cells, c).index_copy_(0, occupied, seg[:m])  # [num_cells, C]
+    canvas = features.new_zeros(num_cells, c, dtype=canvas_dtype)  # [num_cells, C]
+    canvas.index_copy_(0, occupied, seg[:m].to(canvas_dtype))  # the maxima rounded once (if bf16)
     winner_cell = torch.full((n if with_winner else 0,), -1, dtype=torch.int64, device=device)
     winner_point = torch.full((n if with_winner else 0, c), -1, dtype=torch.int32, device=device)
     if not with_winner or m == 0:
@@ -238,8 +239,10 @@ def _pillar_scatter_max_compact(
         # index where it is; every occupied cell holds a max, so its amin is always < n. `ne` is False
         # exactly where `==` is True for non-NaN values (+-0 and +-inf included); NaN takes the int path.
         point = torch.arange(n, dtype=torch.float32, device=device)[:, None]  # [N, 1]
-        # `ne` written straight into float32 (0/1): a bool [N, C] and its cast cost ~3x more (CPU).
-        candidate = torch.ne(features, held, out=torch.empty(n, c, device=device)).mul_(n).add_(point)  # [N, C]
+        # `ne` written straight into float32 (0/1): a bool [N, C] and its cast cost ~3x more (CPU); then
+        # point + n * ne in one pass over [N, C] (in place).
+        candidate = torch.ne(features, held, out=torch.empty(n, c, device=device))  # [N, C] 0/1
+        candidate = torch.add(point, candidate, alpha=n, out=candidate)  # [N, C]
         first = torch.empty(m + 1, c, dtype=torch.float32, device=device)
         first = first.scatter_reduce_(0, row_nc, candidate, "amin", include_self=False)  # [M + 1, C]
     else:
@@ -255,7 +258,11 @@ def _pillar_scatter_max_compact(
 
 
 def _pillar_scatter_max_backward_compact(
-    grad_canvas: Tensor, winner_cell: Tensor, winner_point: Tensor, winner_rows: Tensor
+    grad_canvas: Tensor,
+    winner_cell: Tensor,
+    winner_point: Tensor,
+    winner_rows: Tensor,
+    grad_dtype: torch.dtype,
 ) -> Tensor:
     """grad_features [N, C]: row m of the winner table sends grad_canvas[cell_m, c] to its point.
 
@@ -264,10 +271,10 @@ def _pillar_scatter_max_backward_compact(
     """
     n, c = winner_point.shape
     m = int(winner_rows[0])
-    grad_features = grad_canvas.new_zeros(n, c)  # [N, C]
+    grad_features = grad_canvas.new_zeros(n, c, dtype=grad_dtype)  # [N, C]
     if m == 0:
         return grad_features
-    gathered = grad_canvas.index_select(0, winner_cell[:m])  # [M, C], reads through strides
+    gathered = grad_canvas.index_select(0, winner_cell[:m]).to(grad_dtype)  # [M, C], reads through strides
     return grad_features.scatter_(0, winner_point[:m].long(), gathered)
 
 
@@ -276,29 +283,31 @@ def _pillar_scatter_max_backward_compact(
 # --------------------------------------------------------------------------------------------------
 @torch.library.custom_op("pfk::pillar_scatter_max", mutates_args=())
 def _pillar_scatter_max_op(
-    features: Tensor, cell_index: Tensor, num_cells: int, with_winner: bool
+    features: Tensor, cell_index: Tensor, num_cells: int, with_winner: bool, canvas_dtype: torch.dtype
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(canvas [num_cells, C], winner_cell [N] int64, winner_point [N, C] int32, winner_rows [1] int64).
+    """(canvas [num_cells, C] canvas_dtype, winner_cell [N] int64, winner_point [N, C] int32, winner_rows
+    [1] int64).
 
     The winner table (empty, [0] and [0, C], when with_winner is False): rows 0..M-1 (M =
     winner_rows[0] occupied cells) hold an occupied cell and, per channel, the point holding its max;
     rows M.. are -1. M <= N, so [N]-sized buffers hold it with static shapes (compile, fake tensors).
     """
     if use_triton(features):
-        return triton_module("_pillar_scatter_triton").pillar_scatter_max_fwd(
+        canvas, *table = triton_module("_pillar_scatter_triton").pillar_scatter_max_fwd(
             features, cell_index, num_cells, with_winner
         )
-    return _pillar_scatter_max_compact(features, cell_index, num_cells, with_winner)
+        return canvas.to(canvas_dtype), *table
+    return _pillar_scatter_max_compact(features, cell_index, num_cells, with_winner, canvas_dtype)
 
 
 @_pillar_scatter_max_op.register_fake
 def _(
-    features: Tensor, cell_index: Tensor, num_cells: int, with_winner: bool
+    features: Tensor, cell_index: Tensor, num_cells: int, with_winner: bool, canvas_dtype: torch.dtype
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     n, c = features.shape
     rows = n if with_winner else 0
     return (
-        features.new_empty((num_cells, c)),
+        features.new_empty((num_cells, c), dtype=canvas_dtype),
         features.new_empty((rows,), dtype=torch.int64),
         features.new_empty((rows, c), dtype=torch.int32),
         features.new_empty((1,), dtype=torch.int64),
@@ -307,39 +316,55 @@ def _(
 
 @torch.library.custom_op("pfk::pillar_scatter_max_backward", mutates_args=())
 def _pillar_scatter_max_backward_op(
-    grad_canvas: Tensor, winner_cell: Tensor, winner_point: Tensor, winner_rows: Tensor
+    grad_canvas: Tensor,
+    winner_cell: Tensor,
+    winner_point: Tensor,
+    winner_rows: Tensor,
+    grad_dtype: torch.dtype,
 ) -> Tensor:
-    """grad_features [N, C] from grad_canvas [num_cells, C] and the forward's winner table."""
+    """grad_features [N, C] grad_dtype (the features') from grad_canvas [num_cells, C] (the canvas' dtype)
+    and the forward's winner table."""
     if use_triton(grad_canvas):
         return triton_module("_pillar_scatter_triton").pillar_scatter_max_bwd(
-            grad_canvas, winner_cell, winner_point, winner_rows
+            grad_canvas.to(grad_dtype), winner_cell, winner_point, winner_rows
         )
-    return _pillar_scatter_max_backward_compact(grad_canvas, winner_cell, winner_point, winner_rows)
+    return _pillar_scatter_max_backward_compact(
+        grad_canvas, winner_cell, winner_point, winner_rows, grad_dtype
+    )
 
 
 @_pillar_scatter_max_backward_op.register_fake
-def _(grad_canvas: Tensor, winner_cell: Tensor, winner_point: Tensor, winner_rows: Tensor) -> Tensor:
-    return grad_canvas.new_empty(winner_point.shape)
+def _(
+    grad_canvas: Tensor,
+    winner_cell: Tensor,
+    winner_point: Tensor,
+    winner_rows: Tensor,
+    grad_dtype: torch.dtype,
+) -> Tensor:
+    return grad_canvas.new_empty(winner_point.shape, dtype=grad_dtype)
 
 
 def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, output: tuple) -> None:
-    _features, _cell_index, _num_cells, with_winner = inputs
+    features, _cell_index, _num_cells, with_winner, _canvas_dtype = inputs
     _canvas, winner_cell, winner_point, winner_rows = output
     ctx.save_for_backward(winner_cell, winner_point, winner_rows)
     ctx.with_winner = with_winner
+    ctx.features_dtype = features.dtype
 
 
 def _backward(
     ctx: torch.autograd.function.FunctionCtx, grad_canvas: Tensor, *_grad_table: Tensor | None
-) -> tuple[Tensor, None, None, None]:
+) -> tuple[Tensor, None, None, None, None]:
     if not ctx.with_winner:
         raise RuntimeError(
             "pfk::pillar_scatter_max ran with with_winner=False (grad disabled at forward time); "
             "its backward needs the winner table"
         )
     winner_cell, winner_point, winner_rows = ctx.saved_tensors
-    grad_features = _pillar_scatter_max_backward_op(grad_canvas, winner_cell, winner_point, winner_rows)
-    return grad_features, None, None, None
+    grad_features = _pillar_scatter_max_backward_op(
+        grad_canvas, winner_cell, winner_point, winner_rows, ctx.features_dtype
+    )
+    return grad_features, None, None, None, None
 
 
 _pillar_scatter_max_op.register_autograd(_backward, setup_context=_setup_context)
@@ -349,9 +374,19 @@ _pillar_scatter_max_op.register_autograd(_backward, setup_context=_setup_context
 # public entry point
 # --------------------------------------------------------------------------------------------------
 def pillar_scatter_max(
-    features: Tensor, cell_index: Tensor, num_cells: int, *, check_indices: bool = True
+    features: Tensor,
+    cell_index: Tensor,
+    num_cells: int,
+    *,
+    check_indices: bool = True,
+    canvas_dtype: torch.dtype | None = None,
 ) -> Tensor:
     """canvas [num_cells, C]: max of features [N, C] over the points of each cell, 0 for empty cells.
+
+    `canvas_dtype` (default: the features') rounds the maxima once into a narrower canvas, e.g. bf16 for
+    a convolution under bf16 autocast, which would cast the canvas to bf16 anyway: the same values, without
+    a full-precision [num_cells, C] canvas and its cast (and their gradients' cast). The gradient is
+    returned in the features' dtype.
 
     cell_index [N] int64 in [-1, num_cells); -1 drops the point. `check_indices` verifies that range
     (one device sync; skipped automatically under torch.compile and ONNX export, where the kernels
@@ -382,7 +417,9 @@ def pillar_scatter_max(
         # Export traces the reference: ScatterElements(max) + Where, runnable without plugins.
         return pillar_scatter_max_reference(features, cell_index, num_cells)
     with_winner = torch.is_grad_enabled() and features.requires_grad  # the mask is only for backward
+    if canvas_dtype is not None:
+        require(canvas_dtype in FLOAT_DTYPES, _OP, f"canvas_dtype must be a float dtype, got {canvas_dtype}")
     canvas, *_winner_table = _pillar_scatter_max_op(
-        features.contiguous(), cell_index.contiguous(), num_cells, with_winner
+        features.contiguous(), cell_index.contiguous(), num_cells, with_winner, canvas_dtype or features.dtype
     )
     return canvas

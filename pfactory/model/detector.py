@@ -60,27 +60,116 @@ class Conv1x1(nn.Conv2d):
         return y.permute(0, 3, 1, 2)  # [B, Cout, H, W], channels-last memory
 
 
-class GroupNorm(nn.GroupNorm):
-    """`nn.GroupNorm` that normalizes a bf16 input in fp32 (the output is fp32; the next convolution's
-    autocast casts it back to bf16).
+# Below this many pixels per sample ATen's channels-last GroupNorm backward is the faster one (the
+# [B, HW, C] reductions here cost ~20 small ops): fwd+bwd at [4, 64, 50, 44] 0.57 vs 0.71 ms, at
+# [4, 32, 100, 88] 2.35 vs 1.66 ms, at [4, 16, 64, 208] 2.6 vs 1.3 ms (1 process, 2 threads, AMD EPYC).
+_OWN_GN_BACKWARD_MIN_PIXELS = 3000
 
-    Why: on CPU, PyTorch's bf16 GroupNorm kernel is ~10x slower on a channels-last input than its fp32
-    one (forward + backward of [4, 32, 100, 88]: 12.4 vs 4.8 ms at 1 thread, docs/MODEL.md "Speed"),
-    and every 2D tensor of this network is channels-last. The statistics in fp32 are also what
-    autocast's own fp32 list would give. Same parameters and state-dict keys as `nn.GroupNorm`.
+
+class _GroupNormReLUFunction(torch.autograd.Function):
+    """relu(group_norm(x.float())) on a channels-last input, with a channels-last backward.
+
+    x [B, C, H, W] channels-last (bf16 or fp32), weight and bias [C] fp32 -> [B, C, H, W] channels-last in
+    x's dtype (fp32 when `out_fp32`): normalized in fp32 (ATen's kernel), rounded once. Backward, on the
+    [B, H*W, C] memory view: the ReLU mask from the saved output (exact: the gradient or 0), the per-channel
+    sums sum(g) and sum(g * x) over H*W, then dx = c1 * g + c2 * x + c3 per (sample, group) (ATen's
+    formula), in fp32, rounded once to x's dtype. Why: ATen's channels-last CPU GroupNorm backward is ~4x
+    slower than its NCHW one at these shapes (docs/MODEL.md, "Speed"), and fusing ReLU and the dtype
+    casts removes four [B, C, H, W] passes per layer.
     """
 
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor,
+        groups: int,
+        eps: float,
+        out_fp32: bool,
+    ) -> Tensor:
+        b, c, h, w = x.shape
+        y, mean, rstd = torch.native_group_norm(x.float(), weight, bias, b, c, h * w, groups, eps)
+        y = y.relu_()  # [B, C, H, W] fp32, channels-last
+        out = y if out_fp32 or x.dtype == torch.float32 else y.to(x.dtype)
+        ctx.save_for_backward(x, out, mean, rstd, weight)  # mean, rstd [B, G]
+        ctx.groups = groups
+        return out
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
+        x, out, mean, rstd, weight = ctx.saved_tensors
+        b, c, h, w = x.shape
+        g = ctx.groups
+        cg, hw = c // g, h * w
+        grad = torch.ops.aten.threshold_backward(grad_out, out, 0)  # [B, C, H, W]: grad_out or 0
+        if hw < _OWN_GN_BACKWARD_MIN_PIXELS:
+            dx, dweight, dbias = torch.ops.aten.native_group_norm_backward(
+                grad.float(), x.float(), mean, rstd, weight, b, c, hw, g, [True, True, True]
+            )
+            return dx.to(x.dtype), dweight, dbias, None, None, None
+        gv = grad.permute(0, 2, 3, 1).reshape(b, hw, c).float()  # [B, HW, C] (a view of channels-last memory)
+        xv = x.permute(0, 2, 3, 1).reshape(b, hw, c)  # [B, HW, C], x's dtype (fp32 products below: exact)
+        db = gv.sum(1)  # [B, C] sum of g
+        ds = (gv * xv).sum(1)  # [B, C] sum of g * x
+        wg = weight.view(1, g, cg)
+        dsg = (ds.view(b, g, cg) * wg).sum(-1)  # [B, G]
+        dbg = (db.view(b, g, cg) * wg).sum(-1)  # [B, G]
+        s = 1.0 / (cg * hw)
+        c2 = (dbg * mean - dsg) * rstd.pow(3) * s  # [B, G]
+        c3 = -c2 * mean - dbg * rstd * s  # [B, G]
+        c1 = (rstd.view(b, g, 1) * wg).reshape(b, 1, c)  # [B, 1, C]
+        dx = torch.addcmul(c3.repeat_interleave(cg, 1).view(b, 1, c), gv, c1)  # [B, HW, C] fp32
+        dx_out = torch.empty(b, hw, c, dtype=x.dtype, device=x.device)
+        torch.addcmul(dx, xv, c2.repeat_interleave(cg, 1).view(b, 1, c), out=dx_out)  # rounded once
+        dweight = ((ds.view(b, g, cg) - db.view(b, g, cg) * mean[..., None]) * rstd[..., None]).sum(0)
+        return dx_out.view(b, h, w, c).permute(0, 3, 1, 2), dweight.reshape(c), db.sum(0), None, None, None
+
+
+class GroupNormReLU(nn.GroupNorm):
+    """`nn.GroupNorm` then ReLU, normalizing a bf16 input in fp32; same parameters and state-dict keys as
+    `nn.GroupNorm`.
+
+    In: [B, C, H, W] (a conv output: bf16 under CPU autocast). Out: the same shape, in the input's dtype
+    (the next convolution would cast it there anyway: the same values), or fp32 with `out_fp32` (for an
+    output that is not a convolution's input, e.g. the image features the painting samples in fp32).
+    Training on a channels-last input runs `_GroupNormReLUFunction` (a channels-last backward ~1.4-2x
+    faster than ATen's at the BEV shapes, ReLU and casts fused); export, torch.compile, NCHW inputs and
+    no-grad calls take the plain ops (fp32 out), the same function.
+    Why fp32 statistics: on CPU, PyTorch's bf16 GroupNorm kernel is ~10x slower on a channels-last input
+    than its fp32 one (docs/MODEL.md, "Speed"), and fp32 is what autocast's own fp32 list would give.
+    """
+
+    def __init__(self, num_groups: int, num_channels: int, out_fp32: bool = False) -> None:
+        super().__init__(num_groups, num_channels)
+        self.out_fp32 = out_fp32
+
     def forward(self, x: Tensor) -> Tensor:
-        return super().forward(x.float() if x.dtype == torch.bfloat16 else x)
+        if (
+            torch.is_grad_enabled()
+            and (x.requires_grad or self.weight.requires_grad)
+            and x.dim() == 4
+            and x.is_contiguous(memory_format=torch.channels_last)
+            and not torch.onnx.is_in_onnx_export()
+            and not torch.compiler.is_compiling()
+        ):
+            return _GroupNormReLUFunction.apply(
+                x, self.weight, self.bias, self.num_groups, self.eps, self.out_fp32
+            )
+        return F.relu(super().forward(x.float() if x.dtype == torch.bfloat16 else x), inplace=True)
 
 
-def conv_norm_act(c_in: int, c_out: int, groups: int, stride: int = 1, kernel: int = 3) -> nn.Sequential:
-    """Conv (no bias: the norm has one) -> GroupNorm -> ReLU."""
+def conv_norm_act(
+    c_in: int, c_out: int, groups: int, stride: int = 1, kernel: int = 3, out_fp32: bool = False
+) -> nn.Sequential:
+    """Conv (no bias: the norm has one) -> GroupNorm + ReLU (`GroupNormReLU`)."""
     if kernel == 1 and stride == 1:
         conv: nn.Module = Conv1x1(c_in, c_out, bias=False)
     else:
         conv = nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=kernel // 2, bias=False)
-    return nn.Sequential(conv, GroupNorm(groups, c_out), nn.ReLU(inplace=True))
+    return nn.Sequential(conv, GroupNormReLU(groups, c_out, out_fp32))
 
 
 class ImageBranch(nn.Module):
@@ -95,7 +184,8 @@ class ImageBranch(nn.Module):
             layers.append(conv_norm_act(c, c, g, stride=2))
         # Two convs at the output stride widen the receptive field (~35 px at stride 4) so a point
         # samples its object's appearance, not just its own pixel's colour.
-        layers += [conv_norm_act(c, c, g), conv_norm_act(c, c, g)]
+        # The last output is sampled by the painting, in fp32: it stays fp32.
+        layers += [conv_norm_act(c, c, g), conv_norm_act(c, c, g, out_fp32=True)]
         self.net = nn.Sequential(*layers)
 
     def forward(self, images: Tensor) -> Tensor:
@@ -546,7 +636,13 @@ class PillarEncoder(nn.Module):
             point_feats = self.mlp[1:](first)
         else:
             point_feats = self.mlp(torch.cat(feats, dim=1))  # [B*P, 9 + E] -> [B*P, C]
-        canvas = kernels.pillar_scatter_max(point_feats, cell, num_cells, check_indices=False)  # [B*H*W, C]
+        # Under autocast the canvas is written in the autocast dtype: the first convolution would cast it
+        # there anyway (the same values), so no full-precision canvas, cast, or gradient cast is made.
+        dev = points.device.type
+        canvas_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        canvas = kernels.pillar_scatter_max(
+            point_feats, cell, num_cells, check_indices=False, canvas_dtype=canvas_dtype
+        )  # [B*H*W, C]
         return self._as_image(canvas, b)
 
 
@@ -578,12 +674,13 @@ class BevBackbone(nn.Module):
                 f = stride // self.head_stride
                 up = nn.Sequential(
                     nn.ConvTranspose2d(c, p.up_channels, f, stride=f, bias=False),
-                    GroupNorm(g, p.up_channels),
-                    nn.ReLU(inplace=True),
+                    GroupNormReLU(g, p.up_channels, out_fp32=p.neck == "sum"),
                 )
             else:  # at or below the head stride: (strided) 1x1 / 3x3 conv down to it
                 f = self.head_stride // stride
-                up = conv_norm_act(c, p.up_channels, g, stride=f, kernel=1 if f == 1 else 3)
+                up = conv_norm_act(
+                    c, p.up_channels, g, stride=f, kernel=1 if f == 1 else 3, out_fp32=p.neck == "sum"
+                )
             self.ups.append(up)
             c_prev = c
         self.sum_neck = p.neck == "sum"

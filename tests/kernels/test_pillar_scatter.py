@@ -150,15 +150,38 @@ def test_opcheck() -> None:
     torch.manual_seed(2)
     features = torch.randn(30, 5, requires_grad=True)
     cell = torch.randint(-1, 8, (30,))
-    torch.library.opcheck(torch.ops.pfk.pillar_scatter_max.default, (features, cell, 8, True))
-    torch.library.opcheck(torch.ops.pfk.pillar_scatter_max.default, (features.detach(), cell, 8, False))
+    f32, bf16 = torch.float32, torch.bfloat16
+    torch.library.opcheck(torch.ops.pfk.pillar_scatter_max.default, (features, cell, 8, True, f32))
+    torch.library.opcheck(torch.ops.pfk.pillar_scatter_max.default, (features, cell, 8, True, bf16))
+    torch.library.opcheck(torch.ops.pfk.pillar_scatter_max.default, (features.detach(), cell, 8, False, f32))
     _, winner_cell, winner_point, winner_rows = torch.ops.pfk.pillar_scatter_max(
-        features.detach(), cell, 8, True
+        features.detach(), cell, 8, True, f32
     )
-    torch.library.opcheck(
-        torch.ops.pfk.pillar_scatter_max_backward.default,
-        (torch.randn(8, 5), winner_cell, winner_point, winner_rows),
-    )
+    for grad in (torch.randn(8, 5), torch.randn(8, 5).to(bf16)):
+        torch.library.opcheck(
+            torch.ops.pfk.pillar_scatter_max_backward.default,
+            (grad, winner_cell, winner_point, winner_rows, f32),
+        )
+
+
+def test_bf16_canvas_is_the_rounded_canvas_and_the_gradient_stays_in_the_features_dtype() -> None:
+    """canvas_dtype=bf16: the fp32 canvas rounded once (what a bf16-autocast conv makes of it); the
+    features' gradient is fp32 and equals the reference gradient of the (exactly representable) bf16
+    canvas gradient."""
+    torch.manual_seed(3)
+    features = torch.randn(200, 7, requires_grad=True)
+    cell = torch.randint(-1, 40, (200,))
+    canvas = pillar_scatter_max(features, cell, 40, canvas_dtype=torch.bfloat16)
+    expected = pillar_scatter_max_reference(features, cell, 40)
+    assert canvas.dtype == torch.bfloat16
+    assert torch.equal(canvas, expected.to(torch.bfloat16))
+    grad_out = torch.randn(40, 7).to(torch.bfloat16)
+    (actual,) = torch.autograd.grad(canvas, features, grad_out)
+    (reference,) = torch.autograd.grad(expected, features, grad_out.float())
+    assert actual.dtype == torch.float32
+    assert torch.equal(actual, reference)
+    with pytest.raises(ValueError, match="canvas_dtype"):
+        pillar_scatter_max(features, cell, 40, canvas_dtype=torch.int32)
 
 
 def test_validation_errors() -> None:
@@ -271,9 +294,11 @@ def test_triton_without_grad_skips_winner_and_drops_out_of_range() -> None:
 def _compact(features: torch.Tensor, cell: torch.Tensor, num_cells: int, grad_canvas: torch.Tensor):
     """(canvas, grad_features, winner table) through the compact path the op runs off CUDA."""
     canvas, winner_cell, winner_point, winner_rows = _pillar_scatter_max_compact(
-        features, cell, num_cells, True
+        features, cell, num_cells, True, features.dtype
     )
-    grad = _pillar_scatter_max_backward_compact(grad_canvas, winner_cell, winner_point, winner_rows)
+    grad = _pillar_scatter_max_backward_compact(
+        grad_canvas, winner_cell, winner_point, winner_rows, features.dtype
+    )
     return canvas, grad, (winner_cell, winner_point, int(winner_rows[0]))
 
 
@@ -360,4 +385,7 @@ def test_gpu_realistic_size_matches_reference_and_is_deterministic() -> None:
 def test_gpu_opcheck() -> None:
     features = torch.randn(500, 37, device="cuda", requires_grad=True)
     cell = torch.randint(-1, 50, (500,), device="cuda")
-    torch.library.opcheck(torch.ops.pfk.pillar_scatter_max.default, (features, cell, 50, True))
+    torch.library.opcheck(torch.ops.pfk.pillar_scatter_max.default, (features, cell, 50, True, torch.float32))
+    torch.library.opcheck(
+        torch.ops.pfk.pillar_scatter_max.default, (features, cell, 50, True, torch.bfloat16)
+    )
