@@ -89,29 +89,36 @@ class _GroupNormReLUFunction(torch.autograd.Function):
         out_fp32: bool,
     ) -> Tensor:
         b, c, h, w = x.shape
-        y, mean, rstd = torch.native_group_norm(x.float(), weight, bias, b, c, h * w, groups, eps)
+        xf = x.float()  # [B, C, H, W] fp32 channels-last (x itself when fp32); saved: the backward reads it
+        y, mean, rstd = torch.native_group_norm(xf, weight, bias, b, c, h * w, groups, eps)
         y = y.relu_()  # [B, C, H, W] fp32, channels-last
         out = y if out_fp32 or x.dtype == torch.float32 else y.to(x.dtype)
-        ctx.save_for_backward(x, out, mean, rstd, weight)  # mean, rstd [B, G]
-        ctx.groups = groups
+        ctx.save_for_backward(xf, out, mean, rstd, weight)  # mean, rstd [B, G]
+        ctx.groups, ctx.x_dtype = groups, x.dtype
         return out
 
     @staticmethod
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
-        x, out, mean, rstd, weight = ctx.saved_tensors
+        x, out, mean, rstd, weight = ctx.saved_tensors  # x: the input in fp32
         b, c, h, w = x.shape
         g = ctx.groups
         cg, hw = c // g, h * w
-        grad = torch.ops.aten.threshold_backward(grad_out, out, 0)  # [B, C, H, W]: grad_out or 0
         if hw < _OWN_GN_BACKWARD_MIN_PIXELS:
+            grad = torch.ops.aten.threshold_backward(grad_out, out, 0)  # [B, C, H, W]: grad_out or 0
             dx, dweight, dbias = torch.ops.aten.native_group_norm_backward(
-                grad.float(), x.float(), mean, rstd, weight, b, c, hw, g, [True, True, True]
+                grad.float(), x, mean, rstd, weight, b, c, hw, g, [True, True, True]
             )
-            return dx.to(x.dtype), dweight, dbias, None, None, None
-        gv = grad.permute(0, 2, 3, 1).reshape(b, hw, c).float()  # [B, HW, C] (a view of channels-last memory)
-        xv = x.permute(0, 2, 3, 1).reshape(b, hw, c)  # [B, HW, C], x's dtype (fp32 products below: exact)
+            return dx.to(ctx.x_dtype), dweight, dbias, None, None, None
+        # The ReLU mask and the widening to fp32 in one pass, written as [B, H, W, C]; grad_out may be a
+        # channel slice of a wider channels-last gradient (the neck's concat), read through its strides.
+        gv = torch.empty(b, h, w, c, dtype=torch.float32, device=x.device)
+        torch.ops.aten.threshold_backward.grad_input(
+            grad_out.permute(0, 2, 3, 1), out.permute(0, 2, 3, 1), 0, grad_input=gv
+        )
+        gv = gv.view(b, hw, c)  # [B, HW, C] fp32: grad_out where the output is > 0, else 0
+        xv = x.permute(0, 2, 3, 1).reshape(b, hw, c)  # [B, HW, C] fp32 (a view)
         db = gv.sum(1)  # [B, C] sum of g
         ds = (gv * xv).sum(1)  # [B, C] sum of g * x
         wg = weight.view(1, g, cg)
@@ -122,10 +129,9 @@ class _GroupNormReLUFunction(torch.autograd.Function):
         c3 = -c2 * mean - dbg * rstd * s  # [B, G]
         c1 = (rstd.view(b, g, 1) * wg).reshape(b, 1, c)  # [B, 1, C]
         dx = torch.addcmul(c3.repeat_interleave(cg, 1).view(b, 1, c), gv, c1)  # [B, HW, C] fp32
-        dx_out = torch.empty(b, hw, c, dtype=x.dtype, device=x.device)
-        torch.addcmul(dx, xv, c2.repeat_interleave(cg, 1).view(b, 1, c), out=dx_out)  # rounded once
+        dx = dx.addcmul_(xv, c2.repeat_interleave(cg, 1).view(b, 1, c)).to(ctx.x_dtype)  # rounded once
         dweight = ((ds.view(b, g, cg) - db.view(b, g, cg) * mean[..., None]) * rstd[..., None]).sum(0)
-        return dx_out.view(b, h, w, c).permute(0, 3, 1, 2), dweight.reshape(c), db.sum(0), None, None, None
+        return dx.view(b, h, w, c).permute(0, 3, 1, 2), dweight.reshape(c), db.sum(0), None, None, None
 
 
 class GroupNormReLU(nn.GroupNorm):
@@ -439,6 +445,44 @@ def sample_bilinear(features: Tensor, gx: Tensor, gy: Tensor, mask: Tensor) -> T
     return out.view(b, n, p, c)
 
 
+class _LinearLongK(torch.autograd.Function):
+    """`F.linear(x, weight)` (no bias) whose weight gradient is computed as `(x^T @ grad)^T`.
+
+    x [N, K], weight [C, K] -> [N, C]. For the pillar MLP's first layer N is every point (~90k), K ~ 10
+    and C = 32: autograd's `grad^T @ x` (a [32, N] column-major times [N, K] GEMM) runs ~5x slower in
+    MKL on CPU than the same product spelled `x^T @ grad` (5.6 vs 1.1 ms at N = 88k, 2 threads; docs/MODEL.md,
+    "Speed"). The same sums in another association: equal to float rounding.
+    """
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: Tensor, weight: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        return F.linear(x, weight)
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: Tensor
+    ) -> tuple[Tensor | None, Tensor | None]:
+        x, weight = ctx.saved_tensors
+        grad_x = grad.to(weight.dtype) @ weight if ctx.needs_input_grad[0] else None  # [N, K]
+        grad_w = torch.mm(x.t(), grad.to(x.dtype)).t() if ctx.needs_input_grad[1] else None  # [C, K]
+        return grad_x, grad_w
+
+
+def linear_long_k(x: Tensor, weight: Tensor) -> Tensor:
+    """x [N, K] @ weight [C, K]^T -> [N, C] (same dtype, no autocast: the caller disables it) with a fast
+    weight gradient for large N (`_LinearLongK`); plain `F.linear` under export, torch.compile, no-grad."""
+    if (
+        torch.is_grad_enabled()
+        and weight.requires_grad
+        and x.dtype == weight.dtype
+        and not torch.onnx.is_in_onnx_export()
+        and not torch.compiler.is_compiling()
+    ):
+        return _LinearLongK.apply(x, weight)
+    return F.linear(x, weight)
+
+
 def scatter_max_nonnegative(features: Tensor, row: Tensor, num_cells: int) -> Tensor:
     """canvas [num_cells, C]: per-cell max of features [N, C] (all >= 0); 0 for empty cells. Export only.
 
@@ -632,7 +676,7 @@ class PillarEncoder(nn.Module):
                 decorated = torch.cat([*feats, flag.reshape(b * p, 1)], dim=1).float()  # [B*P, 10]
                 w_geo = torch.cat([weight[:, :9], weight[:, -1:]], dim=1).float()  # [C, 10]
                 # linear + add_, not addmm: MKL's beta=1 path for this K=10 GEMM is ~2x slower (CPU).
-                first = F.linear(decorated, w_geo).add_(rows.reshape(b * p, -1))  # [B*P, C] float32
+                first = linear_long_k(decorated, w_geo).add_(rows.reshape(b * p, -1))  # [B*P, C] float32
             point_feats = self.mlp[1:](first)
         else:
             point_feats = self.mlp(torch.cat(feats, dim=1))  # [B*P, 9 + E] -> [B*P, C]

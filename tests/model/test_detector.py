@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pfactory.model.detector import (
     Conv1x1,
     GroupNormReLU,
     build_model,
+    linear_long_k,
     paint_points,
     paint_points_projected,
     sample_bilinear,
@@ -175,6 +177,23 @@ def test_group_norm_relu_is_relu_of_fp32_group_norm_forward_and_backward(
         assert grads[0].dtype == x.dtype
         for a, e in zip(grads[1:], grads_ref[1:]):
             torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-5)
+
+
+def test_linear_long_k_is_linear_forward_and_backward() -> None:
+    """The pillar MLP's first layer: F.linear's values and gradients (x and weight), and plain F.linear
+    (no autograd node of its own) without grad."""
+    torch.manual_seed(0)
+    x = torch.randn(5000, 10, requires_grad=True)
+    w = torch.randn(32, 10, requires_grad=True)
+    g = torch.randn(5000, 32)
+    y, y_ref = linear_long_k(x, w), F.linear(x, w)
+    torch.testing.assert_close(y, y_ref, atol=0, rtol=0)
+    grads = torch.autograd.grad(y, [x, w], g)
+    grads_ref = torch.autograd.grad(y_ref, [x, w], g)
+    for a, e in zip(grads, grads_ref):
+        torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-5)
+    with torch.no_grad():
+        assert linear_long_k(x, w).grad_fn is None
 
 
 def test_painting_projects_in_fp32_under_bf16_autocast() -> None:
