@@ -411,14 +411,17 @@ def pillar_scatter_max(
     require(
         n < 2**31 and num_cells < 2**31, _OP, lambda: f"N ({n}) and num_cells ({num_cells}) must be < 2**31"
     )
+    require(
+        canvas_dtype is None or canvas_dtype in FLOAT_DTYPES,
+        _OP,
+        f"canvas_dtype must be a float dtype or None, got {canvas_dtype}",
+    )
     if check_indices and checks_enabled():
         require_range(cell_index, _OP, "cell_index", -1, num_cells)
     if torch.onnx.is_in_onnx_export():
         # Export traces the reference: ScatterElements(max) + Where, runnable without plugins.
         return pillar_scatter_max_reference(features, cell_index, num_cells)
     with_winner = torch.is_grad_enabled() and features.requires_grad  # the mask is only for backward
-    if canvas_dtype is not None:
-        require(canvas_dtype in FLOAT_DTYPES, _OP, f"canvas_dtype must be a float dtype, got {canvas_dtype}")
     canvas, *_winner_table = _pillar_scatter_max_op(
         features.contiguous(), cell_index.contiguous(), num_cells, with_winner, canvas_dtype or features.dtype
     )

@@ -464,8 +464,8 @@ class _LinearLongK(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, grad: Tensor
     ) -> tuple[Tensor | None, Tensor | None]:
         x, weight = ctx.saved_tensors
-        grad_x = grad.to(weight.dtype) @ weight if ctx.needs_input_grad[0] else None  # [N, K]
-        grad_w = torch.mm(x.t(), grad.to(x.dtype)).t() if ctx.needs_input_grad[1] else None  # [C, K]
+        grad_x = grad @ weight if ctx.needs_input_grad[0] else None  # [N, K]
+        grad_w = torch.mm(x.t(), grad).t() if ctx.needs_input_grad[1] else None  # [C, K]
         return grad_x, grad_w
 
 
@@ -702,6 +702,7 @@ class BevBackbone(nn.Module):
         self.grid = p.grid  # (H, W) of the pillar grid
         # The space-to-depth stem hands over the canvas at stride 2 already ([B, 4*C0, H/2, W/2]).
         self.input_stride = 2 if p.bev_stem == "space_to_depth" else 1
+        self.sum_neck = p.neck == "sum"  # the ups are summed in fp32, not concatenated for a conv
         self.stages = nn.ModuleList()
         self.ups = nn.ModuleList()
         c_prev = p.point_channels * self.input_stride**2
@@ -718,16 +719,15 @@ class BevBackbone(nn.Module):
                 f = stride // self.head_stride
                 up = nn.Sequential(
                     nn.ConvTranspose2d(c, p.up_channels, f, stride=f, bias=False),
-                    GroupNormReLU(g, p.up_channels, out_fp32=p.neck == "sum"),
+                    GroupNormReLU(g, p.up_channels, out_fp32=self.sum_neck),
                 )
             else:  # at or below the head stride: (strided) 1x1 / 3x3 conv down to it
                 f = self.head_stride // stride
                 up = conv_norm_act(
-                    c, p.up_channels, g, stride=f, kernel=1 if f == 1 else 3, out_fp32=p.neck == "sum"
+                    c, p.up_channels, g, stride=f, kernel=1 if f == 1 else 3, out_fp32=self.sum_neck
                 )
             self.ups.append(up)
             c_prev = c
-        self.sum_neck = p.neck == "sum"
         self.out_channels = p.up_channels * (1 if self.sum_neck else len(self.stages))
 
     def forward(self, canvas: Tensor) -> Tensor:
