@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from kernels import native
 from kernels._checks import (
     FLOAT_DTYPES,
     describe,
@@ -220,6 +221,8 @@ def _pillar_scatter_max_compact(
     The winner's `amin` runs on float32 candidates when they are exact (2N <= 2**24) and no max is NaN:
     the same winners bit for bit, fwd+bwd at N = 90k, 2 threads 28.2 -> 20.5 ms (docs/KERNELS.md).
     """
+    if native.scatter_max_supported(features, cell_index):  # the same values in one C pass
+        return native.scatter_max_forward(features, cell_index, num_cells, with_winner, canvas_dtype)
     n, c = features.shape
     device = features.device
     row, occupied, m = _compact_rows(cell_index, num_cells)  # [N], [M]
@@ -269,6 +272,8 @@ def _pillar_scatter_max_backward_compact(
     Touches M x C elements (occupied cells), not N x C: one gather, one scatter into zeros. Each
     (point, channel) wins at most one cell, so the scatter has no duplicate targets: deterministic.
     """
+    if native.scatter_max_backward_supported(grad_canvas, winner_point, grad_dtype):
+        return native.scatter_max_backward(grad_canvas, winner_cell, winner_point, winner_rows, grad_dtype)
     n, c = winner_point.shape
     m = int(winner_rows[0])
     grad_features = grad_canvas.new_zeros(n, c, dtype=grad_dtype)  # [N, C]

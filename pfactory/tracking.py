@@ -88,6 +88,7 @@ def configure_environment(root: str | Path | None = None) -> Path:
         "DASK_TEMPORARY_DIRECTORY": str(state / "dask"),
         "TRITON_CACHE_DIR": str(state / "triton"),
         "TORCHINDUCTOR_CACHE_DIR": str(state / "inductor"),
+        "PFK_NATIVE_CACHE_DIR": str(state / "native"),  # the C kernels' builds (kernels/native.py)
         "MPLCONFIGDIR": str(state / "matplotlib"),
     }
     for key, value in defaults.items():

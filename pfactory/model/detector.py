@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import kernels
+from kernels import native
 from pfactory.model.decode import decode
 from pfactory.model.params import ModelParams
 
@@ -89,19 +90,30 @@ class _GroupNormReLUFunction(torch.autograd.Function):
         out_fp32: bool,
     ) -> Tensor:
         b, c, h, w = x.shape
+        out_dtype = torch.float32 if out_fp32 else x.dtype
+        ctx.groups, ctx.x_dtype = groups, x.dtype
+        ctx.native = native.supports(x, groups)
+        if ctx.native:  # one C pass each way, reading x in its own dtype (kernels/native.py)
+            out, mean, rstd = native.group_norm_relu_forward(x, weight, bias, groups, eps, out_dtype)
+            ctx.save_for_backward(x, out, mean, rstd, weight)
+            return out
         xf = x.float()  # [B, C, H, W] fp32 channels-last (x itself when fp32); saved: the backward reads it
         y, mean, rstd = torch.native_group_norm(xf, weight, bias, b, c, h * w, groups, eps)
         y = y.relu_()  # [B, C, H, W] fp32, channels-last
         out = y if out_fp32 or x.dtype == torch.float32 else y.to(x.dtype)
         ctx.save_for_backward(xf, out, mean, rstd, weight)  # mean, rstd [B, G]
-        ctx.groups, ctx.x_dtype = groups, x.dtype
         return out
 
     @staticmethod
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
-        x, out, mean, rstd, weight = ctx.saved_tensors  # x: the input in fp32
+        x, out, mean, rstd, weight = ctx.saved_tensors  # x: the input (in fp32 off the native path)
+        if ctx.native:
+            dx, dweight, dbias = native.group_norm_relu_backward(
+                grad_out, out, x, mean, rstd, weight, ctx.groups
+            )
+            return dx, dweight, dbias, None, None, None
         b, c, h, w = x.shape
         g = ctx.groups
         cg, hw = c // g, h * w

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kernels import native
 from pfactory import artifacts as af
 from pfactory.artifacts import kpi_scalars
 from pfactory.fsutil import atomic_write_json
@@ -402,9 +403,7 @@ def finish(
     """Write model.pt, model_config.json, curves, metrics; log them; return the summary."""
     paths = save_model(out, model, info.image_size, info.cameras)
     atomic_write_json(out / af.CURVES, curves)
-    atomic_write_json(
-        out / af.VAL_CURVES, [{k: v for k, v in r.items() if k != "kpis"} for r in val_curves]
-    )
+    atomic_write_json(out / af.VAL_CURVES, [{k: v for k, v in r.items() if k != "kpis"} for r in val_curves])
     final = val_curves[-1] if val_curves else {}
     steps = len(curves)
     step_time = sum(timer.totals.get(k, 0.0) for k in ("data", "targets", "forward", "backward", "optimizer"))
@@ -420,6 +419,8 @@ def finish(
         "world_size": rt.world_size,
         "device": str(rt.device),
         "precision": "bf16 autocast" if use_bf16(tp.bf16, rt.device) else "fp32",
+        # the C kernels (GroupNorm + ReLU, scatter-max) or why the slower PyTorch ops ran (kernels/native.py)
+        "cpu_kernels": native.status() if rt.device.type == "cpu" else None,
         "timings_s": {k: round(v, 3) for k, v in timer.totals.items()},
         "val": final.get("kpis"),
         "mlflow_run_id": tracker.run_id,

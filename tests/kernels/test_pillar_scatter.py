@@ -17,6 +17,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernels import (  # noqa: E402
+    native,
     pillar_scatter,
     pillar_scatter_argmax_reference,
     pillar_scatter_max,
@@ -30,6 +31,18 @@ from kernels.pillar_scatter import (  # noqa: E402
     _pillar_scatter_max_compact,
     _winner_from_argmax,
 )
+
+
+@pytest.fixture(autouse=True, params=["native", "torch-ops"])
+def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice on CPU: the C kernels (kernels/native.py) and the PyTorch compact path."""
+    if request.param == "native" and not native.available():
+        pytest.skip(f"native CPU kernels: {native.status()}")
+    if request.param == "torch-ops":
+        monkeypatch.setattr(native, "scatter_max_supported", lambda *a: False)
+        monkeypatch.setattr(native, "scatter_max_backward_supported", lambda *a: False)
+    return request.param
+
 
 PC_RANGE = (0.0, -4.0, -3.0, 8.0, 4.0, 1.0)  # x in [0, 8), y in [-4, 4), z in [-3, 1)
 CELL = (0.5, 1.0)  # dx, dy

@@ -1,0 +1,316 @@
+/* perception-factory native CPU kernels (kernels/native.py builds and loads this file; docs/KERNELS.md).
+ *
+ * GroupNorm + ReLU, forward and backward, on channels-last activations: a [B, C, H, W] tensor in
+ * channels-last memory is [B, HW, C] rows, one row of C contiguous channels per pixel. Inputs and
+ * outputs are float32 or bfloat16 (dtype code 0 = float32, 1 = bfloat16); statistics, sums and the
+ * arithmetic are float32 per element with float64 accumulators. The reference is PyTorch's
+ * relu(group_norm(x.float())) and its autograd (tests/kernels/test_native.py).
+ *
+ * Work is split into B x T items (T = threads, the pixels of a sample cut into T chunks) whose partial
+ * sums are reduced in a fixed order, so results are bitwise reproducible for a given thread count.
+ * OpenMP: the process's libgomp (PyTorch's, already loaded, same soname), so no second thread pool.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_C 1024
+
+static inline float bf16_to_f32(uint16_t v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round to nearest even, as c10::BFloat16; NaN stays a (quiet) NaN. */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline void load_row(const void *base, int dt, int64_t offset, int64_t c, float *restrict dst) {
+    if (dt == 0) {
+        memcpy(dst, (const float *)base + offset, (size_t)c * sizeof(float));
+    } else {
+        const uint16_t *src = (const uint16_t *)base + offset;
+        for (int64_t i = 0; i < c; ++i) dst[i] = bf16_to_f32(src[i]);
+    }
+}
+
+static inline void store_row(void *base, int dt, int64_t offset, int64_t c, const float *restrict src) {
+    if (dt == 0) {
+        memcpy((float *)base + offset, src, (size_t)c * sizeof(float));
+    } else {
+        uint16_t *dst = (uint16_t *)base + offset;
+        for (int64_t i = 0; i < c; ++i) dst[i] = f32_to_bf16(src[i]);
+    }
+}
+
+static inline void chunk(int64_t hw, int64_t t, int64_t nt, int64_t *p0, int64_t *p1) {
+    *p0 = hw * t / nt;
+    *p1 = hw * (t + 1) / nt;
+}
+
+/* out = relu(group_norm(x)): x rows at x + b*xsb + p*xsp (elements), out contiguous [B, HW, C].
+ * mean, rstd [B, G] float32 are written (saved for the backward). Returns 0, or 1 on bad sizes. */
+int pfk_group_norm_relu_fwd(const void *x, int xdt, int64_t xsb, int64_t xsp, void *out, int odt,
+                            const float *weight, const float *bias, float *mean, float *rstd, int64_t B,
+                            int64_t HW, int64_t C, int64_t G, float eps, int nthreads) {
+    if (C > MAX_C || C % G || B <= 0 || HW <= 0 || nthreads <= 0) return 1;
+    const int64_t nt = HW >= 1024 ? nthreads : 1;
+    const int64_t items = B * nt, cg = C / G;
+    double *part = (double *)calloc((size_t)(items * 2 * C), sizeof(double));
+    float *scale = (float *)malloc((size_t)(B * 2 * C) * sizeof(float));
+    if (!part || !scale) {
+        free(part);
+        free(scale);
+        return 2;
+    }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+        const int64_t b = it / nt;
+        int64_t p0, p1;
+        chunk(HW, it % nt, nt, &p0, &p1);
+        double *restrict s = part + it * 2 * C, *restrict ss = s + C;
+        float row[MAX_C];
+        for (int64_t p = p0; p < p1; ++p) {
+            load_row(x, xdt, b * xsb + p * xsp, C, row);
+            for (int64_t c = 0; c < C; ++c) {
+                s[c] += row[c];
+                ss[c] += (double)row[c] * row[c];
+            }
+        }
+    }
+    for (int64_t b = 0; b < B; ++b) {
+        for (int64_t g = 0; g < G; ++g) {
+            double s = 0.0, ss = 0.0;
+            for (int64_t t = 0; t < nt; ++t) {
+                const double *ps = part + (b * nt + t) * 2 * C;
+                for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+                    s += ps[c];
+                    ss += ps[C + c];
+                }
+            }
+            const double n = (double)(cg * HW);
+            const double m = s / n;
+            double var = ss / n - m * m;
+            if (var < 0.0) var = 0.0;
+            const float r = (float)(1.0 / sqrt(var + (double)eps));
+            mean[b * G + g] = (float)m;
+            rstd[b * G + g] = r;
+            for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+                const float a = r * weight[c];
+                scale[b * 2 * C + c] = a;
+                scale[b * 2 * C + C + c] = bias[c] - (float)m * a;
+            }
+        }
+    }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+        const int64_t b = it / nt;
+        int64_t p0, p1;
+        chunk(HW, it % nt, nt, &p0, &p1);
+        const float *a = scale + b * 2 * C, *d = a + C;
+        float row[MAX_C];
+        for (int64_t p = p0; p < p1; ++p) {
+            load_row(x, xdt, b * xsb + p * xsp, C, row);
+            for (int64_t c = 0; c < C; ++c) {
+                const float y = row[c] * a[c] + d[c];
+                row[c] = y > 0.0f ? y : 0.0f;
+            }
+            store_row(out, odt, (b * HW + p) * C, C, row);
+        }
+    }
+    free(part);
+    free(scale);
+    return 0;
+}
+
+/* Backward of out = relu(group_norm(x)). grad rows at grad + b*gsb + p*gsp (a channel slice of a wider
+ * gradient is fine); out and x contiguous [B, HW, C]; dx contiguous [B, HW, C] in dxdt; dweight, dbias
+ * [C] float32 are written. The ReLU passes the gradient where out > 0. The GroupNorm part is ATen's
+ * formula: dx = c1 * g + c2 * x + c3 with per-(sample, group) c2, c3. Returns 0, or 1 on bad sizes. */
+int pfk_group_norm_relu_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp, const void *out, int odt,
+                            const void *x, int xdt, const float *mean, const float *rstd,
+                            const float *weight, void *dx, int dxdt, float *dweight, float *dbias, int64_t B,
+                            int64_t HW, int64_t C, int64_t G, int nthreads) {
+    if (C > MAX_C || C % G || B <= 0 || HW <= 0 || nthreads <= 0) return 1;
+    const int64_t nt = HW >= 1024 ? nthreads : 1;
+    const int64_t items = B * nt, cg = C / G;
+    double *part = (double *)calloc((size_t)(items * 2 * C), sizeof(double));
+    float *coef = (float *)malloc((size_t)(B * 3 * C) * sizeof(float));
+    double *sums = (double *)calloc((size_t)(B * 2 * C), sizeof(double));
+    if (!part || !coef || !sums) {
+        free(part);
+        free(coef);
+        free(sums);
+        return 2;
+    }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+        const int64_t b = it / nt;
+        int64_t p0, p1;
+        chunk(HW, it % nt, nt, &p0, &p1);
+        double *restrict db = part + it * 2 * C, *restrict ds = db + C;
+        float gr[MAX_C], o[MAX_C], xr[MAX_C];
+        for (int64_t p = p0; p < p1; ++p) {
+            load_row(grad, gdt, b * gsb + p * gsp, C, gr);
+            load_row(out, odt, (b * HW + p) * C, C, o);
+            load_row(x, xdt, (b * HW + p) * C, C, xr);
+            for (int64_t c = 0; c < C; ++c) gr[c] = o[c] > 0.0f ? gr[c] : 0.0f;  /* the ReLU's mask */
+            for (int64_t c = 0; c < C; ++c) {
+                db[c] += gr[c];
+                ds[c] += (double)gr[c] * xr[c];
+            }
+        }
+    }
+    const double inv_n = 1.0 / (double)(cg * HW);
+    for (int64_t b = 0; b < B; ++b) {
+        double *db = sums + b * 2 * C, *ds = db + C;
+        for (int64_t t = 0; t < nt; ++t) {
+            const double *pp = part + (b * nt + t) * 2 * C;
+            for (int64_t c = 0; c < 2 * C; ++c) db[c] += pp[c];
+        }
+        for (int64_t g = 0; g < G; ++g) {
+            const double m = mean[b * G + g], r = rstd[b * G + g];
+            double dsg = 0.0, dbg = 0.0;
+            for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+                dsg += ds[c] * weight[c];
+                dbg += db[c] * weight[c];
+            }
+            const double c2 = (dbg * m - dsg) * r * r * r * inv_n;
+            const double c3 = -c2 * m - dbg * r * inv_n;
+            for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+                coef[b * 3 * C + c] = (float)(r * weight[c]);
+                coef[b * 3 * C + C + c] = (float)c2;
+                coef[b * 3 * C + 2 * C + c] = (float)c3;
+            }
+        }
+    }
+    for (int64_t c = 0; c < C; ++c) {
+        double dw = 0.0, dbs = 0.0;
+        for (int64_t b = 0; b < B; ++b) {
+            const double db = sums[b * 2 * C + c], ds = sums[b * 2 * C + C + c];
+            const int64_t g = c / cg;
+            dw += (ds - db * mean[b * G + g]) * rstd[b * G + g];
+            dbs += db;
+        }
+        dweight[c] = (float)dw;
+        dbias[c] = (float)dbs;
+    }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+        const int64_t b = it / nt;
+        int64_t p0, p1;
+        chunk(HW, it % nt, nt, &p0, &p1);
+        const float *c1 = coef + b * 3 * C, *c2 = c1 + C, *c3 = c2 + C;
+        float gr[MAX_C], o[MAX_C], xr[MAX_C];
+        for (int64_t p = p0; p < p1; ++p) {
+            load_row(grad, gdt, b * gsb + p * gsp, C, gr);
+            load_row(out, odt, (b * HW + p) * C, C, o);
+            load_row(x, xdt, (b * HW + p) * C, C, xr);
+            for (int64_t c = 0; c < C; ++c) {
+                const float gm = o[c] > 0.0f ? gr[c] : 0.0f;
+                xr[c] = c1[c] * gm + c2[c] * xr[c] + c3[c];
+            }
+            store_row(dx, dxdt, (b * HW + p) * C, C, xr);
+        }
+    }
+    free(part);
+    free(coef);
+    free(sums);
+    return 0;
+}
+
+/* Pillar scatter-max, forward (kernels/pillar_scatter.py, `_pillar_scatter_max_compact` is the spec):
+ * features [N, C] float32 contiguous, cell [N] int64 (outside [0, num_cells): dropped) ->
+ * canvas [num_cells, C] (cdt: float32 or bfloat16, the maxima rounded once; 0 for an empty cell),
+ * and when with_winner: winner_cell [N] int64 (rows 0..M-1: the occupied cells in increasing order,
+ * then -1), winner_point [N, C] int32 (per occupied row and channel the lowest point index holding the
+ * max, then -1). NaN counts as the largest value (the lowest-index NaN point wins), as torch's amax.
+ * rank [num_cells] int32 is scratch. Returns M (>= 0), or -1 on bad sizes. */
+int64_t pfk_scatter_max_fwd(const float *feat, const int64_t *cell, int64_t N, int64_t C, int64_t num_cells,
+                            void *canvas, int cdt, int with_winner, int64_t *winner_cell,
+                            int32_t *winner_point, int32_t *rank, float *seg, int nthreads) {
+    if (C > MAX_C || N < 0 || num_cells < 0) return -1;
+    for (int64_t k = 0; k < num_cells; ++k) rank[k] = -1;
+    for (int64_t n = 0; n < N; ++n) {
+        const int64_t k = cell[n];
+        if (k >= 0 && k < num_cells) rank[k] = 0;
+    }
+    int64_t M = 0;
+    for (int64_t k = 0; k < num_cells; ++k) {
+        if (rank[k] == 0) {
+            if (with_winner) winner_cell[M] = k;
+            rank[k] = (int32_t)M++;
+        }
+    }
+    int32_t *win = winner_point; /* [M, C] rows of the winner table (with_winner), else scratch below */
+    int32_t *own = NULL;
+    if (!with_winner) {
+        own = (int32_t *)malloc((size_t)(M * C + 1) * sizeof(int32_t));
+        if (!own) return -1;
+        win = own;
+    }
+    for (int64_t i = 0; i < M * C; ++i) win[i] = -1;
+    for (int64_t n = 0; n < N; ++n) {
+        const int64_t k = cell[n];
+        if (k < 0 || k >= num_cells) continue;
+        const int64_t r = rank[k];
+        float *restrict s = seg + r * C;
+        int32_t *restrict w = win + r * C;
+        const float *restrict f = feat + n * C;
+        for (int64_t c = 0; c < C; ++c) {
+            const float v = f[c], cur = s[c];
+            const int take = (w[c] < 0) | (v > cur) | ((v != v) & (cur == cur));
+            s[c] = take ? v : cur;
+            w[c] = take ? (int32_t)n : w[c];
+        }
+    }
+    free(own);
+    const size_t esize = cdt == 0 ? 4 : 2;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t k = 0; k < num_cells; ++k) {
+        const int64_t r = rank[k];
+        if (r < 0)
+            memset((char *)canvas + (size_t)k * C * esize, 0, (size_t)C * esize);
+        else
+            store_row(canvas, cdt, k * C, C, seg + r * C);
+    }
+    if (with_winner) {
+        for (int64_t i = M; i < N; ++i) winner_cell[i] = -1;
+        for (int64_t i = M * C; i < N * C; ++i) winner_point[i] = -1;
+    }
+    return M;
+}
+
+/* Pillar scatter-max, backward: grad_features [N, C] (gdt float32 or bfloat16) = 0, then for each occupied
+ * row m < M and channel c, grad_features[winner_point[m, c], c] = grad_canvas[winner_cell[m], c], where
+ * grad_canvas rows are at grad_canvas + cell * row_stride (elements; channels contiguous, cgdt). Each
+ * (point, channel) wins at most one cell: no write conflicts. Returns 0, or 1 on bad sizes. */
+int pfk_scatter_max_bwd(const void *grad_canvas, int cgdt, int64_t row_stride, const int64_t *winner_cell,
+                        const int32_t *winner_point, int64_t M, int64_t N, int64_t C, void *grad_features,
+                        int gdt, int nthreads) {
+    if (C > MAX_C || M < 0 || M > N) return 1;
+    const size_t esize = gdt == 0 ? 4 : 2;
+    memset(grad_features, 0, (size_t)(N * C) * esize);
+    float row[MAX_C];
+    for (int64_t m = 0; m < M; ++m) {
+        load_row(grad_canvas, cgdt, winner_cell[m] * row_stride, C, row);
+        const int32_t *w = winner_point + m * C;
+        if (gdt == 0) {
+            float *g = (float *)grad_features;
+            for (int64_t c = 0; c < C; ++c) g[(int64_t)w[c] * C + c] = row[c];
+        } else {
+            uint16_t *g = (uint16_t *)grad_features;
+            for (int64_t c = 0; c < C; ++c) g[(int64_t)w[c] * C + c] = f32_to_bf16(row[c]);
+        }
+    }
+    (void)nthreads;
+    return 0;
+}
