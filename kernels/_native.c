@@ -100,13 +100,13 @@ int pfk_group_norm_relu_fwd(const void *x, int xdt, int64_t xsb, int64_t xsp, vo
             const double m = s / n;
             double var = ss / n - m * m;
             if (var < 0.0) var = 0.0;
-            const float r = (float)(1.0 / sqrt(var + (double)eps));
-            mean[b * G + g] = (float)m;
+            const float r = (float)(1.0 / sqrt(var + (double)eps)), mf = (float)m;
+            mean[b * G + g] = mf;
             rstd[b * G + g] = r;
-            for (int64_t c = g * cg; c < (g + 1) * cg; ++c) {
+            for (int64_t c = g * cg; c < (g + 1) * cg; ++c) { /* the backward recomputes these two */
                 const float a = r * weight[c];
                 scale[b * 2 * C + c] = a;
-                scale[b * 2 * C + C + c] = bias[c] - (float)m * a;
+                scale[b * 2 * C + C + c] = bias[c] - mf * a;
             }
         }
     }
@@ -132,24 +132,36 @@ int pfk_group_norm_relu_fwd(const void *x, int xdt, int64_t xsb, int64_t xsp, vo
 }
 
 /* Backward of out = relu(group_norm(x)). grad rows at grad + b*gsb + p*gsp (a channel slice of a wider
- * gradient is fine); out and x contiguous [B, HW, C]; dx contiguous [B, HW, C] in dxdt; dweight, dbias
- * [C] float32 are written. The ReLU passes the gradient where out > 0. The GroupNorm part is ATen's
- * formula: dx = c1 * g + c2 * x + c3 with per-(sample, group) c2, c3. Returns 0, or 1 on bad sizes. */
-int pfk_group_norm_relu_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp, const void *out, int odt,
-                            const void *x, int xdt, const float *mean, const float *rstd,
-                            const float *weight, void *dx, int dxdt, float *dweight, float *dbias, int64_t B,
-                            int64_t HW, int64_t C, int64_t G, int nthreads) {
+ * gradient is fine); x contiguous [B, HW, C]; dx contiguous [B, HW, C] in dxdt; dweight, dbias [C]
+ * float32 are written. The ReLU passes the gradient where the forward's pre-activation x * a + d was > 0,
+ * recomputed from x with the forward's own a, d (the same float operations: the same signs), so `out`
+ * is not read: two arrays per pass instead of three. The GroupNorm part is ATen's formula:
+ * dx = c1 * g + c2 * x + c3 with per-(sample, group) c2, c3. Returns 0, or 1 on bad sizes. */
+int pfk_group_norm_relu_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp, const void *x, int xdt,
+                            const float *mean, const float *rstd, const float *weight, const float *bias,
+                            void *dx, int dxdt, float *dweight, float *dbias, int64_t B, int64_t HW, int64_t C,
+                            int64_t G, int nthreads) {
     if (C > MAX_C || C % G || B <= 0 || HW <= 0 || nthreads <= 0) return 1;
     const int64_t nt = HW >= 1024 ? nthreads : 1;
     const int64_t items = B * nt, cg = C / G;
     double *part = (double *)calloc((size_t)(items * 2 * C), sizeof(double));
     float *coef = (float *)malloc((size_t)(B * 3 * C) * sizeof(float));
     double *sums = (double *)calloc((size_t)(B * 2 * C), sizeof(double));
-    if (!part || !coef || !sums) {
+    float *scale = (float *)malloc((size_t)(B * 2 * C) * sizeof(float));
+    if (!part || !coef || !sums || !scale) {
         free(part);
         free(coef);
         free(sums);
+        free(scale);
         return 2;
+    }
+    for (int64_t b = 0; b < B; ++b) {
+        for (int64_t c = 0; c < C; ++c) { /* the forward's a, d: the same operations on the same floats */
+            const float r = rstd[b * G + c / cg], m = mean[b * G + c / cg];
+            const float a = r * weight[c];
+            scale[b * 2 * C + c] = a;
+            scale[b * 2 * C + C + c] = bias[c] - m * a;
+        }
     }
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t it = 0; it < items; ++it) {
@@ -157,12 +169,12 @@ int pfk_group_norm_relu_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp,
         int64_t p0, p1;
         chunk(HW, it % nt, nt, &p0, &p1);
         double *restrict db = part + it * 2 * C, *restrict ds = db + C;
-        float gr[MAX_C], o[MAX_C], xr[MAX_C];
+        const float *restrict a = scale + b * 2 * C, *restrict d = a + C;
+        float gr[MAX_C], xr[MAX_C];
         for (int64_t p = p0; p < p1; ++p) {
             load_row(grad, gdt, b * gsb + p * gsp, C, gr);
-            load_row(out, odt, (b * HW + p) * C, C, o);
             load_row(x, xdt, (b * HW + p) * C, C, xr);
-            for (int64_t c = 0; c < C; ++c) gr[c] = o[c] > 0.0f ? gr[c] : 0.0f;  /* the ReLU's mask */
+            for (int64_t c = 0; c < C; ++c) gr[c] = xr[c] * a[c] + d[c] > 0.0f ? gr[c] : 0.0f; /* ReLU mask */
             for (int64_t c = 0; c < C; ++c) {
                 db[c] += gr[c];
                 ds[c] += (double)gr[c] * xr[c];
@@ -209,13 +221,13 @@ int pfk_group_norm_relu_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp,
         int64_t p0, p1;
         chunk(HW, it % nt, nt, &p0, &p1);
         const float *c1 = coef + b * 3 * C, *c2 = c1 + C, *c3 = c2 + C;
-        float gr[MAX_C], o[MAX_C], xr[MAX_C];
+        const float *restrict a = scale + b * 2 * C, *restrict d = a + C;
+        float gr[MAX_C], xr[MAX_C];
         for (int64_t p = p0; p < p1; ++p) {
             load_row(grad, gdt, b * gsb + p * gsp, C, gr);
-            load_row(out, odt, (b * HW + p) * C, C, o);
             load_row(x, xdt, (b * HW + p) * C, C, xr);
             for (int64_t c = 0; c < C; ++c) {
-                const float gm = o[c] > 0.0f ? gr[c] : 0.0f;
+                const float gm = xr[c] * a[c] + d[c] > 0.0f ? gr[c] : 0.0f;
                 xr[c] = c1[c] * gm + c2[c] * xr[c] + c3[c];
             }
             store_row(dx, dxdt, (b * HW + p) * C, C, xr);
@@ -224,6 +236,7 @@ int pfk_group_norm_relu_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp,
     free(part);
     free(coef);
     free(sums);
+    free(scale);
     return 0;
 }
 
@@ -234,10 +247,11 @@ int pfk_group_norm_relu_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp,
  * then -1), winner_point [N, C] int32 (per occupied row and channel the lowest point index holding the
  * max, then -1). NaN counts as the largest value (the lowest-index NaN point wins), as torch's amax.
  * rank [num_cells] int32 is scratch. Returns M (>= 0), or -1 on bad sizes. */
-int64_t pfk_scatter_max_fwd(const float *feat, const int64_t *cell, int64_t N, int64_t C, int64_t num_cells,
-                            void *canvas, int cdt, int with_winner, int64_t *winner_cell,
-                            int32_t *winner_point, int32_t *rank, float *seg, int nthreads) {
-    if (C > MAX_C || N < 0 || num_cells < 0) return -1;
+/* The compact scatter-max shared by the kernels below: rank [num_cells] (scratch) gets each occupied
+ * cell's row (cells in increasing order), occupied [M] (when not NULL) the cell of each row, seg [M, C]
+ * the maxima and win [M, C] the lowest point index holding each (NaN the largest). Returns M. */
+static int64_t scatter_compact(const float *feat, const int64_t *cell, int64_t N, int64_t C, int64_t num_cells,
+                               int32_t *rank, float *seg, int32_t *win, int64_t *occupied) {
     for (int64_t k = 0; k < num_cells; ++k) rank[k] = -1;
     for (int64_t n = 0; n < N; ++n) {
         const int64_t k = cell[n];
@@ -246,16 +260,9 @@ int64_t pfk_scatter_max_fwd(const float *feat, const int64_t *cell, int64_t N, i
     int64_t M = 0;
     for (int64_t k = 0; k < num_cells; ++k) {
         if (rank[k] == 0) {
-            if (with_winner) winner_cell[M] = k;
+            if (occupied) occupied[M] = k;
             rank[k] = (int32_t)M++;
         }
-    }
-    int32_t *win = winner_point; /* [M, C] rows of the winner table (with_winner), else scratch below */
-    int32_t *own = NULL;
-    if (!with_winner) {
-        own = (int32_t *)malloc((size_t)(M * C + 1) * sizeof(int32_t));
-        if (!own) return -1;
-        win = own;
     }
     for (int64_t i = 0; i < M * C; ++i) win[i] = -1;
     for (int64_t n = 0; n < N; ++n) {
@@ -272,6 +279,21 @@ int64_t pfk_scatter_max_fwd(const float *feat, const int64_t *cell, int64_t N, i
             w[c] = take ? (int32_t)n : w[c];
         }
     }
+    return M;
+}
+
+int64_t pfk_scatter_max_fwd(const float *feat, const int64_t *cell, int64_t N, int64_t C, int64_t num_cells,
+                            void *canvas, int cdt, int with_winner, int64_t *winner_cell,
+                            int32_t *winner_point, int32_t *rank, float *seg, int nthreads) {
+    if (C > MAX_C || N < 0 || num_cells < 0) return -1;
+    int32_t *win = winner_point; /* [M, C] rows of the winner table (with_winner), else scratch */
+    int32_t *own = NULL;
+    if (!with_winner) {
+        own = (int32_t *)malloc((size_t)(N * C + 1) * sizeof(int32_t));
+        if (!own) return -1;
+        win = own;
+    }
+    const int64_t M = scatter_compact(feat, cell, N, C, num_cells, rank, seg, win, with_winner ? winner_cell : NULL);
     free(own);
     const size_t esize = cdt == 0 ? 4 : 2;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -312,5 +334,123 @@ int pfk_scatter_max_bwd(const void *grad_canvas, int cgdt, int64_t row_stride, c
         }
     }
     (void)nthreads;
+    return 0;
+}
+
+/* acc[0..nb) += sum_ci x[ci] * w[ci * ldw + 0..nb): one or two 16-float register blocks (nb = 16 or 32),
+ * so the sums stay in registers over the C-long loop instead of a load/store per input channel. */
+static inline void axpy_blocks(float *restrict acc, const float *restrict x, const float *restrict w, int64_t C,
+                               int64_t ldw, int nb) {
+    float a0[16], a1[16];
+    for (int j = 0; j < 16; ++j) {
+        a0[j] = acc[j];
+        a1[j] = nb > 16 ? acc[16 + j] : 0.0f;
+    }
+    for (int64_t ci = 0; ci < C; ++ci) {
+        const float v = x[ci];
+        if (v == 0.0f) continue; /* after the pillar MLP's ReLU many are */
+        const float *restrict wr = w + ci * ldw;
+        for (int j = 0; j < 16; ++j) a0[j] += v * wr[j];
+        if (nb > 16)
+            for (int j = 0; j < 16; ++j) a1[j] += v * wr[16 + j];
+    }
+    for (int j = 0; j < 16; ++j) acc[j] = a0[j];
+    if (nb > 16)
+        for (int j = 0; j < 16; ++j) acc[16 + j] = a1[j];
+}
+
+/* The BEV stem, sparse: a 3x3, stride-2, padding-1 convolution (no bias) of the pillar canvas, computed
+ * from the occupied pillars only, fused with the scatter-max that makes the canvas.
+ * feat [N, C] float32, cell [N] int64 (b*H*W + row*W + col; outside [0, B*H*W): dropped) -> the canvas
+ * rows seg [M, C] (maxima; rounded to bfloat16 values when round_bf16, what a bf16 canvas holds),
+ * occupied [M] int64, win [M, C] int32 (the winner table), and acc [B, Ho, Wo, Cp] float32 (zeroed by
+ * the caller) += conv2d(canvas, weight, stride 2, padding 1) in channels-last rows.
+ * wt [9, C, Cp] float32 is the weight as [ky*3+kx][c_in][c_out], c_out padded with zeros to Cp, a
+ * multiple of 16. An input pixel (iy, ix) reaches output row oy = (iy + 1 - ky) / 2 for the taps ky of
+ * its parity (iy even: ky = 1; odd: ky = 0, 2), so each pillar costs 1-4 taps of C x Cp and an empty
+ * pillar nothing: the dense conv's work times the occupancy (~6% of the default canvas). Samples run in
+ * parallel (their pillars are disjoint rows); within one, pillars add in increasing cell order:
+ * deterministic. Returns M, or -1. */
+int64_t pfk_pillar_stem_fwd(const float *feat, const int64_t *cell, int64_t N, int64_t C, int64_t B, int64_t H,
+                            int64_t W, const float *wt, int64_t Cp, int64_t Ho, int64_t Wo, int round_bf16,
+                            float *acc, float *seg, int64_t *occupied, int32_t *win, int32_t *rank,
+                            int64_t *first, int nthreads) {
+    if (C > MAX_C || Cp > MAX_C || Cp % 16 || N < 0 || B <= 0) return -1;
+    const int64_t M = scatter_compact(feat, cell, N, C, B * H * W, rank, seg, win, occupied);
+    if (round_bf16)
+        for (int64_t i = 0; i < M * C; ++i) seg[i] = bf16_to_f32(f32_to_bf16(seg[i]));
+    for (int64_t b = 0, m = 0; b <= B; ++b) { /* first[b]: the first row of sample b (cells sample-major) */
+        while (m < M && occupied[m] < b * H * W) ++m;
+        first[b] = m;
+    }
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; ++b) {
+        for (int64_t m = first[b]; m < first[b + 1]; ++m) {
+            const int64_t k = occupied[m] - b * H * W, iy = k / W, ix = k % W;
+            for (int64_t ky = 0; ky < 3; ++ky) {
+                const int64_t ty = iy + 1 - ky;
+                if (ty < 0 || (ty & 1) || ty / 2 >= Ho) continue;
+                for (int64_t kx = 0; kx < 3; ++kx) {
+                    const int64_t tx = ix + 1 - kx;
+                    if (tx < 0 || (tx & 1) || tx / 2 >= Wo) continue;
+                    float *o = acc + ((b * Ho + ty / 2) * Wo + tx / 2) * Cp;
+                    const float *w = wt + (ky * 3 + kx) * C * Cp;
+                    for (int64_t co = 0; co < Cp; co += 32)
+                        axpy_blocks(o + co, seg + m * C, w + co, C, Cp, Cp - co >= 32 ? 32 : 16);
+                }
+            }
+        }
+    }
+    return M;
+}
+
+/* Backward of pfk_pillar_stem_fwd. grad rows [B, Ho, Wo, Cout] at grad + b*gsb + pixel*gsp (gdt) ->
+ * grad_feat [N, C] float32 (0 except at each pillar's winners: the canvas gradient at the occupied cells,
+ * rounded to bfloat16 first when round_bf16, as a bf16 canvas' gradient is), dwt [B, 9, C, Cp] float32
+ * (per-sample partials of the weight's gradient in wt's layout, zeroed by the caller, who adds them in
+ * sample order: the same sums whichever thread ran a sample). wtt [9, Cout, Cq] is the weight as
+ * [tap][c_out][c_in], c_in padded with zeros to Cq (a multiple of 16). */
+int pfk_pillar_stem_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp, const float *seg,
+                        const int64_t *occupied, const int32_t *win, const int64_t *first, int64_t M, int64_t N,
+                        int64_t C, int64_t B, int64_t H, int64_t W, const float *wtt, int64_t Cout, int64_t Cp,
+                        int64_t Cq, int64_t Ho, int64_t Wo, int round_bf16, float *grad_feat, float *dwt,
+                        int nthreads) {
+    if (C > MAX_C || Cout > Cp || Cp > MAX_C || Cq > MAX_C || Cq % 16 || M < 0 || M > N || B <= 0) return 1;
+    memset(grad_feat, 0, (size_t)(N * C) * sizeof(float));
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t b = 0; b < B; ++b) {
+            float *restrict dw_t = dwt + b * 9 * C * Cp;
+            float g[MAX_C], dx[MAX_C];
+            for (int64_t m = first[b]; m < first[b + 1]; ++m) {
+                const int64_t k = occupied[m] - b * H * W, iy = k / W, ix = k % W;
+                const float *restrict x = seg + m * C;
+                for (int64_t ci = 0; ci < Cq; ++ci) dx[ci] = 0.0f;
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    const int64_t ty = iy + 1 - ky;
+                    if (ty < 0 || (ty & 1) || ty / 2 >= Ho) continue;
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        const int64_t tx = ix + 1 - kx;
+                        if (tx < 0 || (tx & 1) || tx / 2 >= Wo) continue;
+                        const int64_t tap = ky * 3 + kx;
+                        load_row(grad, gdt, b * gsb + (ty / 2 * Wo + tx / 2) * gsp, Cout, g);
+                        for (int64_t ci = 0; ci < Cq; ci += 32) /* dx += W_tap^T g */
+                            axpy_blocks(dx + ci, g, wtt + tap * Cout * Cq + ci, Cout, Cq, Cq - ci >= 32 ? 32 : 16);
+                        float *restrict dwk = dw_t + tap * C * Cp;
+                        for (int64_t ci = 0; ci < C; ++ci) { /* dW_tap += x g^T */
+                            const float v = x[ci];
+                            if (v == 0.0f) continue;
+                            float *restrict dwr = dwk + ci * Cp;
+                            for (int64_t co = 0; co < Cout; ++co) dwr[co] += v * g[co];
+                        }
+                    }
+                }
+                const int32_t *wm = win + m * C;
+                for (int64_t ci = 0; ci < C; ++ci)
+                    grad_feat[(int64_t)wm[ci] * C + ci] = round_bf16 ? bf16_to_f32(f32_to_bf16(dx[ci])) : dx[ci];
+            }
+        }
+    }
     return 0;
 }

@@ -3,10 +3,13 @@
     available() -> bool                       whether the library is built and loaded (builds it once)
     status() -> str                           "native" or why not (no compiler, disabled, build error)
     group_norm_relu_forward(x, weight, bias, groups, eps, out_dtype) -> (out, mean, rstd)
-    group_norm_relu_backward(grad, out, x, mean, rstd, weight, groups) -> (dx, dweight, dbias)
+    group_norm_relu_backward(grad, x, mean, rstd, weight, bias, groups) -> (dx, dweight, dbias)
     scatter_max_forward(features, cell_index, num_cells, with_winner, canvas_dtype)
         -> (canvas, winner_cell, winner_point, winner_rows)   (`pfk::pillar_scatter_max` off CUDA)
     scatter_max_backward(grad_canvas, winner_cell, winner_point, winner_rows, grad_dtype) -> grad_features
+    pillar_stem_forward(features, cell_index, batch, grid, weight, out_hw, round_bf16, out_dtype)
+        -> (out, saved)        the scatter-max canvas and a 3x3 stride-2 conv of it, from the occupied pillars
+    pillar_stem_backward(grad, saved) -> (grad_features, grad_weight)
 
 Why: on CPU the detector's GroupNorm + ReLU layers are memory-bound passes that eager PyTorch runs as
 ~10 separate ops each way (casts, statistics, the affine, ReLU, the backward's two sums and two
@@ -36,10 +39,13 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 _SOURCE = Path(__file__).with_name("_native.c")
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
+# -ffp-contract=off: `x * a + d` rounds the same way in every loop (the backward recomputes the forward's
+# ReLU mask from it), whatever the vectorizer fuses
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-shared", "-fPIC"]
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _MAX_CHANNELS = 1024  # MAX_C in the C source
 _status = "not loaded"
@@ -112,13 +118,19 @@ def _library() -> ctypes.CDLL | None:
     i64, p, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.pfk_group_norm_relu_fwd.argtypes = [p, i32, i64, i64, p, i32, p, p, p, p, i64, i64, i64, i64,
                                             ctypes.c_float, i32]  # fmt: skip
-    lib.pfk_group_norm_relu_bwd.argtypes = [p, i32, i64, i64, p, i32, p, i32, p, p, p, p, i32, p, p,
-                                            i64, i64, i64, i64, i32]  # fmt: skip
+    lib.pfk_group_norm_relu_bwd.argtypes = [p, i32, i64, i64, p, i32, p, p, p, p, p, i32, p, p, i64, i64,
+                                            i64, i64, i32]  # fmt: skip
     lib.pfk_group_norm_relu_fwd.restype = lib.pfk_group_norm_relu_bwd.restype = i32
     lib.pfk_scatter_max_fwd.argtypes = [p, p, i64, i64, i64, p, i32, i32, p, p, p, p, i32]
     lib.pfk_scatter_max_fwd.restype = i64
     lib.pfk_scatter_max_bwd.argtypes = [p, i32, i64, p, p, i64, i64, i64, p, i32, i32]
     lib.pfk_scatter_max_bwd.restype = i32
+    lib.pfk_pillar_stem_fwd.argtypes = [p, p, i64, i64, i64, i64, i64, p, i64, i64, i64, i32, p, p, p, p, p,
+                                        p, i32]  # fmt: skip
+    lib.pfk_pillar_stem_fwd.restype = i64
+    lib.pfk_pillar_stem_bwd.argtypes = [p, i32, i64, i64, p, p, p, p, i64, i64, i64, i64, i64, i64, p, i64,
+                                        i64, i64, i64, i64, i32, p, p, i32]  # fmt: skip
+    lib.pfk_pillar_stem_bwd.restype = i32
     _status = "native"
     return lib
 
@@ -189,26 +201,25 @@ def group_norm_relu_forward(
 
 
 def group_norm_relu_backward(
-    grad: Tensor, out: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor, groups: int
+    grad: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor, bias: Tensor, groups: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The gradients of `group_norm_relu_forward`: grad [B, C, H, W] (any float32/bfloat16 layout whose
-    channels are contiguous), out and x as the forward returned/took them, mean and rstd [B, G] ->
-    (dx [B, C, H, W] channels-last in x's dtype, dweight [C] float32, dbias [C] float32)."""
+    channels are contiguous), x, weight and bias as the forward took them, its mean and rstd [B, G] ->
+    (dx [B, C, H, W] channels-last in x's dtype, dweight [C] float32, dbias [C] float32). The ReLU's mask
+    is recomputed from x (the forward's own arithmetic: the same signs), so the output is not needed."""
     b, c, h, w = x.shape
     if grad.dtype not in _DTYPES:
         grad = grad.float()
     grad, sb, sp = _rows(grad)
     x = x.contiguous(memory_format=torch.channels_last)
-    out = out.contiguous(memory_format=torch.channels_last)
-    weight = weight.detach().float().contiguous()
+    weight, bias = weight.detach().float().contiguous(), bias.detach().float().contiguous()
     dx = torch.empty((b, c, h, w), dtype=x.dtype, memory_format=torch.channels_last)
     dweight = torch.empty(c, dtype=torch.float32)
     dbias = torch.empty(c, dtype=torch.float32)
     code = _library().pfk_group_norm_relu_bwd(
-        grad.data_ptr(), _DTYPES[grad.dtype], sb, sp, out.data_ptr(), _DTYPES[out.dtype], x.data_ptr(),
-        _DTYPES[x.dtype], mean.data_ptr(), rstd.data_ptr(), weight.data_ptr(), dx.data_ptr(),
-        _DTYPES[x.dtype], dweight.data_ptr(), dbias.data_ptr(), b, h * w, c, groups,
-        torch.get_num_threads(),
+        grad.data_ptr(), _DTYPES[grad.dtype], sb, sp, x.data_ptr(), _DTYPES[x.dtype], mean.data_ptr(),
+        rstd.data_ptr(), weight.data_ptr(), bias.data_ptr(), dx.data_ptr(), _DTYPES[x.dtype],
+        dweight.data_ptr(), dbias.data_ptr(), b, h * w, c, groups, torch.get_num_threads(),
     )  # fmt: skip
     _check(code, "group_norm_relu_backward")
     return dx, dweight, dbias
@@ -288,3 +299,78 @@ def scatter_max_backward(
     )  # fmt: skip
     _check(code, "scatter_max_backward")
     return grad
+
+
+def pillar_stem_forward(
+    features: Tensor,
+    cell_index: Tensor,
+    batch: int,
+    grid: tuple[int, int],
+    weight: Tensor,
+    out_hw: tuple[int, int],
+    round_bf16: bool,
+    out_dtype: torch.dtype,
+) -> tuple[Tensor, dict]:
+    """conv2d(scatter_max canvas, weight, stride 2, padding 1) computed from the occupied pillars only.
+
+    features [N, C] float32 (the pillar MLP's output), cell_index [N] int64 (`b*H*W + row*W + col`;
+    outside [0, B*H*W): dropped), grid (H, W), weight [Cout, C, 3, 3] (the stem conv's, no bias), out_hw
+    (Ho, Wo): the dense conv's output size (of the canvas padded at the bottom/right, if it is). With
+    `round_bf16` the canvas maxima and the weight are rounded to bfloat16 values first (what the dense
+    conv under bf16 autocast multiplies); the sums are float32 and the output is rounded once to
+    `out_dtype`. -> (out [B, Cout, Ho, Wo] channels-last, saved: what `pillar_stem_backward` needs).
+    """
+    n, c = features.shape
+    cout = weight.shape[0]
+    cp, cq = -(-cout // 16) * 16, -(-c // 16) * 16  # padded to whole 16-float register blocks
+    h, w = grid
+    ho, wo = out_hw
+    features = features.detach().contiguous()
+    cell_index = cell_index.contiguous()
+    wq = weight.detach().to(torch.bfloat16).float() if round_bf16 else weight.detach().float()
+    wt = F.pad(wq.permute(2, 3, 1, 0), (0, cp - cout)).contiguous()  # [3, 3, C, Cp]
+    wtt = F.pad(wq.permute(2, 3, 0, 1), (0, cq - c)).contiguous()  # [3, 3, Cout, Cq]
+    rows = min(n, batch * h * w)
+    seg = torch.empty(rows, c, dtype=torch.float32)
+    occupied = torch.empty(rows, dtype=torch.int64)
+    win = torch.empty(rows, c, dtype=torch.int32)
+    rank = torch.empty(batch * h * w, dtype=torch.int32)
+    first = torch.empty(batch + 1, dtype=torch.int64)
+    acc = torch.zeros(batch, ho, wo, cp, dtype=torch.float32)
+    m = _library().pfk_pillar_stem_fwd(
+        features.data_ptr(), cell_index.data_ptr(), n, c, batch, h, w, wt.data_ptr(), cp, ho, wo,
+        int(round_bf16), acc.data_ptr(), seg.data_ptr(), occupied.data_ptr(), win.data_ptr(), rank.data_ptr(),
+        first.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if m < 0:
+        raise RuntimeError("kernels.native.pillar_stem_forward: the C kernel refused its arguments")
+    out = acc[..., :cout].to(out_dtype).contiguous().permute(0, 3, 1, 2)  # [B, Cout, Ho, Wo], channels-last
+    saved = {"seg": seg, "occupied": occupied, "win": win, "first": first, "m": int(m), "n": n, "batch": batch,
+             "grid": (h, w), "wtt": wtt, "cp": cp, "out_hw": (ho, wo), "round_bf16": round_bf16}  # fmt: skip
+    return out, saved
+
+
+def pillar_stem_backward(grad: Tensor, saved: dict) -> tuple[Tensor, Tensor]:
+    """The gradients of `pillar_stem_forward`: grad [B, Cout, Ho, Wo] (float32/bfloat16, channels
+    contiguous) -> (grad_features [N, C] float32: the canvas gradient at each pillar's winners, rounded
+    to bfloat16 values with `round_bf16` as a bf16 canvas' gradient is; grad_weight [Cout, C, 3, 3])."""
+    if grad.dtype not in _DTYPES:
+        grad = grad.float()
+    grad, sb, sp = _rows(grad)
+    seg, wtt, cp = saved["seg"], saved["wtt"], saved["cp"]
+    n, c = saved["n"], seg.shape[1]
+    h, w = saved["grid"]
+    ho, wo = saved["out_hw"]
+    cout, cq = wtt.shape[2], wtt.shape[3]
+    batch = saved["batch"]
+    grad_features = torch.empty(n, c, dtype=torch.float32)
+    dwt = torch.zeros(batch, 3, 3, c, cp, dtype=torch.float32)  # per-sample partials
+    code = _library().pfk_pillar_stem_bwd(
+        grad.data_ptr(), _DTYPES[grad.dtype], sb, sp, seg.data_ptr(), saved["occupied"].data_ptr(),
+        saved["win"].data_ptr(), saved["first"].data_ptr(), saved["m"], n, c, batch, h, w,
+        wtt.data_ptr(), cout, cp, cq, ho, wo, int(saved["round_bf16"]), grad_features.data_ptr(), dwt.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    _check(code, "pillar_stem_backward")
+    dw = functools.reduce(torch.add, dwt.unbind(0))  # in sample order: deterministic
+    return grad_features, dw[..., :cout].permute(3, 2, 0, 1).contiguous()

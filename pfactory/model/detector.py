@@ -95,7 +95,7 @@ class _GroupNormReLUFunction(torch.autograd.Function):
         ctx.native = native.supports(x, groups)
         if ctx.native:  # one C pass each way, reading x in its own dtype (kernels/native.py)
             out, mean, rstd = native.group_norm_relu_forward(x, weight, bias, groups, eps, out_dtype)
-            ctx.save_for_backward(x, out, mean, rstd, weight)
+            ctx.save_for_backward(x, bias, mean, rstd, weight)  # the backward recomputes the ReLU mask
             return out
         xf = x.float()  # [B, C, H, W] fp32 channels-last (x itself when fp32); saved: the backward reads it
         y, mean, rstd = torch.native_group_norm(xf, weight, bias, b, c, h * w, groups, eps)
@@ -109,9 +109,9 @@ class _GroupNormReLUFunction(torch.autograd.Function):
         ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
         x, out, mean, rstd, weight = ctx.saved_tensors  # x: the input (in fp32 off the native path)
-        if ctx.native:
+        if ctx.native:  # `out` holds the bias here
             dx, dweight, dbias = native.group_norm_relu_backward(
-                grad_out, out, x, mean, rstd, weight, ctx.groups
+                grad_out, x, mean, rstd, weight, out, ctx.groups
             )
             return dx, dweight, dbias, None, None, None
         b, c, h, w = x.shape
@@ -515,6 +515,46 @@ def scatter_max_nonnegative(features: Tensor, row: Tensor, num_cells: int) -> Te
     return canvas[: num_cells * c].reshape(num_cells, c)  # [num_cells, C]
 
 
+class _SparsePillarStem(torch.autograd.Function):
+    """conv2d(pillar canvas, weight, stride 2, padding 1), the canvas being the scatter-max of the point
+    features, computed from the occupied pillars only (`kernels.native.pillar_stem_forward`).
+
+    point_feats [N, C] float32, cell [N] int64 (`b*H*W + row*W + col`, -1 dropped), weight [Cout, C, 3, 3]
+    -> [B, Cout, Ho, Wo] channels-last, bf16 under bf16 autocast (`bf16`: the canvas maxima and the
+    weight rounded to bf16 values, float32 sums rounded once, as the dense bf16 conv) else float32.
+    Backward: the canvas gradient at each occupied pillar (rounded to bf16 under `bf16`, as a bf16 canvas'
+    gradient is) goes to the point holding each channel's max (the lowest index on a tie, as
+    `kernels.pillar_scatter_max`), and the weight gradient. The dense canvas ([B, C, H, W], ~94% empty
+    at the default size), its fill, its gradient and the stem conv's dense backward are never made.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        point_feats: Tensor,
+        cell: Tensor,
+        weight: Tensor,
+        batch: int,
+        grid: tuple[int, int],
+        out_hw: tuple[int, int],
+        bf16: bool,
+    ) -> Tensor:
+        out_dtype = torch.bfloat16 if bf16 else torch.float32
+        out, ctx.saved = native.pillar_stem_forward(
+            point_feats, cell, batch, grid, weight, out_hw, bf16, out_dtype
+        )
+        ctx.weight_dtype = weight.dtype
+        return out
+
+    @staticmethod
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: Tensor
+    ) -> tuple[Tensor, None, Tensor, None, None, None, None]:
+        grad_feats, grad_weight = native.pillar_stem_backward(grad, ctx.saved)
+        ctx.saved = None
+        return grad_feats, None, grad_weight.to(ctx.weight_dtype), None, None, None, None
+
+
 class PillarEncoder(nn.Module):
     """Decorated points -> per-point MLP -> scatter-max into the BEV pillar canvas [B, C, H, W]."""
 
@@ -625,9 +665,12 @@ class PillarEncoder(nn.Module):
         num_points: Tensor,
         extra: Tensor | None,
         projected: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor:
+        points_only: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """points [B, P, 4], num_points [B], extra [B, P, E] or None -> canvas [B, C, H, W]
-        ([B, 4*C, H/2, W/2] with `bev_stem: space_to_depth`).
+        ([B, 4*C, H/2, W/2] with `bev_stem: space_to_depth`); with `points_only`, what the canvas is made
+        of instead: (point features [B*P, C] >= 0, canvas cell [B*P] int64, -1 dropped), for
+        `BevBackbone.forward_sparse`.
 
         `projected` (instead of `extra`): `paint_points_projected`'s (rows [B, P, C], flag [B, P]), the
         image features already multiplied by the first layer's columns for them. The first layer then
@@ -692,12 +735,20 @@ class PillarEncoder(nn.Module):
             point_feats = self.mlp[1:](first)
         else:
             point_feats = self.mlp(torch.cat(feats, dim=1))  # [B*P, 9 + E] -> [B*P, C]
+        if points_only:
+            return point_feats, cell
+        return self.canvas(point_feats, cell, b)
+
+    def canvas(self, point_feats: Tensor, cell: Tensor, b: int) -> Tensor:
+        """point features [B*P, C], canvas cell [B*P] -> canvas [B, C, H, W] (a channels-last view;
+        [B, 4*C, H/2, W/2] with the space-to-depth stem) by `kernels.pillar_scatter_max`."""
+        h, w = self.grid
         # Under autocast the canvas is written in the autocast dtype: the first convolution would cast it
         # there anyway (the same values), so no full-precision canvas, cast, or gradient cast is made.
-        dev = points.device.type
+        dev = point_feats.device.type
         canvas_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         canvas = kernels.pillar_scatter_max(
-            point_feats, cell, num_cells, check_indices=False, canvas_dtype=canvas_dtype
+            point_feats, cell, b * h * w, check_indices=False, canvas_dtype=canvas_dtype
         )  # [B*H*W, C]
         return self._as_image(canvas, b)
 
@@ -742,18 +793,60 @@ class BevBackbone(nn.Module):
             c_prev = c
         self.out_channels = p.up_channels * (1 if self.sum_neck else len(self.stages))
 
+    def _padded(self, hc: int, wc: int) -> tuple[int, int]:
+        """(bottom, right) zero padding of a [.., hc, wc] canvas to a multiple of the total stride, so every
+        stage upsamples back exactly (the head grid is cropped back). Static shapes: compile and export."""
+        t = self.total_stride // self.input_stride
+        return (-hc) % t, (-wc) % t
+
     def forward(self, canvas: Tensor) -> Tensor:
         """canvas [B, C0, H, W] (or [B, 4*C0, H/2, W/2], space-to-depth) -> [B, sum(up), H/hs, W/hs]."""
         _, _, hc, wc = canvas.shape
-        h, w = self.grid
-        t = self.total_stride // self.input_stride
-        # Pad right/bottom to a multiple of the total stride so every stage upsamples back exactly;
-        # the head grid is cropped back below. Static shapes: fine for compile and export.
-        ph, pw = (-hc) % t, (-wc) % t
+        ph, pw = self._padded(hc, wc)
         x = F.pad(canvas, (0, pw, 0, ph)) if ph or pw else canvas  # [B, C0, Hp, Wp]
+        return self._stages(x)
+
+    def sparse_stem_applies(self, point_feats: Tensor, cell: Tensor) -> bool:
+        """Whether `forward_sparse` runs for these pillar features: CPU training (grad) with the native
+        kernels, the 3x3 stride-2 stem (`bev_stem: conv3x3`), not export or torch.compile."""
+        conv = self.stages[0][0][0]
+        return (
+            self.input_stride == 1
+            and isinstance(conv, nn.Conv2d)
+            and conv.kernel_size == (3, 3)
+            and conv.stride == (2, 2)
+            and conv.padding == (1, 1)
+            and conv.bias is None
+            and conv.groups == 1
+            and torch.is_grad_enabled()
+            and point_feats.requires_grad
+            and native.scatter_max_supported(point_feats, cell)
+            and not torch.onnx.is_in_onnx_export()
+            and not torch.compiler.is_compiling()
+        )
+
+    def forward_sparse(self, point_feats: Tensor, cell: Tensor, batch: int) -> Tensor:
+        """`forward(canvas)` from what the canvas is made of: point features [N, C] (>= 0) and their canvas
+        cell [N] (`PillarEncoder.forward(points_only=True)`). The canvas' scatter-max and the stem conv run
+        as one sparse kernel over the occupied pillars (`_SparsePillarStem`): the same function to float
+        rounding, the stem's cost times the occupancy (docs/MODEL.md, "Speed"). -> [B, sum(up), H/hs, W/hs]."""
+        h, w = self.grid
+        ph, pw = self._padded(h, w)
+        conv = self.stages[0][0][0]
+        out_hw = ((h + ph - 1) // 2 + 1, (w + pw - 1) // 2 + 1)  # the dense conv's (k3, s2, p1) output
+        dev = point_feats.device.type
+        bf16 = torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.bfloat16
+        x = _SparsePillarStem.apply(point_feats, cell, conv.weight, batch, (h, w), out_hw, bf16)
+        x = self.stages[0][0][1:](x)  # the stem's norm and activation
+        return self._stages(x, first_stage_from=1)
+
+    def _stages(self, x: Tensor, first_stage_from: int = 0) -> Tensor:
+        """The stages and the neck from the padded canvas (or, with `first_stage_from=1`, from the first
+        stage's first block's output)."""
+        h, w = self.grid
         outs = []
-        for stage, up in zip(self.stages, self.ups):
-            x = stage(x)  # [B, c_i, Hp/s_i, Wp/s_i]
+        for i, (stage, up) in enumerate(zip(self.stages, self.ups)):
+            x = stage[1:](x) if i == 0 and first_stage_from else stage(x)  # [B, c_i, Hp/s_i, Wp/s_i]
             outs.append(up(x))  # [B, up, Hp/hs, Wp/hs]
         if self.sum_neck:
             y = outs[0]
@@ -827,13 +920,30 @@ class PaintedPillarDetector(nn.Module):
                 projected = paint_points_projected(
                     points, feats, proj, cam_valid, self.image_size, self.pillars.painted_weight()
                 )  # ([B, P, C0], [B, P])
-                canvas = self.pillars(points, num_points, None, projected)  # [B, C0, H, W]
-                return self.head(self.backbone(canvas))
+                return self.head(self._backbone_from_pillars(points, num_points, None, projected))
             painted = paint_points(
                 points, feats, proj, cam_valid, self.image_size, sampler=self.params.paint_sampler
             )  # [B, P, Ci + 1]
-        canvas = self.pillars(points, num_points, painted)  # [B, C0, H, W]
-        return self.head(self.backbone(canvas))  # heatmap [B, K, Ho, Wo], reg [B, 8, Ho, Wo]
+        return self.head(self._backbone_from_pillars(points, num_points, painted))  # heatmap, reg
+
+    def _backbone_from_pillars(
+        self, points: Tensor, num_points: Tensor, painted: Tensor | None, projected: tuple | None = None
+    ) -> Tensor:
+        """Pillar encoder + BEV backbone: [B, sum(up), Ho, Wo]. In CPU training with the native kernels the
+        canvas is never made: its scatter-max and the stem conv run sparse (`BevBackbone.forward_sparse`)."""
+        b = points.shape[0]
+        if (
+            torch.is_grad_enabled()
+            and not torch.onnx.is_in_onnx_export()
+            and not torch.compiler.is_compiling()
+        ):
+            point_feats, cell = self.pillars(points, num_points, painted, projected, points_only=True)
+            if self.backbone.sparse_stem_applies(point_feats, cell):
+                return self.backbone.forward_sparse(point_feats, cell, b)
+            canvas = self.pillars.canvas(point_feats, cell, b)
+        else:
+            canvas = self.pillars(points, num_points, painted, projected)  # [B, C0, H, W]
+        return self.backbone(canvas)
 
     def forward_export(
         self, points: Tensor, num_points: Tensor, images: Tensor, proj: Tensor

@@ -127,7 +127,11 @@ def test_group_norm_relu_odd_sizes_and_a_channel_slice_gradient(shape: tuple, gr
         wide = torch.randn(b, c + 8, h, w).to(dtype).contiguous(memory_format=torch.channels_last)
         g = wide[:, 3 : 3 + c]  # channels contiguous, pixel stride c + 8
         out, mean, rstd = native.group_norm_relu_forward(x, weight, bias, groups, 1e-5, dtype)
-        dx, dw, db = native.group_norm_relu_backward(g, out, x, mean, rstd, weight, groups)
+        dx, dw, db = native.group_norm_relu_backward(g, x, mean, rstd, weight, bias, groups)
+        # The backward's recomputed ReLU mask is the forward's: pre-masking the gradient changes nothing.
+        masked = native.group_norm_relu_backward(g * (out > 0), x, mean, rstd, weight, bias, groups)
+        for p, q in zip(masked, (dx, dw, db)):
+            assert torch.equal(p, q)
         x64 = x.double().requires_grad_(True)
         w64, b64 = weight.double().requires_grad_(True), bias.double().requires_grad_(True)
         y64 = F.relu(F.group_norm(x64, groups, w64, b64, 1e-5))
@@ -153,8 +157,8 @@ def test_group_norm_relu_is_bitwise_reproducible() -> None:
     assert all(
         torch.equal(p, q)
         for p, q in zip(
-            native.group_norm_relu_backward(g, a[0], x, a[1], a[2], w, 8),
-            native.group_norm_relu_backward(g, a[0], x, a[1], a[2], w, 8),
+            native.group_norm_relu_backward(g, x, a[1], a[2], w, b, 8),
+            native.group_norm_relu_backward(g, x, a[1], a[2], w, b, 8),
         )
     )
 
@@ -184,3 +188,69 @@ def test_no_compiler_or_turned_off_falls_back_to_the_torch_ops(tmp_path: Path) -
         built = _status_in_subprocess({"PFK_NATIVE_CACHE_DIR": str(tmp_path / "fresh")})
         assert built == "native"
         assert len(list((tmp_path / "fresh").glob("pfk_native_*.so"))) == 1
+
+
+def _stem_case(seed: int, b: int, h: int, w: int, c: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    cell = torch.randint(-1, b * h * w, (n,), generator=g)  # -1: dropped
+    feats = torch.relu(torch.randn(n, c, generator=g))  # >= 0, many exact zeros (the MLP's ReLU)
+    feats[: n // 10] = 0.25  # ties
+    return feats, cell
+
+
+@needs_native
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize(
+    "b,h,w,c,cout,n",
+    [(2, 12, 10, 8, 16, 300), (3, 9, 7, 5, 40, 200), (1, 40, 36, 32, 32, 2000), (2, 8, 8, 4, 4, 0)],
+)
+def test_pillar_stem_is_the_dense_conv_of_the_scatter_max_canvas(
+    b: int, h: int, w: int, c: int, cout: int, n: int, bf16: bool
+) -> None:
+    """The sparse stem == conv2d(pillar_scatter_max canvas, weight, stride 2, padding 1): output, the
+    point features' gradient and the weight's; odd grids (a last output row/column fed by one input row),
+    channel counts that are not multiples of 16, dropped points, ties, no points. fp32 to float
+    rounding; under bf16 autocast within bf16 rounding of the dense bf16 conv."""
+    feats, cell = _stem_case(b * h + c, b, h, w, c, n)
+    weight = torch.randn(cout, c, 3, 3) * 0.2
+    ho, wo = (h - 1) // 2 + 1, (w - 1) // 2 + 1
+    fr, wr = feats.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        canvas = kernels.pillar_scatter_max(
+            fr, cell, b * h * w, canvas_dtype=torch.bfloat16 if bf16 else None
+        )
+        dense = F.conv2d(canvas.view(b, h, w, c).permute(0, 3, 1, 2), wr, stride=2, padding=1)
+    out, saved = native.pillar_stem_forward(
+        feats, cell, b, (h, w), weight, (ho, wo), bf16, torch.bfloat16 if bf16 else torch.float32
+    )
+    assert out.shape == dense.shape == (b, cout, ho, wo) and out.dtype == dense.dtype
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    tol = {"atol": 2e-2, "rtol": 2e-2} if bf16 else {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(out.float(), dense.float(), **tol)
+    g = torch.randn(dense.shape).to(dense.dtype)
+    want_f, want_w = torch.autograd.grad(dense, [fr, wr], g)
+    got_f, got_w = native.pillar_stem_backward(g, saved)
+    scale_f, scale_w = (
+        torch.cat([t.abs().flatten().float(), torch.full((1,), 1e-6)]).max() for t in (want_f, want_w)
+    )
+    rel = 2e-2 if bf16 else 1e-5
+    torch.testing.assert_close(got_f / scale_f, want_f.float() / scale_f, atol=rel, rtol=0)
+    torch.testing.assert_close(got_w / scale_w, want_w.float() / scale_w, atol=rel, rtol=0)
+    # only the points holding a max get a gradient, as the scatter-max's backward gives it
+    assert bool(((got_f != 0) <= (want_f != 0) | (got_f.abs() < 1e-3)).all())
+
+
+@needs_native
+def test_pillar_stem_is_bitwise_reproducible() -> None:
+    """Forward and backward twice: the same bits (samples run on any thread; partials add in sample order)."""
+    feats, cell = _stem_case(7, 4, 40, 36, 32, 3000)
+    weight = torch.randn(32, 32, 3, 3)
+    g = torch.randn(4, 32, 20, 18).bfloat16()
+    runs = []
+    for _ in range(3):
+        out, saved = native.pillar_stem_forward(
+            feats, cell, 4, (40, 36), weight, (20, 18), True, torch.bfloat16
+        )
+        runs.append((out, *native.pillar_stem_backward(g, saved)))
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], run))

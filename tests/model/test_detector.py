@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from kernels import native
 from pfactory.model.detector import (
+    BevBackbone,
     Conv1x1,
     GroupNormReLU,
     build_model,
@@ -187,7 +188,9 @@ def test_group_norm_relu_is_relu_of_fp32_group_norm_forward_and_backward(
             torch.testing.assert_close(y, y_ref.to(y.dtype), atol=2e-6, rtol=1e-6)
         g = torch.randn(y.shape).to(y.dtype)
         grads = torch.autograd.grad(y, [xa, gn.weight, gn.bias], g)
-        grads_ref = [t.float() for t in torch.autograd.grad(y_ref, [xr, ref.weight, ref.bias], g.to(ref_dtype))]
+        grads_ref = [
+            t.float() for t in torch.autograd.grad(y_ref, [xr, ref.weight, ref.bias], g.to(ref_dtype))
+        ]
         if x.dtype == torch.bfloat16:  # dx rounded to bf16 once: within one bf16 rounding of the fp32 value
             torch.testing.assert_close(grads[0].float(), grads_ref[0], atol=1e-4, rtol=8e-3)
         else:
@@ -416,3 +419,42 @@ def test_gather_and_grid_sample_models_agree_forward_and_backward(cams: int) -> 
     with torch.autocast("cpu", dtype=torch.bfloat16):
         bf = [m(*args) for m in (mg, mr)]
     torch.testing.assert_close(bf[0]["heatmap"].float(), bf[1]["heatmap"].float(), atol=0.1, rtol=0.05)
+
+
+@pytest.mark.skipif(not native.available(), reason=f"native CPU kernels: {native.status()}")
+@pytest.mark.parametrize("camera", [True, False])
+def test_sparse_stem_model_equals_the_dense_canvas_model(
+    camera: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CPU training runs the canvas' scatter-max and the stem conv as one sparse kernel
+    (`BevBackbone.forward_sparse`); with it turned off the dense canvas and conv run. Same weights, fp32:
+    the same outputs and parameter gradients to float rounding; the sparse path is really taken."""
+    torch.manual_seed(0)
+    p = tiny_params(camera=camera)
+    model = build_model(p, IMAGE_SIZE)
+    bt = random_batch(p, batch=2, cams=1)
+    args = (bt["points"], bt["num_points"], bt["images"], bt["proj"], bt["cam_valid"])
+    calls = []
+    real = native.pillar_stem_forward
+    monkeypatch.setattr(native, "pillar_stem_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def run() -> tuple[dict, list]:
+        model.zero_grad(set_to_none=True)
+        out = model(*args)
+        (out["heatmap"].square().sum() + out["reg"].square().sum()).backward()
+        return {k: v.detach() for k, v in out.items()}, [q.grad.clone() for q in model.parameters()]
+
+    sparse_out, sparse_grads = run()
+    assert calls, "the sparse stem did not run"
+    with monkeypatch.context() as m:
+        m.setattr(BevBackbone, "sparse_stem_applies", lambda *a: False)
+        dense_out, dense_grads = run()
+    assert len(calls) == 1
+    for k in dense_out:
+        torch.testing.assert_close(sparse_out[k], dense_out[k], atol=1e-5, rtol=1e-4)
+    for (name, _), a, b in zip(model.named_parameters(), sparse_grads, dense_grads):
+        rel = float((a - b).norm() / b.norm().clamp(min=1e-12))
+        assert rel < 1e-4, f"{name}: relative gradient difference {rel:.2e}"
+    with torch.no_grad():  # inference never takes the sparse path (no gradient to route)
+        model(*args)
+    assert len(calls) == 1
