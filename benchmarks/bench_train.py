@@ -12,7 +12,8 @@
         varying point counts. Variants: eager (the default), nchw (no channels_last), c0686b9-net (the
         round's starting network: 3x3 stem and head conv, sincos heading), s2d-head1 (space-to-depth stem,
         1x1 shared head conv), gather-paint (camera painting by `sample_bilinear` instead of grid_sample),
-        compiled (Inductor, fullgraph, automatic dynamic shapes).
+        compiled (Inductor, fullgraph, automatic dynamic shapes), torch-ops (PFK_NATIVE=0: the PyTorch ops
+        instead of the native CPU kernels, kernels/native.py).
     python benchmarks/bench_train.py ab --baseline TREE --data PREPARED [--rounds 3] [--steps 10]
         This tree's default training step vs another source tree's (a checkout of an earlier commit),
         each with its own code and embedded defaults, on the same in-memory batches, interleaved
@@ -192,6 +193,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "compiled": {"set": [], "compile": True},
     "fp32": {"set": ["train.bf16=false"]},
     "fp32-compiled": {"set": ["train.bf16=false"], "compile": True},
+    # the PyTorch ops where the native CPU kernels run (kernels/native.py): GroupNorm + ReLU, scatter-max,
+    # the dense canvas and stem conv instead of the sparse stem
+    "torch-ops": {"set": [], "env": {"PFK_NATIVE": "0"}},
 }
 
 
@@ -259,6 +263,7 @@ def variant_step_rate(
 
 
 def cmd_variants(args: argparse.Namespace) -> None:
+    import os
     import subprocess
 
     if args.child:
@@ -280,7 +285,8 @@ def cmd_variants(args: argparse.Namespace) -> None:
         for over in args.set:
             cmd += ["-S", over]
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        env = {**os.environ, **VARIANTS[name].get("env", {})}
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
         line = [ln for ln in res.stdout.splitlines() if ln.startswith("VARIANT ")]
         if res.returncode or not line:
             print(f"{name}: failed (exit {res.returncode})\n{res.stderr[-3000:]}", file=sys.stderr)

@@ -56,6 +56,21 @@ static inline void chunk(int64_t hw, int64_t t, int64_t nt, int64_t *p0, int64_t
     *p1 = hw * (t + 1) / nt;
 }
 
+/* GroupNorm's per-(sample, channel) affine: y = x * a + d with a = rstd * w, d = b - mean * a; scale
+ * [B, 2, C] gets (a, d). The forward and the backward (which recomputes the ReLU mask from x * a + d)
+ * both call this, so the mask is the forward's bit for bit. */
+static void gn_affine(const float *mean, const float *rstd, const float *weight, const float *bias, int64_t B,
+                      int64_t C, int64_t G, float *scale) {
+    const int64_t cg = C / G;
+    for (int64_t b = 0; b < B; ++b) {
+        for (int64_t c = 0; c < C; ++c) {
+            const float a = rstd[b * G + c / cg] * weight[c];
+            scale[b * 2 * C + c] = a;
+            scale[b * 2 * C + C + c] = bias[c] - mean[b * G + c / cg] * a;
+        }
+    }
+}
+
 /* out = relu(group_norm(x)): x rows at x + b*xsb + p*xsp (elements), out contiguous [B, HW, C].
  * mean, rstd [B, G] float32 are written (saved for the backward). Returns 0, or 1 on bad sizes. */
 int pfk_group_norm_relu_fwd(const void *x, int xdt, int64_t xsb, int64_t xsp, void *out, int odt,
@@ -100,16 +115,11 @@ int pfk_group_norm_relu_fwd(const void *x, int xdt, int64_t xsb, int64_t xsp, vo
             const double m = s / n;
             double var = ss / n - m * m;
             if (var < 0.0) var = 0.0;
-            const float r = (float)(1.0 / sqrt(var + (double)eps)), mf = (float)m;
-            mean[b * G + g] = mf;
-            rstd[b * G + g] = r;
-            for (int64_t c = g * cg; c < (g + 1) * cg; ++c) { /* the backward recomputes these two */
-                const float a = r * weight[c];
-                scale[b * 2 * C + c] = a;
-                scale[b * 2 * C + C + c] = bias[c] - mf * a;
-            }
+            mean[b * G + g] = (float)m;
+            rstd[b * G + g] = (float)(1.0 / sqrt(var + (double)eps));
         }
     }
+    gn_affine(mean, rstd, weight, bias, B, C, G, scale);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t it = 0; it < items; ++it) {
         const int64_t b = it / nt;
@@ -155,14 +165,7 @@ int pfk_group_norm_relu_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp,
         free(scale);
         return 2;
     }
-    for (int64_t b = 0; b < B; ++b) {
-        for (int64_t c = 0; c < C; ++c) { /* the forward's a, d: the same operations on the same floats */
-            const float r = rstd[b * G + c / cg], m = mean[b * G + c / cg];
-            const float a = r * weight[c];
-            scale[b * 2 * C + c] = a;
-            scale[b * 2 * C + C + c] = bias[c] - m * a;
-        }
-    }
+    gn_affine(mean, rstd, weight, bias, B, C, G, scale); /* the forward's a, d: the same code */
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t it = 0; it < items; ++it) {
         const int64_t b = it / nt;
