@@ -6,7 +6,9 @@
     focal_loss(logits [...], target [...], alpha=2.0, beta=4.0) -> scalar
 
 Each op has a readable PyTorch reference (`<op>_reference`, the spec) and a Triton implementation used
-on CUDA; `import kernels` never imports Triton (kernels/_dispatch.py). Conventions, algorithms,
+on CUDA; `import kernels` never imports Triton (kernels/_dispatch.py). On CPU, `kernels.native` (C built
+on first use, called through ctypes) runs the scatter-max, GroupNorm + ReLU and the sparse BEV stem of
+the training step, with the PyTorch ops as its fallback. Conventions, algorithms,
 byte models and tolerances: docs/KERNELS.md. Tests: `pytest tests/kernels`; benchmark:
 `python benchmarks/bench_kernels.py --device cuda`.
 """

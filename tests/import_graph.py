@@ -149,10 +149,17 @@ def path_to(start: str, goal: str) -> list[str]:
 # --- dvc.yaml code deps ----------------------------------------------------------------------------
 
 
+# Non-Python sources a module builds and runs at run time: module -> repository-relative files.
+RUNTIME_SOURCES = {"kernels.native": ("kernels/_native.c",)}
+
+
 def stage_files(stage: str) -> set[str]:
-    """Repository-relative files `python -m tasks.<stage>` may execute (the import closure)."""
+    """Repository-relative files `python -m tasks.<stage>` may execute (the import closure, and the C
+    sources its modules compile at run time)."""
     mods = modules()
-    return {mods[m].relative_to(ROOT).as_posix() for m in closure(f"tasks.{stage}")}
+    reach = closure(f"tasks.{stage}")
+    files = {mods[m].relative_to(ROOT).as_posix() for m in reach}
+    return files | {f for m in reach for f in RUNTIME_SOURCES.get(m, ())}
 
 
 def minimal_cover(files: set[str]) -> list[str]:
