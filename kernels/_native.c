@@ -320,7 +320,7 @@ int64_t pfk_scatter_max_fwd(const float *feat, const int64_t *cell, int64_t N, i
  * (point, channel) wins at most one cell: no write conflicts. Returns 0, or 1 on bad sizes. */
 int pfk_scatter_max_bwd(const void *grad_canvas, int cgdt, int64_t row_stride, const int64_t *winner_cell,
                         const int32_t *winner_point, int64_t M, int64_t N, int64_t C, void *grad_features,
-                        int gdt, int nthreads) {
+                        int gdt) {
     if (C > MAX_C || M < 0 || M > N) return 1;
     const size_t esize = gdt == 0 ? 4 : 2;
     memset(grad_features, 0, (size_t)(N * C) * esize);
@@ -336,7 +336,6 @@ int pfk_scatter_max_bwd(const void *grad_canvas, int cgdt, int64_t row_stride, c
             for (int64_t c = 0; c < C; ++c) g[(int64_t)w[c] * C + c] = f32_to_bf16(row[c]);
         }
     }
-    (void)nthreads;
     return 0;
 }
 

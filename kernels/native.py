@@ -123,7 +123,7 @@ def _library() -> ctypes.CDLL | None:
     lib.pfk_group_norm_relu_fwd.restype = lib.pfk_group_norm_relu_bwd.restype = i32
     lib.pfk_scatter_max_fwd.argtypes = [p, p, i64, i64, i64, p, i32, i32, p, p, p, p, i32]
     lib.pfk_scatter_max_fwd.restype = i64
-    lib.pfk_scatter_max_bwd.argtypes = [p, i32, i64, p, p, i64, i64, i64, p, i32, i32]
+    lib.pfk_scatter_max_bwd.argtypes = [p, i32, i64, p, p, i64, i64, i64, p, i32]
     lib.pfk_scatter_max_bwd.restype = i32
     lib.pfk_pillar_stem_fwd.argtypes = [p, p, i64, i64, i64, i64, i64, p, i64, i64, i64, i32, p, p, p, p, p,
                                         p, i32]  # fmt: skip
@@ -295,7 +295,6 @@ def scatter_max_backward(
     code = _library().pfk_scatter_max_bwd(
         grad_canvas.data_ptr(), _DTYPES[grad_canvas.dtype], grad_canvas.stride(0), winner_cell.data_ptr(),
         winner_point.data_ptr(), int(winner_rows[0]), n, c, grad.data_ptr(), _DTYPES[grad_dtype],
-        torch.get_num_threads(),
     )  # fmt: skip
     _check(code, "scatter_max_backward")
     return grad

@@ -108,12 +108,13 @@ class _GroupNormReLUFunction(torch.autograd.Function):
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor
     ) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
-        x, out, mean, rstd, weight = ctx.saved_tensors  # x: the input (in fp32 off the native path)
-        if ctx.native:  # `out` holds the bias here
+        if ctx.native:
+            x, bias, mean, rstd, weight = ctx.saved_tensors  # x in its own dtype
             dx, dweight, dbias = native.group_norm_relu_backward(
-                grad_out, x, mean, rstd, weight, out, ctx.groups
+                grad_out, x, mean, rstd, weight, bias, ctx.groups
             )
             return dx, dweight, dbias, None, None, None
+        x, out, mean, rstd, weight = ctx.saved_tensors  # x: the input in fp32
         b, c, h, w = x.shape
         g = ctx.groups
         cg, hw = c // g, h * w
