@@ -277,3 +277,25 @@ def int8_bench(tmp_path_factory):
     from tests.inference.helpers import int8_bench as build
 
     return build(tmp_path_factory.mktemp("int8-bench"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Test tiers (docs/TESTING.md). The default tier is what CI and the README's test command run; tests
+# marked `full` (heavy checks that add little regression power per minute: realistic-size end-to-end
+# runs, the whole fault matrix, long benchmarks) run only with `--full` (`bash scripts/test.sh --full`).
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full", action="store_true", default=False,
+        help="also run the tests marked `full` (the heavy tier; docs/TESTING.md)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--full"):
+        return
+    heavy = [item for item in items if item.get_closest_marker("full") is not None]
+    if heavy:
+        config.hook.pytest_deselected(items=heavy)
+        items[:] = [item for item in items if item.get_closest_marker("full") is None]
