@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -292,6 +293,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--full"):
+        # The fault suite's own switch (tests/faults/conftest.py reads it at import, after this hook):
+        # every kill point, 3 trials each, the concurrent runs with training.
+        os.environ.setdefault("PFACTORY_FAULTS_FULL", "1")
+    config._pf_t0 = time.monotonic()  # type: ignore[attr-defined]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--full"):
         return
@@ -299,3 +308,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if heavy:
         config.hook.pytest_deselected(items=heavy)
         items[:] = [item for item in items if item.get_closest_marker("full") is None]
+
+
+# The suite's wall-time guard. `bash scripts/test.sh` with no arguments (what CI runs) sets
+# PFACTORY_TEST_BUDGET_S: a default tier that outgrows it fails the run the day it happens, with the time.
+BUDGET_ENV = "PFACTORY_TEST_BUDGET_S"
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if _is_xdist_worker(config):
+        return
+    wall = time.monotonic() - config._pf_t0  # type: ignore[attr-defined]
+    tier = "full" if config.getoption("--full") else "default"
+    budget = os.environ.get(BUDGET_ENV)
+    limit = f", budget {float(budget):.0f} s ({BUDGET_ENV})" if budget else ""
+    terminalreporter.write_line(f"test suite wall time: {wall:.0f} s, {tier} tier{limit}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    budget = os.environ.get(BUDGET_ENV)
+    if _is_xdist_worker(config) or not budget or config.getoption("--full"):
+        return
+    wall = time.monotonic() - config._pf_t0  # type: ignore[attr-defined]
+    if wall > float(budget) and session.exitstatus == 0:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                f"FAILED: the default test tier took {wall:.0f} s, over its budget of {float(budget):.0f} s "
+                f"({BUDGET_ENV}; docs/TESTING.md): move heavy checks to the full tier or make them cheaper",
+                red=True,
+            )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

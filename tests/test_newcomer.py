@@ -36,7 +36,9 @@ import pytest
 from tests.flows.pipeline_project import tiny_args
 from tests.newcomer import cpu_quota, fresh_clone, is_git_checkout, newcomer_env
 
-pytestmark = pytest.mark.slow
+# Full tier (docs/TESTING.md): a whole run under a 1/3-CPU quota (~370 s); the default tier keeps the
+# first-start messages checked by tests/flows (a fresh Prefect home in every project copy).
+pytestmark = [pytest.mark.slow, pytest.mark.full]
 
 # A third of one CPU of this machine: the machine started Prefect 3.2x slower than a quiet dev box
 # (42 s vs 13 s). Override with PFACTORY_NEWCOMER_CPUS (0: no quota).

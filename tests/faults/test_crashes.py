@@ -38,7 +38,9 @@ from tests.faults.pipeline import (
     watch,
 )
 
-pytestmark = pytest.mark.slow
+# Full tier (docs/TESTING.md): the baseline pipeline run and a kill + rerun per stage (~4 min at the
+# smallest size); the default tier keeps the stage-failure screens and the retry (tests/flows).
+pytestmark = [pytest.mark.slow, pytest.mark.full]
 TRIALS = 3 if FULL else 1
 KILL_STAGES = list(STAGES) if FULL else ["train"]
 # A slice of the matrix (`python -m tests.faults.run --full --stage S`): only the kills in those stages.

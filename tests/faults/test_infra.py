@@ -165,6 +165,7 @@ def _kill_server(server) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.full  # a pipeline run killed mid-stage (~3.5 min); the screen's wording: tests/flows/test_failure.py
 def test_mlflow_killed_in_a_stage_names_the_stage(tmp_path: Path, ledger) -> None:
     """The tracking server dies 1 s into train: train fails (exit 75, transient, retried) and the screen says
     so -- the flow's own MLflow calls that fail after it (ending the parent run FAILED) must not replace the
@@ -280,6 +281,7 @@ def test_prefect_server_lost_mid_run_then_rerun(tmp_path: Path, ledger) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.full  # needs the fault suite's baseline pipeline run (test_crashes.py)
 def test_corrupt_dvc_cache_entry_is_never_published(baseline: dict, tmp_path: Path, ledger) -> None:
     """A shard flipped in a copy of the baseline's `.dvc/cache`: the next `factory run`, which restores
     prepare from the run-cache, must not hand the corrupt shard to train (or publish it)."""

@@ -88,3 +88,25 @@ def make_project(root: Path) -> Path:
     (root / ".dvc").mkdir()
     (root / ".dvc" / "config").write_text("[core]\n    no_scm = true\n    analytics = false\n")
     return root
+
+
+def write_tiny_params(project: Path) -> None:
+    """Write the TINY values into the project copy's params.yaml itself (comments kept, as `dvc exp run -S`
+    keeps them), so commands run later on their defaults (`factory optimize`, ...) are tiny too."""
+    from ruamel.yaml import YAML
+
+    rt = YAML()  # round-trip: comments and key order survive
+    path = project / "params.yaml"
+    doc = rt.load(path.read_text())
+    for override in TINY:
+        key, value = override.split("=", 1)
+        *parents, leaf = key.split(".")
+        node = doc
+        for part in parents:
+            if part not in node:
+                break
+            node = node[part]
+        else:
+            node[leaf] = yaml.safe_load(value)
+    with path.open("w") as f:
+        rt.dump(doc, f)

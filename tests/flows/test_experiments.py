@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.flows.pipeline_project import clean_env, dvc, factory, make_project, tiny_args
+from tests.flows.pipeline_project import clean_env, dvc, factory, make_project, tiny_args, write_tiny_params
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +39,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the project committed to a fresh git repository (DVC with git, not no_scm)."""
     root = make_project(tmp_path_factory.mktemp("gitproject"))
     (root / ".dvc" / "config").write_text("[core]\n    analytics = false\n")
+    # The follow-up commands run on the project's defaults: tiny ones (a default-size `factory optimize` on
+    # the tiny model took ~170 s of the default test tier).
+    write_tiny_params(root)
     (root / "docs").mkdir()
     (root / "docs" / "NOTES.md").write_text("a subfolder to run commands from\n")
     _git(root, "init", "-q")
@@ -186,6 +189,7 @@ def test_commands_find_the_project_from_a_subfolder(project: Path, runs: dict) -
     assert r.returncode == 0 and (project / "docs" / "f.png").is_file(), r.stderr
 
 
+@pytest.mark.full  # a third pipeline run in this project (~50-80 s)
 def test_a_partial_run_until_a_stage_is_an_experiment_of_the_stages_it_ran(project: Path, runs: dict) -> None:
     """`factory run --until prepare` in a git project: `dvc exp save` once failed the finished run because
     the later stages' outputs (artifacts/model/model.pt, ...) do not exist; the experiment now commits

@@ -168,6 +168,7 @@ def test_dvc_repro_without_prefect_then_nothing_to_do(project: Path) -> None:
     assert "up to date" in second.stdout
 
 
+@pytest.mark.full  # ~4 min; test_experiments.py runs two at once in the default tier and checks isolation
 def test_two_runs_at_the_same_moment_do_not_clobber(project: Path) -> None:
     def start(name: str, lr: str) -> subprocess.Popen:
         return subprocess.Popen(
@@ -220,6 +221,7 @@ def test_bad_override_is_refused_before_anything_runs(project: Path) -> None:
     assert r.returncode == 2 and "--until" in r.stderr
 
 
+@pytest.mark.full  # plain `dvc exp run` (~100 s); factory's own experiments: test_experiments.py
 def test_dvc_exp_run_with_a_param_override(project: Path) -> None:
     """`dvc exp run -S train.lr=...` (needs git: the project copy becomes a repo with one commit)."""
     git_identity = {

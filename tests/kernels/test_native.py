@@ -236,8 +236,12 @@ def test_pillar_stem_is_the_dense_conv_of_the_scatter_max_canvas(
     rel = 2e-2 if bf16 else 1e-5
     torch.testing.assert_close(got_f / scale_f, want_f.float() / scale_f, atol=rel, rtol=0)
     torch.testing.assert_close(got_w / scale_w, want_w.float() / scale_w, atol=rel, rtol=0)
-    # only the points holding a max get a gradient, as the scatter-max's backward gives it
-    assert bool(((got_f != 0) <= (want_f != 0) | (got_f.abs() < 1e-3)).all())
+    # only the points holding a max get a gradient, as the scatter-max's backward gives it. The winners come
+    # from the fp32 scatter-max's own backward (a 1 per winner): the dense bf16 conv's gradient is no mask,
+    # it rounds some winners' small gradients to exact zeros on CPUs without AVX512-BF16 (seen on Zen 3).
+    fw = feats.clone().requires_grad_(True)
+    (winners,) = torch.autograd.grad(kernels.pillar_scatter_max(fw, cell, b * h * w).sum(), [fw])
+    assert bool(((got_f != 0) <= (winners != 0)).all())
 
 
 @needs_native
