@@ -787,8 +787,8 @@ def main() -> None:
         known = explain(e)
         if known is None:
             raise
-        typer.secho(known[0], fg=typer.colors.RED, err=True)
-        sys.exit(known[1])
+        typer.secho(known.reason, fg=typer.colors.RED, err=True)
+        sys.exit(known.code)
 
 
 if __name__ == "__main__":

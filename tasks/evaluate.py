@@ -30,6 +30,8 @@ from pfactory import artifacts as af
 from pfactory.evaluate.params import EvaluateParams
 from pfactory.section import section_of
 
+SECTIONS = {"evaluate": EvaluateParams}  # what this stage reads of params.yaml (besides `paths`)
+
 STAGE = "evaluate"
 
 
@@ -84,8 +86,6 @@ def main(argv: list[str] | None = None) -> None:
     [--dask ADDRESS|local:N] [--no-track]` (= `factory evaluate`; directories default to paths.*)."""
     import argparse
 
-    from pfactory.evaluate.distributed import EvaluateTaskError
-    from pfactory.evaluate.inputs import EvaluateInputError
     from tasks._stage import stage_main
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,9 +121,9 @@ def main(argv: list[str] | None = None) -> None:
             print(format_kpi_table(json.loads(Path(metrics["kpis_path"]).read_text())), file=sys.stderr)
         return metrics
 
-    # Bad inputs: a usage error, nothing ran. A unit failed on a worker, or no scheduler: it ran and failed.
-    failures = {EvaluateInputError: 2, EvaluateTaskError: 1, ConnectionError: 1}
-    stage_main(STAGE, argv, body, add_arguments, failures=failures)
+    # Bad inputs (EvaluateInputError): a usage error, nothing ran. A unit failed on a worker
+    # (EvaluateTaskError): it ran and failed. Each error class carries its exit code.
+    stage_main(STAGE, argv, body, add_arguments, sections=SECTIONS)
 
 
 if __name__ == "__main__":
