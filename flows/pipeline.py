@@ -272,6 +272,8 @@ def pipeline(
                     console.stage_failed()
                     raise
                 results["timings_s"][stage] = round(ws.stage_seconds[stage], 3)
+                if stage == "evaluate":  # the champion as it is before this run's promote stage
+                    results["report"] = parent_run.champion_report(ws)
                 r = results["stages"][stage]
                 console.stage_finished(i, n, stage, r["how"], r["seconds"])
                 mlflow.log_metric(f"time/{stage}_s", results["timings_s"][stage])

@@ -22,6 +22,7 @@ Run: `python -m tasks.evaluate [-S evaluate.workers=2 ...]` (DVC; paths from par
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,6 @@ def run(
     ev = section_of(params, STAGE, EvaluateParams)
     check_output_dir(out, STAGE, (optimized, model, data))  # refuse a foreign --out before any work
     configure_environment()  # Dask scratch inside the project, offline MLflow
-    promote = getattr(params, "promote", None)  # the report's baseline: the registry's champion, when tracking
-    champion = (promote.model_name, promote.alias) if track and promote is not None else None
     address = dask_address or ev.dask_address
     if progress is None:
         progress = sys.stderr.isatty()
@@ -73,12 +72,17 @@ def run(
         address,
         progress,
     )
+    from pfactory.report.stage import log_report, write_stage_report
+
     if not track:
-        return evaluate(*args, None)
+        return evaluate(*args, None, write_stage_report)
     from pfactory.tracking import stage_run
 
     with stage_run(STAGE, ev.model_dump(mode="json")) as active:
-        return evaluate(*args, active, champion=champion)
+        metrics = evaluate(*args, active, write_stage_report)
+        if not os.environ.get("PFACTORY_PARENT_RUN_ID"):  # a lone evaluation: its own run shows the report
+            log_report(Path(out) / af.REPORT_DIR)  # (under a pipeline the flow logs it to the parent run)
+        return metrics
 
 
 def main(argv: list[str] | None = None) -> None:
