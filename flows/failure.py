@@ -62,7 +62,9 @@ def stage_reason(e: StageFailed) -> list[str]:
 
 def openable(path: str | Path, cwd: str | Path | None = None) -> str:
     """`path` as the user can open it from `cwd` (default: the current directory): relative when it is
-    under `cwd`, else absolute."""
+    under `cwd`, else absolute ("" stays "": no path)."""
+    if not str(path):
+        return ""
     p = Path(path).absolute()
     here = Path(cwd or os.getcwd()).absolute()
     try:
