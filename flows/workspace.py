@@ -62,6 +62,8 @@ class StageFailed(RuntimeError):
     ) -> None:  # fmt: skip
         self.stage, self.outcome, self.output, self.log = stage, outcome, output, log
         self.returncode, self.index, self.total, self.attempts = returncode, index, total, attempts
+        if outcome is not None and outcome.code == 0:
+            outcome = self.outcome = None  # the stage finished; DVC failed after it (an output missing, ...)
         self.status = outcome.code if outcome is not None else None
         self.killed = outcome is not None and outcome.code is None
         self.transient = self.killed or self.status == EXIT_TRANSIENT or (outcome is None and locked)

@@ -90,6 +90,12 @@ def test_dvc_error_without_a_stage_outcome_is_dvc_s_last_line():
     assert stage_reason(e) == [out.splitlines()[1]]
 
 
+def test_dvc_failing_after_a_finished_stage_is_dvc_s_reason():
+    out = "$ dvc repro train\nERROR: output 'artifacts/model/model.pt' does not exist\n"
+    e = StageFailed("train", Outcome("train", 0), out, Path("t.log"), returncode=255)
+    assert e.outcome is None and e.status is None and stage_reason(e) == [out.splitlines()[1]]
+
+
 def test_a_dvc_output_format_change_does_not_change_the_screen(tmp_path):
     """The screen is built from the stage's outcome; what DVC prints around the stage is for the log only."""
     runs = [failed("prepare", REJECTED, out, tmp_path / "p.log", index=2, total=6)
