@@ -87,9 +87,9 @@ class Sections(Section):
                     "(declared once, shared by the stages that use it)"
                 )
             if home[0] not in fields and found is not None:
-                node = data
-                for part in used[:-1]:
-                    node = node.setdefault(part, {})
+                node: Any = data
+                for part in used[:-1]:  # a section that is not a mapping is left for validation to name
+                    node = node.setdefault(part, {}) if isinstance(node, dict) else None
                 if isinstance(node, dict):
                     node[used[-1]] = copy.deepcopy(found)
         for name in {home[0] for home in SHARED.values()} - set(fields):
