@@ -102,9 +102,7 @@ STAGE_TASKS = {stage: _stage_task(stage) for stage in STAGES}
 
 def declared_stages(root: Path) -> list[str]:
     """STAGES in order, those that the project's dvc.yaml declares."""
-    import yaml
-
-    declared = (yaml.safe_load((Path(root) / "dvc.yaml").read_text()) or {}).get("stages") or {}
+    declared = af.stage_names(root)
     return [s for s in STAGES if s in declared]
 
 
