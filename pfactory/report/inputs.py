@@ -55,6 +55,8 @@ class ReportInputs:
     prerendered: dict[str, dict[str, bytes]] = field(default_factory=dict)
     """Worst-frame panels already drawn by the evaluate stage (`report/worst/`), by frame id."""
     baseline: Baseline | None = None
+    no_baseline: str = "no champion in the registry"
+    """Why there is no baseline, when there is none (the headline says it)."""
     notes: list[str] = field(default_factory=list)
     run_ids: dict[str, str] = field(default_factory=dict)
     """MLflow runs it came from (`pipeline`, `evaluate`), when it came from MLflow."""

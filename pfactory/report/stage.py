@@ -55,6 +55,7 @@ def write_stage_report(
     for fname, attr in (("parity.json", "parity"), ("latency.json", "latency")):
         if (optimized / fname).is_file():
             setattr(inputs, attr, read_json(optimized / fname, f"the optimize stage's {fname}"))
+    inputs.no_baseline = "no champion comparison in the evaluate stage's report: a cached output"
     inputs.notes.append(NO_CHAMPION)
     report = write_report(inputs, report_dir / "report.html", worst_n)
     if report.worst:
