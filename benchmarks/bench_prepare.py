@@ -51,38 +51,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests.conftest` builds the nuScenes tables around the real files
 
+from raw_datasets import build_datasets  # noqa: E402  (this folder: the benchmarks share it)
+
 from pfactory.data.camera import CameraPipeline, ResizeGeometry, pil_reference, resize_geometry  # noqa: E402
 from pfactory.data.params import PrepareParams  # noqa: E402
 
 TARGET_VS_BASELINE = 1.25
 TARGET_VS_CEILING = 0.80
 TARGET_RSS_GROWTH = 0.20
-
-
-# ----------------------------------------------------------------------------------------------
-# Datasets
-
-
-def build_datasets(work: Path, frames: int) -> dict[str, Path]:
-    """{"png": KITTI layout, "jpeg": nuScenes layout}, `frames` frames each (symlinked)."""
-    from pfactory.data.replicate import replicate_kitti, replicate_nuscenes
-
-    real = Path(os.environ.get("PFACTORY_REAL_DATA", ROOT.parent / "shared/data/real"))
-    out = {}
-    if (real / "kitti/training/velodyne").is_dir() and (real / "nuscenes/mmdet3d_derived").is_dir():
-        from tests.conftest import DEMO_TOKEN, build_nuscenes_tables
-
-        out["png"] = replicate_kitti(real / "kitti", work / "kitti", frames)
-        base = build_nuscenes_tables(real / "nuscenes", work / "nuscenes_base")
-        out["jpeg"] = replicate_nuscenes(base.root, work / "nuscenes", frames, samples=[DEMO_TOKEN])
-    else:  # synthetic stand-ins with the real formats and sizes
-        from pfactory.sensors.synth.dataset import generate_dataset
-
-        generate_dataset(work / "synth_kitti", frames=8, seed=0, cameras=1, image_size=(1242, 375))
-        generate_dataset(work / "synth_nus", frames=4, seed=0, cameras=6, image_size=(1600, 900))
-        out["png"] = replicate_kitti(work / "synth_kitti", work / "kitti", frames)
-        out["jpeg"] = replicate_nuscenes(work / "synth_nus", work / "nuscenes", frames)
-    return out
 
 
 def camera_inputs(raw: Path, params: PrepareParams) -> tuple[list[bytes], list[ResizeGeometry], int]:

@@ -60,7 +60,7 @@ def output_hashes(out: Path) -> dict[str, str]:
 
 
 def build_raw(work: Path, frames: int) -> Path:
-    from bench_prepare import build_datasets
+    from raw_datasets import build_datasets
 
     return build_datasets(work, frames)["png"]
 

@@ -157,7 +157,7 @@ def data_check(
     root: Annotated[Path, typer.Argument(help="Dataset directory (KITTI or nuScenes layout).")],
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON instead of text.")] = False,
     set_param: SetOpt = None,
-    params_file: ParamsOpt = Path("params.yaml"),
+    params_file: ParamsOpt = None,
 ) -> None:
     """Validate a dataset: every problem with its file, field and what was expected.
 
@@ -422,25 +422,36 @@ def kpi_cmd(
     gt: Annotated[Path, typer.Option(help="KITTI label_2 directory (ground truth).")],
     pred: Annotated[Path, typer.Option(help="KITTI result directory (label_2 columns + score).")],
     out: Annotated[Path | None, typer.Option(help="Write the KPI JSON here.")] = None,
-    score_threshold: Annotated[
-        float, typer.Option(help="Per-frame counts and the error breakdown use detections scoring >= this.")
-    ] = 0.3,
+    frame_score_threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--frame-score-threshold",
+            "--score-threshold",
+            help="Per-frame counts and the error breakdown use detections scoring >= this "
+            "(evaluate.frame_score_threshold; default 0.3).",
+        ),
+    ] = None,
     set_param: SetOpt = None,
     params_file: ParamsOpt = None,
 ) -> None:
     """Detection KPIs (nuScenes AP at 0.5/1/2/4 m, ATE/ASE/AOE, per class and range) and the error
     breakdown (tp, duplicate, classification, localization, both, background, missed) from KITTI files.
 
-    Example: factory kpi --gt data/label_2 --pred results/ --out kpis.json --score-threshold 0.5
+    Scored as the evaluate stage scores: its range buckets (evaluate.range_edges_m) and frame score threshold,
+    from params.yaml when -S or --params is given (else their defaults, without loading params).
+    Example: factory kpi --gt data/label_2 --pred results/ --out kpis.json --frame-score-threshold 0.5
     """
     from pfactory.metrics.kpi_cli import format_kpi_table, run_kpi
     from pfactory.sensors.errors import DatasetError
 
-    # kpi uses library defaults; overrides are still validated (only then: pydantic costs ~0.3 s to import).
-    if set_param:
-        _params(params_file, set_param)
+    scoring: dict[str, object] = {}
+    if set_param or params_file is not None:  # only then: loading params costs ~0.3 s of imports
+        ev = _params(params_file, set_param).evaluate
+        scoring = {"range_buckets_m": ev.range_buckets_m, "score_threshold": ev.frame_score_threshold}
+    if frame_score_threshold is not None:
+        scoring["score_threshold"] = frame_score_threshold
     try:
-        result = run_kpi(gt, pred, out, score_threshold=score_threshold)
+        result = run_kpi(gt, pred, out, **scoring)
     except DatasetError as e:
         _fail(str(e))
     except ValueError as e:  # bad KpiParams (e.g. a non-finite threshold)
@@ -469,7 +480,7 @@ def report_cmd(
     ] = None,
     worst: Annotated[int, typer.Option(min=0, help="How many worst frames to draw.")] = 6,
     set_param: SetOpt = None,
-    params_file: ParamsOpt = Path("params.yaml"),
+    params_file: ParamsOpt = None,
 ) -> None:
     """Write one self-contained HTML run report: KPIs and deltas vs the champion, per-class x range tables,
     the error breakdown, PR curves, the worst frames (camera + BEV), calibration, parity and latency.
@@ -787,8 +798,8 @@ def main() -> None:
         known = explain(e)
         if known is None:
             raise
-        typer.secho(known[0], fg=typer.colors.RED, err=True)
-        sys.exit(known[1])
+        typer.secho(known.reason, fg=typer.colors.RED, err=True)
+        sys.exit(known.code)
 
 
 if __name__ == "__main__":

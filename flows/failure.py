@@ -1,10 +1,13 @@
 """What `factory run` prints when it fails: one screen (at most `MAX_LINES` lines) and a meaningful exit code.
 
-In:  a `StageFailed` (a stage's `dvc repro` exited non-zero: its output, log, exit status, attempts), a
+In:  a `StageFailed` (a stage's `dvc repro` exited non-zero: the outcome the stage process wrote -- exit code,
+     error type, reason, hint, as data (`pfactory.failures.Outcome`) --, its log, attempts), a
      `ServiceFailed` (the local Prefect API or the MLflow store would not start), or any other exception.
-Out: a `Failure` — title, reason (the few meaningful lines of the stage's output, not a traceback), the log
-     paths as the user can open them from their current directory, what to try, the exit code — and
-     `failure_lines(failure, width)`, the screen itself, wrapped to the terminal width.
+Out: a `Failure` — title, reason (the error's own message, not a traceback), the log paths as the user can
+     open them from their current directory, what to try (the error class' hint), the exit code — and
+     `failure_lines(failure, width)`, the screen itself, wrapped to the terminal width. Nothing here parses the
+     text DVC prints (a DVC release that words its console differently changes nothing on this screen); only
+     when the stage never started is DVC's own last line shown, as it is.
 
 Exit codes of `factory run` (docs/OPERATIONS.md, "When a run fails"):
     0   the run finished (a refused promotion is a result, not a failure)
@@ -17,17 +20,17 @@ Exit codes of `factory run` (docs/OPERATIONS.md, "When a run fails"):
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks._stage import EXIT_TRANSIENT, EXIT_USAGE
+from flows.workspace import StageFailed
+from pfactory.failures import EXIT_FAILED, EXIT_TRANSIENT, EXIT_USAGE, chain, is_transient
 
-EXIT_STAGE_FAILED = 1
+EXIT_STAGE_FAILED = EXIT_FAILED
 EXIT_SERVICE = 3
 MAX_LINES = 15  # the whole output of a failed run (progress lines before the screen included)
 MIN_LINES = 7  # the failure screen itself, however much was printed before it
@@ -35,104 +38,33 @@ LOG_NOTE = "   "  # separates a log path from its note ("(Prefect's: prefect.log
 MAX_REASON_LINES = 4
 MAX_REASON_CHARS = 400  # per reason line; the full text is in the log
 
-# A stage killed by one of these was stopped from outside (the OOM killer, a preemption): worth a retry.
-TRANSIENT_SIGNALS = (signal.SIGKILL, signal.SIGTERM)
-
-# DVC's own lines around a stage's output (`dvc repro` 3.x): not the stage's reason.
-_DVC_CHATTER = re.compile(
-    r"^(\$ dvc |Running stage '|> |Stage '.*' (didn't change|is cached)|Verifying data sources|"
-    r"(Updating|Generating) lock file|To track the changes with git|\s*git add |To enable auto staging|"
-    r"\s*dvc config core\.autostage|Use `dvc push`|ERROR: failed to reproduce '.*': failed to run: )"
-)
-# Library log records and warnings interleaved with the stage's output (Dask, MLflow, Python warnings).
-_NOISE = re.compile(
-    r"^(\d{4}[-/]\d\d[-/]\d\d[ T][\d:.,]+ (- \S+ - )?(DEBUG|INFO|WARNING)\b|"
-    r"\S+:\d+: \w*Warning: |\s+warnings\.warn\(|\w+: step \d+/\d+ )"
-)
-_EXITED = re.compile(r"failed to run: .*, exited with (-?\d+)\s*$", re.M)
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 # A path-like token: at least one "/", not part of a URL ("sqlite:///...", "http://...").
 _PATH_TOKEN = re.compile(r"(?<![\w./:~-])(/?(?:[\w.+-]+/)+[\w.+-]+)")
 
 
-def stage_exit_status(dvc_output: str) -> int | None:
-    """The stage command's exit status from DVC's "failed to run: ..., exited with N" (None: DVC itself
-    failed before or around the command). A negative N is the signal that killed it."""
-    found = _EXITED.findall(dvc_output)
-    return int(found[-1]) if found else None
-
-
-def is_transient_exit(status: int | None, dvc_output: str = "") -> bool:
-    """Whether a stage outcome is worth a retry: exit 75 (`tasks._stage.is_transient` said so),
-    killed by SIGKILL / SIGTERM, or DVC unable to take its lock (another process held it)."""
-    if status == EXIT_TRANSIENT:
-        return True
-    if status is not None and status < 0:
-        return -status in TRANSIENT_SIGNALS
-    return status is None and "Unable to acquire lock" in dvc_output
-
-
-def last_attempt(output: str) -> str:
-    """The output of the last `$ dvc ...` attempt in a stage log (retries append to the same log)."""
-    marks = [m.start() for m in re.finditer(r"^\$ dvc ", output, re.M)]
-    return output[marks[-1] :] if marks else output
-
-
-def stage_reason(output: str, root: Path | None = None) -> list[str]:
-    """The few lines that say why a stage failed, from its (last attempt's) output.
-
-    A Python traceback gives its final exception text plus `at FILE:LINE in FUNC` of the innermost
-    frame in the project's code (`root`: the run workspace; site-packages frames are skipped). Otherwise
-    the last block the stage printed: a line and the indented lines under it (a parity failure's gates).
-    DVC's chatter, library log records and progress lines are dropped; at most `MAX_REASON_LINES` lines.
-    """
-    lines = [ln.rstrip() for ln in last_attempt(output).splitlines()]
-    status = stage_exit_status(output)
-    kept = [ln for ln in lines if ln.strip() and not _DVC_CHATTER.match(ln) and not _NOISE.match(ln)]
-    if not kept:
-        return (
-            [f"exit {status}, no message (see the log)"]
-            if status is not None
-            else ["no message (see the log)"]
-        )
-    where = None
-    tb = max(
-        (i for i, ln in enumerate(kept) if ln.startswith("Traceback (most recent call last)")), default=None
-    )
-    if tb is not None:
-        frames = [i for i in range(tb, len(kept)) if _FRAME.match(kept[i])]
-        end_of_frames = frames[-1] + 1 if frames else tb + 1
-        while end_of_frames < len(kept) and kept[end_of_frames].startswith("    "):
-            end_of_frames += 1  # the frame's source line and its ^^^^ markers
-        block = kept[end_of_frames:] or [kept[-1]]
-        for i in reversed(frames):
-            m = _FRAME.match(kept[i])
-            f = m["file"]
-            if "site-packages" in f or "dist-packages" in f or f.startswith("<"):
-                continue
-            rel = f
-            if root is not None:
-                with contextlib.suppress(ValueError):
-                    rel = str(Path(f).resolve().relative_to(Path(root).resolve()))
-            where = f"at {rel}:{m['line']} in {m['func']}"
-            break
-    else:
-        start = len(kept) - 1
-        while start > 0 and kept[start].startswith((" ", "\t")):
-            start -= 1
-        block = kept[start:]
+def stage_reason(e: StageFailed) -> list[str]:
+    """The few lines that say why a stage failed: its outcome's reason (the error's own message) and, for a
+    bug, `at FILE:LINE in FUNC` of the innermost project frame; a killed stage says so; when the stage never
+    started (DVC failed around it), DVC's last line, shown as it is. At most `MAX_REASON_LINES` lines."""
+    o = e.outcome
+    if o is None:
+        last = [ln.rstrip() for ln in e.output.splitlines() if ln.strip() and not ln.startswith("$ dvc ")]
+        return [last[-1][:MAX_REASON_CHARS] if last else "no message (see the log)"]
+    if e.killed:
+        return ["the stage process was killed before it could report (SIGKILL or SIGTERM)"]
+    block = [ln.rstrip() for ln in o.reason if ln.strip()] or [f"exit {o.code}, no message (see the log)"]
     if len(block) > MAX_REASON_LINES:
         more = len(block) - (MAX_REASON_LINES - 1)
         block = [*block[: MAX_REASON_LINES - 1], f"  ... ({more} more lines in the log)"]
     out = [ln if len(ln) <= MAX_REASON_CHARS else ln[: MAX_REASON_CHARS - 1] + "…" for ln in block]
-    if where:
-        out.append(where)
-    return out
+    return [*out, o.where] if o.where else out
 
 
 def openable(path: str | Path, cwd: str | Path | None = None) -> str:
     """`path` as the user can open it from `cwd` (default: the current directory): relative when it is
-    under `cwd`, else absolute."""
+    under `cwd`, else absolute ("" stays "": no path)."""
+    if not str(path):
+        return ""
     p = Path(path).absolute()
     here = Path(cwd or os.getcwd()).absolute()
     try:
@@ -166,79 +98,67 @@ class Failure:
     exit_code: int = EXIT_STAGE_FAILED
 
 
-def _stage_hints(stage: str, status: int | None, reason: str, attempts: int, ws: str) -> list[str]:
+def _stage_hints(e: StageFailed, ws: str) -> list[str]:
     hints: list[str] = []
-    if status is not None and status < 0:
-        sig = signal.Signals(-status).name if -status in signal.Signals._value2member_map_ else str(-status)
+    if e.killed:
         hints.append(
-            f"the stage was killed by {sig}: usually the kernel's out-of-memory killer (see `dmesg`); free "
-            "memory or lower the stage's batch size / workers"
+            "the stage was killed (SIGKILL or SIGTERM): usually the kernel's out-of-memory killer (see `dmesg`); "
+            "free memory or lower the stage's batch size / workers"
         )
-    elif status == EXIT_TRANSIENT:
+    elif e.status == EXIT_TRANSIENT:
         hints.append(
             "a transient failure (a lost worker or connection): check the machine and any server named above"
         )
-    elif status == EXIT_USAGE:
+    elif e.status == EXIT_USAGE:
         hints.append(
             "the stage refused a parameter or input named above: `factory params` shows the resolved values"
         )
-    if "frames refused" in reason:
-        hints.append("each refused frame and why is in rejected.jsonl (above); check the raw data "
-                     "(`factory data check DIR`) or relax prepare.min_points / prepare.max_reject_fraction")  # fmt: skip
-    if "parity vs PyTorch failed" in reason:
-        hints.append("the per-gate figures are in the report named above (docs/OPTIMIZE.md, Parity); "
-                     "-S optimize.precision=fp32 ships the FP32 artifact instead")  # fmt: skip
+    if e.outcome is not None and e.outcome.hint:
+        hints.append(e.outcome.hint)  # the error's own hint (its class says what to try)
     hints.append(
         f"fix it and `factory run` again (finished stages are restored from DVC's run-cache), or replay "
-        f"this stage alone: cd {ws} && dvc repro {stage}"
+        f"this stage alone: cd {ws} && dvc repro {e.stage}"
     )
     return hints
 
 
 def stage_failure(
-    stage: str,
-    output: str,
-    log: Path,
+    e: StageFailed,
     workspace: Path,
-    index: int,
-    total: int,
-    attempts: int,
     prefect_log: Path | None = None,
     cwd: str | Path | None = None,
 ) -> Failure:
-    """The screen for a failed stage (`output`: its `dvc repro` output, all attempts)."""
-    status = stage_exit_status(output)
-    transient = is_transient_exit(status, last_attempt(output))
-    reason = stage_reason(output, workspace)
+    """The screen for a failed stage, from its outcome (`e.outcome`, the JSON the stage wrote), never from
+    the text DVC printed around it."""
+    reason = stage_reason(e)
     # Paths in the message open from the user's directory; the `at FILE:LINE` location stays as it is:
     # the project's own source file (the workspace holds a copy of it).
     reason = [ln if ln.startswith("at ") else rewrite_paths(ln, workspace, cwd) for ln in reason]
-    how = f"exit {status}" if status is None or status >= 0 else f"killed by signal {-status}"
-    if attempts > 1:
-        retried = f"failed {attempts} times (transient, retried)"
-    elif transient:
+    how = "killed" if e.killed else f"exit {e.status}" if e.status is not None else "DVC failed around it"
+    if e.attempts > 1:
+        retried = f"failed {e.attempts} times (transient, retried)"
+    elif e.transient:
         retried = "transient, no retry left"
     else:
         retried = "not retried (a deterministic error)"
-    shown = openable(log, cwd)
+    shown = openable(e.log, cwd)
     if prefect_log is not None:
-        beside = Path(prefect_log).parent == Path(log).parent
+        beside = Path(prefect_log).parent == Path(e.log).parent
         shown += (
             f"{LOG_NOTE}(Prefect's: {Path(prefect_log).name if beside else openable(prefect_log, cwd)}"
             + (" beside it)" if beside else ")")
         )
-    logs = [("log", shown)]
-    if transient:
+    if e.transient:
         code = EXIT_TRANSIENT
-    elif status == EXIT_USAGE:
+    elif e.status == EXIT_USAGE:
         code = EXIT_USAGE
     else:
         code = EXIT_STAGE_FAILED
     return Failure(
-        title=f"factory run failed at stage {stage} ({index} of {total}): {how}, {retried}",
+        title=f"factory run failed at stage {e.stage} ({e.index} of {e.total}): {how}, {retried}",
         reason=reason,
-        logs=logs,
-        hints=_stage_hints(stage, status, "\n".join(reason), attempts, openable(workspace, cwd)),
+        logs=[("log", shown)],
+        hints=_stage_hints(e, openable(workspace, cwd)),
         exit_code=code,
     )
 
@@ -263,12 +183,24 @@ def service_failure(e: ServiceFailed, log: Path | None, cwd: str | Path | None =
     )
 
 
-# Connection errors of the HTTP clients Prefect (httpx) and MLflow (requests, urllib3) talk to their servers with.
-_CONNECTION_ERRORS = {
-    *(("httpx", n) for n in ("ConnectError", "ConnectTimeout", "ReadTimeout", "RemoteProtocolError")),
-    *(("requests", n) for n in ("ConnectionError", "ConnectTimeout")),
-    *(("urllib3", n) for n in ("MaxRetryError", "NewConnectionError")),
-}
+def _connection_errors() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """(Prefect's, MLflow's) connection errors: httpx's, and requests' / urllib3's (loaded ones only: an
+    exception of a class implies its module is loaded)."""
+    prefect: list[type[BaseException]] = []
+    mlflow: list[type[BaseException]] = []
+    if "httpx" in sys.modules:
+        import httpx
+
+        prefect += [httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.RemoteProtocolError]
+    if "requests" in sys.modules:
+        import requests
+
+        mlflow += [requests.ConnectionError, requests.ConnectTimeout]
+    if "urllib3" in sys.modules:
+        from urllib3.exceptions import MaxRetryError, NewConnectionError
+
+        mlflow += [MaxRetryError, NewConnectionError]
+    return tuple(prefect), tuple(mlflow)
 
 
 def _lost_server(e: BaseException) -> tuple[str, str] | None:
@@ -278,27 +210,22 @@ def _lost_server(e: BaseException) -> tuple[str, str] | None:
     from pfactory.tracking import redact_uri
 
     mlflow_uri = os.environ.get("MLFLOW_TRACKING_URI", "")
-    seen: set[int] = set()
-    exc: BaseException | None = e
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        mro = [(c.__module__.split(".")[0], c.__name__) for c in type(exc).__mro__]
-        text = str(exc)
-        if os.environ.get("PREFECT_API_URL") and any(m in _CONNECTION_ERRORS for m in mro if m[0] == "httpx"):
+    prefect_errors, mlflow_errors = _connection_errors()
+    mlflow_exc = sys.modules["mlflow.exceptions"].MlflowException if "mlflow.exceptions" in sys.modules else ()
+    for exc in chain(e):
+        if os.environ.get("PREFECT_API_URL") and isinstance(exc, prefect_errors):
             return "Prefect server", os.environ["PREFECT_API_URL"]
         if mlflow_uri.startswith(("http://", "https://")) and (
-            any(m in _CONNECTION_ERRORS for m in mro if m[0] != "httpx")
-            or (("mlflow", "MlflowException") in mro and "Max retries exceeded" in text)
+            isinstance(exc, mlflow_errors)
+            # MLflow wraps requests' retry error into its own exception, its text the only trace of it
+            or (isinstance(exc, mlflow_exc) and "Max retries exceeded" in str(exc))
         ):
             return "MLflow tracking server", redact_uri(mlflow_uri)
-        exc = exc.__cause__ or exc.__context__
     return None
 
 
 def flow_failure(e: BaseException, log: Path | None, cwd: str | Path | None = None) -> Failure:
     """Anything else that escaped the flow (outside the stages): its last line, the traceback in the log."""
-    from tasks._stage import is_transient
-
     text = str(e).strip().splitlines()
     reason = [f"{type(e).__name__}: {text[-1] if text else ''}"]
     transient = is_transient(e)

@@ -7,20 +7,45 @@
   wrote into its metrics.json), with `stage.<stage>.from_parent` = that run's pipeline run;
 - the run's description (`mlflow.note.content`, markdown on the run page): a table of the stages with links
   to those runs, the DVC experiment and the workspace;
-- the evaluate stage's report (report.html, PR curves, bird's-eye views of the worst frames) under
-  `report/` and its PNGs as MLflow images (`pfactory.report.run.log_report`, logged from the workspace's
-  files: there whether evaluate ran in this run or was restored from the run-cache; the stage itself
-  logs no report to the parent).
+- the run report (report.html, PR curves, bird's-eye views of the worst frames) under `report/` and its
+  PNGs as MLflow images (`pfactory.report.run.log_report`): `champion_report`, made by the flow right after
+  the evaluate stage from the workspace's files (there whether evaluate ran in this run or was restored from
+  the run-cache) and compared with the registry's champion as it is then, before this run's promote stage;
+  the evaluate stage's own report (no champion: a cached output depends only on its inputs) when that
+  could not be made.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
 
 STAGE_TAG = "stage.{}.{}"
+REPORT_DIR = "report"  # under the workspace's logs/: the run report compared with the champion
+
+
+def champion_report(ws: Any) -> str | None:
+    """The run report of the workspace's evaluation compared with the registry's champion as it is now
+    (`factory report`'s page: `pfactory.report.run.make_report`), in `<workspace>/logs/report/`; None (and a
+    warning in the log) when it cannot be made: the evaluate stage's own report is logged instead."""
+    from pfactory.report.frames import write_pngs
+    from pfactory.report.run import make_report
+
+    p, prm = ws.params.paths, ws.params.promote
+    out = ws.path / "logs" / REPORT_DIR
+    try:
+        _, report = make_report(str(ws.abs(p.eval)), out / "report.html", "champion", ws.abs(p.optimized),
+                                ws.abs(p.prepared), prm.model_name, prm.alias, ws.params.evaluate.worst_frames)  # fmt: skip
+        if report.worst:
+            write_pngs(out / "worst", report.worst)
+    except Exception as e:  # the report explains; the run's work is done
+        logging.getLogger("pfactory.run").warning("the run report vs the champion could not be made: %r", e)
+        return None
+    return str(out)
 
 
 def _md5_of_stage(lock: dict[str, Any], stage: str) -> tuple[str, str] | None:
@@ -114,6 +139,7 @@ def decorate(client: Any, exp_id: str, parent_id: str, ws: Any, results: dict[st
     client.set_tag(parent_id, "mlflow.note.content", description(exp_id, results, lineage))
     from pfactory.report.run import log_report
 
-    log_report(ws.abs(ws.params.paths.eval) / af.REPORT_DIR, parent_id, client)
+    report = results.get("report") or ws.abs(ws.params.paths.eval) / af.REPORT_DIR
+    log_report(Path(report), parent_id, client)
     client.log_text(parent_id, json.dumps(lineage, indent=2, sort_keys=True), "lineage.json")
     return lineage

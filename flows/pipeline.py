@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
+from pfactory.failures import chain
 from pfactory.tracking import configure_environment
 
 configure_environment()  # before Prefect is imported: PREFECT_HOME, analytics off
@@ -79,9 +80,9 @@ def _stage_task(stage: str) -> Any:
         retry_condition_fn=_transient_only,
         persist_result=False,
     )
-    def run_stage(ws: Workspace) -> dict[str, Any]:
+    def run_stage(ws: Workspace, index: int, total: int) -> dict[str, Any]:
         try:
-            result = ws.repro(stage)
+            result = ws.repro(stage, index, total)
         except StageFailed as e:
             if e.transient and ws.attempts[stage] <= retries:
                 current_console().note(
@@ -101,9 +102,7 @@ STAGE_TASKS = {stage: _stage_task(stage) for stage in STAGES}
 
 def declared_stages(root: Path) -> list[str]:
     """STAGES in order, those that the project's dvc.yaml declares."""
-    import yaml
-
-    declared = (yaml.safe_load((Path(root) / "dvc.yaml").read_text()) or {}).get("stages") or {}
+    declared = af.stage_names(root)
     return [s for s in STAGES if s in declared]
 
 
@@ -171,12 +170,8 @@ def _stage_failure_first() -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        cause: BaseException | None = e.__context__
-        for _ in range(16):  # the chain is short; never loop on a cycle
-            if cause is None or isinstance(cause, StageFailed):
-                break
-            cause = cause.__context__
-        if isinstance(e, StageFailed) or not isinstance(cause, StageFailed):
+        cause = next((c for c in chain(e.__context__) if isinstance(c, StageFailed)), None)
+        if isinstance(e, StageFailed) or cause is None:
             raise
         get_run_logger().warning("the parent run could not record the failure of %s: %r", cause.stage, e)
         raise cause from None
@@ -270,12 +265,13 @@ def pipeline(
                 console.stage_started(i, n, stage)
                 try:
                     with console.following(progress_file, stage):
-                        results["stages"][stage] = STAGE_TASKS[stage](ws)
-                except StageFailed as e:
-                    e.index, e.total, e.attempts = i, n, ws.attempts[stage]
+                        results["stages"][stage] = STAGE_TASKS[stage](ws, i, n)
+                except StageFailed:
                     console.stage_failed()
                     raise
                 results["timings_s"][stage] = round(ws.stage_seconds[stage], 3)
+                if stage == "evaluate":  # the champion as it is before this run's promote stage
+                    results["report"] = parent_run.champion_report(ws)
                 r = results["stages"][stage]
                 console.stage_finished(i, n, stage, r["how"], r["seconds"])
                 mlflow.log_metric(f"time/{stage}_s", results["timings_s"][stage])

@@ -64,11 +64,7 @@ def run_command(
                 result = flow(overrides=overrides, name=name, stages=stages, checkout=checkout)
                 result["startup"] = startup
             except StageFailed as e:
-                failure = stage_failure(
-                    e.stage, e.output, e.log, e.log.parent.parent,
-                    getattr(e, "index", 0), getattr(e, "total", 0), getattr(e, "attempts", 1),
-                    prefect_log=log.path,
-                )  # fmt: skip
+                failure = stage_failure(e, e.log.parent.parent, prefect_log=log.path)
             except ServiceFailed as e:
                 logging.getLogger("pfactory.run").error("service failed", exc_info=e)
                 failure = service_failure(e, log.spill(root / STATE_LOGS))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from flows.failure import openable
 from pfactory.tracking import redact_uri, runs_table_url
 
 
@@ -16,26 +17,18 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _rel(path: str) -> str:
-    """`path` relative to the cwd when it is below it (shorter hints), else as given."""
-    try:
-        return os.path.relpath(path) if path and not os.path.relpath(path).startswith("..") else path
-    except ValueError:
-        return path
-
-
 def where_and_look(result: dict[str, Any]) -> str:
     """Where the run's files are and the commands to look at it, one command per line (none longer than it
     must be: paths relative to the cwd), so a narrow terminal wraps a line, never a command in two."""
-    ws = _rel(result.get("workspace", ""))
-    state = _rel(os.environ.get("PREFECT_HOME", "artifacts/.state/prefect"))
+    ws = openable(result.get("workspace", ""))
+    state = openable(os.environ.get("PREFECT_HOME", "artifacts/.state/prefect"))
     exp = result.get("experiment")
     lines = [f"where: workspace {ws}", "  (params.yaml, dvc.lock, artifacts/, logs/)"]
     if result.get("checked_out"):
         lines.append("  its outputs are also at the project's paths: follow-up commands use them")
     uri = redact_uri(os.environ.get("MLFLOW_TRACKING_URI", ""))
     if uri.startswith("sqlite:///"):
-        uri = "sqlite:///" + _rel(uri.removeprefix("sqlite:///"))
+        uri = "sqlite:///" + openable(uri.removeprefix("sqlite:///"))
     lines += [
         "look:",
         f"  mlflow ui --backend-store-uri {uri}",

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flows.failure import is_transient_exit, stage_exit_status, stage_reason
+from pfactory.failures import EXIT_TRANSIENT, OUTCOME_ENV, STAGE_LOG_ENV, Outcome, clear_outcome, read_outcome
 
 RUNS_DIR = Path("artifacts") / "runs"
 CODE_DIRS = ("pfactory", "tasks", "kernels")
@@ -48,22 +48,45 @@ _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 
 
 class StageFailed(RuntimeError):
-    """A `dvc repro <stage>` exited non-zero. `output` is this attempt's DVC + stage output, `log` the
-    stage log (all attempts), `status` the stage command's own exit status (negative: killed by that
-    signal; None: DVC failed around it), `transient` whether a retry may help (`flows.failure`)."""
+    """A `dvc repro <stage>` exited non-zero: the `index`-th of `total` stages, on its `attempts`-th try.
 
-    def __init__(self, stage: str, returncode: int, output: str, log: Path) -> None:
-        self.stage = stage
-        self.returncode = returncode
-        self.output = output
-        self.log = log
-        self.status = stage_exit_status(output)
-        self.transient = is_transient_exit(self.status, output)
+    `outcome`: what the stage process wrote (`pfactory.failures.Outcome`: code, error, reason, hint), None
+    when it never started (DVC failed around it). `status`: its exit code (None: no verdict). `killed`: it
+    started and ended without a verdict (SIGKILL, SIGTERM). `transient`: a retry may help -- a transient
+    verdict (75), a kill from outside, or DVC finding the workspace locked by another DVC process.
+    `output`: this attempt's DVC + stage output, `log` the stage log (all attempts), for people to read."""
+
+    def __init__(
+        self, stage: str, outcome: Outcome | None, output: str, log: Path, *, returncode: int,
+        index: int = 0, total: int = 0, attempts: int = 1, locked: bool = False,
+    ) -> None:  # fmt: skip
+        self.stage, self.outcome, self.output, self.log = stage, outcome, output, log
+        self.returncode, self.index, self.total, self.attempts = returncode, index, total, attempts
+        if outcome is not None and outcome.code == 0:
+            outcome = self.outcome = None  # the stage finished; DVC failed after it (an output missing, ...)
+        self.status = outcome.code if outcome is not None else None
+        self.killed = outcome is not None and outcome.code is None
+        self.transient = self.killed or self.status == EXIT_TRANSIENT or (outcome is None and locked)
         how = "transient" if self.transient else "deterministic"
-        reason = "\n  ".join(stage_reason(output))
+        reason = "\n  ".join(outcome.reason if outcome is not None else [])
         super().__init__(
             f"stage {stage!r} failed ({how}, exit {self.status}; dvc exit {returncode}); log: {log}\n  {reason}"
         )
+
+
+def dvc_locked(path: Path) -> bool:
+    """Whether another DVC process holds the lock of the DVC project at `path` right now (`.dvc/tmp/lock`,
+    taken with zc.lockfile as DVC does): a run that met it may succeed on a retry."""
+    import zc.lockfile
+
+    lock = Path(path) / ".dvc" / "tmp" / "lock"
+    if not lock.is_file():
+        return False
+    try:
+        zc.lockfile.LockFile(str(lock)).close()
+    except zc.lockfile.LockError:
+        return True
+    return False
 
 
 def new_run_id(name: str | None = None) -> str:
@@ -97,14 +120,20 @@ class Workspace:
         p = Path(rel)
         return p if p.is_absolute() else self.path / p
 
+    @property
+    def outcomes(self) -> Path:
+        """Where the stage processes write their outcome JSON (`pfactory.failures`, `$PFACTORY_OUTCOME_DIR`)."""
+        return self.path / "logs" / "outcomes"
+
     def env(self) -> dict[str, str]:
         """Environment for DVC and the stage processes: this interpreter's bin first on PATH (the stage
-        cmd is `python -m tasks.<stage>`), the workspace first on PYTHONPATH."""
+        cmd is `python -m tasks.<stage>`), the workspace first on PYTHONPATH, the outcome folder."""
         env = dict(os.environ)
         bindir = str(Path(sys.executable).parent)
         env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
         env["PYTHONPATH"] = str(self.path) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("DVC_NO_ANALYTICS", "1")
+        env[OUTCOME_ENV] = str(self.outcomes)
         return env
 
     def dvc(self, *args: str, log_name: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -117,36 +146,43 @@ class Workspace:
             f.write(f"$ dvc {' '.join(args)}\n")
             f.flush()
             start = f.tell()
-            proc = subprocess.run(
-                cmd, cwd=self.path, env=self.env(), stdout=f, stderr=subprocess.STDOUT, text=True
-            )
+            proc = subprocess.run(cmd, cwd=self.path, env={**self.env(), STAGE_LOG_ENV: str(log)},
+                                  stdout=f, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         with open(log) as f:
             f.seek(start)
             output = f.read()
         if check and proc.returncode != 0:
-            raise StageFailed(log_name or args[0], proc.returncode, output, log)
+            name = log_name or args[0]
+            raise StageFailed(name, read_outcome(self.outcomes, name), output, log, returncode=proc.returncode,
+                              locked=dvc_locked(self.path))  # fmt: skip
         return subprocess.CompletedProcess(cmd, proc.returncode, output, None)
 
-    def repro(self, stage: str) -> dict[str, Any]:
-        """`dvc repro <stage>` (upstream stages already reproduced are no-ops); returns what DVC did:
-        `{"seconds", "ran", "restored_from_run_cache", "unchanged", "how"}` ("how": ran | run-cache | up to date)."""
+    def repro(self, stage: str, index: int = 0, total: int = 0) -> dict[str, Any]:
+        """`dvc repro <stage>` (upstream stages already reproduced are no-ops), the `index`-th of `total`;
+        returns what happened: `{"seconds", "ran", "restored_from_run_cache", "unchanged", "how"}` ("how":
+        ran | run-cache | up to date), read from the stage's outcome and `dvc.lock`, not DVC's console."""
         self.attempts[stage] = self.attempts.get(stage, 0) + 1
+        clear_outcome(self.outcomes, stage)  # an earlier attempt's verdict must not be read as this one's
+        before = (self.lock().get("stages") or {}).get(stage)
         t0 = time.perf_counter()
         try:
-            proc = self.dvc("repro", stage, log_name=stage)
+            proc = self.dvc("repro", stage, log_name=stage, check=False)
         finally:
             self.stage_seconds[stage] = time.perf_counter() - t0
-        seconds = self.stage_seconds[stage]
-        out = proc.stdout
+        outcome = read_outcome(self.outcomes, stage)
+        if proc.returncode != 0:
+            raise StageFailed(stage, outcome, proc.stdout, self.path / "logs" / f"{stage}.log",
+                              returncode=proc.returncode, index=index, total=total, attempts=self.attempts[stage],
+                              locked=outcome is None and dvc_locked(self.path))  # fmt: skip
+        ran = outcome is not None and outcome.code == 0
+        unchanged = not ran and before is not None and before == (self.lock().get("stages") or {}).get(stage)
         result = {
-            "seconds": round(seconds, 3),
-            "ran": f"Running stage '{stage}'" in out,
-            "restored_from_run_cache": f"Stage '{stage}' is cached" in out,
-            "unchanged": f"Stage '{stage}' didn't change" in out,
+            "seconds": round(self.stage_seconds[stage], 3),
+            "ran": ran,
+            "restored_from_run_cache": not ran and not unchanged,
+            "unchanged": unchanged,
         }
-        result["how"] = (
-            "ran" if result["ran"] else "run-cache" if result["restored_from_run_cache"] else "up to date"
-        )
+        result["how"] = "ran" if ran else "up to date" if unchanged else "run-cache"
         return result
 
     def lock(self) -> dict[str, Any]:

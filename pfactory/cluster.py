@@ -95,11 +95,6 @@ def cluster_slots(client: Any) -> int:
     return sum(client.nthreads().values()) or 1
 
 
-def worker_pids(client: Any) -> dict[str, int]:
-    """Process id of every worker (`{address: pid}`)."""
-    return client.run(os.getpid)
-
-
 # ------------------------------------------------------------------------------------------------
 # Worker side
 

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pfactory.failures import EXIT_USAGE, UserError
+
 
 def pid_alive(pid: int) -> bool:
     """Whether process `pid` exists (on this machine)."""
@@ -130,8 +132,10 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any, indent: int = 2) -
 OUTPUT_MARKER = ".pfactory-output"
 
 
-class OutputRefused(ValueError):
+class OutputRefused(UserError, ValueError):
     """An output path a stage must not replace: the message names it, says why and what to do instead."""
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, path: str | os.PathLike[str], why: str, hint: str | None = None) -> None:
         self.path = str(path)

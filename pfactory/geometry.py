@@ -91,11 +91,6 @@ def yaw_from_matrix(R: np.ndarray) -> float:
     return float(np.arctan2(R[1, 0], R[0, 0]))
 
 
-def wrap_angle(a: np.ndarray | float) -> np.ndarray | float:
-    """Wrap angles to [-pi, pi)."""
-    return (np.asarray(a) + np.pi) % (2 * np.pi) - np.pi
-
-
 def box_corners(boxes: np.ndarray) -> np.ndarray:
     """Corners of boxes `[M, 7]` (x, y, z, l, w, h, yaw) -> `[M, 8, 3]` in the same frame.
 
@@ -174,11 +169,6 @@ def project_to_image(
         uv = uvw[:, :2] / uvw[:, 2:3]
     uv[depth <= 1e-6] = np.nan
     return uv, depth
-
-
-def projection_matrix(K: np.ndarray, T_cam_from_lidar: np.ndarray) -> np.ndarray:
-    """3x4 matrix `K @ T[:3]` mapping homogeneous lidar points to homogeneous pixels."""
-    return np.asarray(K, dtype=np.float64) @ np.asarray(T_cam_from_lidar, dtype=np.float64)[:3]
 
 
 def box_to_image_rect(

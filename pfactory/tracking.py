@@ -20,6 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pfactory.failures import EXIT_TRANSIENT, UserError
+
 EXPERIMENT = "perception-factory"
 PARENT_ENV = "PFACTORY_PARENT_RUN_ID"
 PREFECT_STARTUP_TIMEOUT_S = 180  # see configure_environment
@@ -187,8 +189,10 @@ def lineage_tags(root: Path) -> dict[str, str]:
     return tags
 
 
-class TrackingUnavailable(ConnectionError):
+class TrackingUnavailable(UserError, ConnectionError):
     """The MLflow tracking server does not answer: the message names it (password redacted), what to try."""
+
+    exit_code = EXIT_TRANSIENT  # worth a retry once the server is back
 
 
 _CHECKED: set[str] = set()

@@ -22,6 +22,7 @@ Run: `python -m tasks.evaluate [-S evaluate.workers=2 ...]` (DVC; paths from par
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from typing import Any
 from pfactory import artifacts as af
 from pfactory.evaluate.params import EvaluateParams
 from pfactory.section import section_of
+
+SECTIONS = {"evaluate": EvaluateParams}  # what this stage reads of params.yaml (besides `paths`)
 
 STAGE = "evaluate"
 
@@ -57,8 +60,6 @@ def run(
     ev = section_of(params, STAGE, EvaluateParams)
     check_output_dir(out, STAGE, (optimized, model, data))  # refuse a foreign --out before any work
     configure_environment()  # Dask scratch inside the project, offline MLflow
-    promote = getattr(params, "promote", None)  # the report's baseline: the registry's champion, when tracking
-    champion = (promote.model_name, promote.alias) if track and promote is not None else None
     address = dask_address or ev.dask_address
     if progress is None:
         progress = sys.stderr.isatty()
@@ -71,12 +72,17 @@ def run(
         address,
         progress,
     )
+    from pfactory.report.stage import log_report, write_stage_report
+
     if not track:
-        return evaluate(*args, None)
+        return evaluate(*args, None, write_stage_report)
     from pfactory.tracking import stage_run
 
     with stage_run(STAGE, ev.model_dump(mode="json")) as active:
-        return evaluate(*args, active, champion=champion)
+        metrics = evaluate(*args, active, write_stage_report)
+        if not os.environ.get("PFACTORY_PARENT_RUN_ID"):  # a lone evaluation: its own run shows the report
+            log_report(Path(out) / af.REPORT_DIR)  # (under a pipeline the flow logs it to the parent run)
+        return metrics
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -84,8 +90,6 @@ def main(argv: list[str] | None = None) -> None:
     [--dask ADDRESS|local:N] [--no-track]` (= `factory evaluate`; directories default to paths.*)."""
     import argparse
 
-    from pfactory.evaluate.distributed import EvaluateTaskError
-    from pfactory.evaluate.inputs import EvaluateInputError
     from tasks._stage import stage_main
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,9 +125,9 @@ def main(argv: list[str] | None = None) -> None:
             print(format_kpi_table(json.loads(Path(metrics["kpis_path"]).read_text())), file=sys.stderr)
         return metrics
 
-    # Bad inputs: a usage error, nothing ran. A unit failed on a worker, or no scheduler: it ran and failed.
-    failures = {EvaluateInputError: 2, EvaluateTaskError: 1, ConnectionError: 1}
-    stage_main(STAGE, argv, body, add_arguments, failures=failures)
+    # Bad inputs (EvaluateInputError): a usage error, nothing ran. A unit failed on a worker
+    # (EvaluateTaskError): it ran and failed. Each error class carries its exit code.
+    stage_main(STAGE, argv, body, add_arguments, sections=SECTIONS)
 
 
 if __name__ == "__main__":

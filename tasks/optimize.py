@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from pfactory.fsutil import check_output_dir
-from pfactory.inference.errors import BackendUnavailable, ParityError
 from pfactory.inference.params import OptimizeParams
 from pfactory.section import section_of
+
+# What this stage reads of params.yaml (besides `paths`), and `evaluate.score_threshold` (`SHARED`).
+SECTIONS = {"optimize": OptimizeParams}
 
 STAGE = "optimize"
 
@@ -58,10 +60,6 @@ def run(
         return optimize(opt, Path(model_dir), Path(data), Path(out), backend, precision, active)
 
 
-# The parity gate failed: exit 1 (DVC marks the stage failed); asked for what this machine cannot build: 2.
-FAILURES = {ParityError: 1, BackendUnavailable: 2}
-
-
 def main(argv: list[str] | None = None) -> None:
     """`python -m tasks.optimize [--model DIR] [--data DIR] [--out DIR] [--backend B] [--precision P]`
     (= `factory optimize`; directories default to paths.*, backend/precision to the optimize section)."""
@@ -87,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
             backend=args.backend, precision=args.precision,
         )  # fmt: skip
 
-    stage_main(STAGE, argv, body, add_arguments, failures=FAILURES)
+    stage_main(STAGE, argv, body, add_arguments, sections=SECTIONS)
 
 
 if __name__ == "__main__":

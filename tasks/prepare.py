@@ -22,15 +22,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pfactory.config import Params
 from pfactory.data.errors import RejectFractionExceeded
 from pfactory.data.lineage import log_mlflow, prepared_digest
+from pfactory.data.params import PrepareParams
 from pfactory.data.prepare import PrepareResult
 from pfactory.data.scaleout import prepare_data
 
+SECTIONS = {"prepare": PrepareParams}  # what this stage reads of params.yaml (besides `paths`)
+
 
 def run(
-    params: Params,
+    params: Any,
     raw: str | Path,
     out: str | Path,
     track: bool = True,
@@ -74,9 +76,6 @@ def main(argv: list[str] | None = None) -> None:
     paths.*, prepare.dask_address)."""
     import argparse
 
-    from pfactory.data.scaleout import PrepareTaskError
-    from pfactory.data.storage import OutputError
-    from pfactory.sensors.errors import DatasetError
     from tasks._stage import stage_main
 
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,21 +83,14 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--out", default=None, help="shards: a directory or s3://bucket/prefix")
         parser.add_argument("--dask", default=None, help="local:N (a LocalCluster) or tcp://host:8786")
 
-    def body(params: Params, args: argparse.Namespace) -> dict[str, Any]:
+    def body(params: Any, args: argparse.Namespace) -> dict[str, Any]:
         return run(
             params, args.raw or params.paths.raw, args.out or params.paths.prepared, dask_address=args.dask
         )
 
     # Too many refused frames (the output is still written), not a dataset, an output that cannot be
-    # written, a task that failed on a worker, no scheduler: the stage failed.
-    failures = {
-        RejectFractionExceeded: 1,
-        DatasetError: 1,
-        OutputError: 1,
-        PrepareTaskError: 1,
-        ConnectionError: 1,
-    }
-    stage_main("prepare", argv, body, add_arguments, failures=failures)
+    # written, a task that failed on a worker: the stage failed (each error's own exit code, 1).
+    stage_main("prepare", argv, body, add_arguments, sections=SECTIONS)
 
 
 if __name__ == "__main__":

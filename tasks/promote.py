@@ -24,8 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
+from pfactory.evaluate.params import EvaluateParams
 from pfactory.registry.params import PromoteParams
 from pfactory.section import section_of
+
+# What this stage reads of params.yaml (besides `paths`): its gates, and `evaluate` to re-evaluate a champion.
+SECTIONS = {"promote": PromoteParams, "evaluate": EvaluateParams}
 
 STAGE = "promote"
 PROMOTION_FILE = af.PROMOTION
@@ -90,7 +94,6 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     from pfactory.fsutil import atomic_write_json
-    from pfactory.registry import EvidenceError, RegistryError
     from pfactory.registry.release import write_empty_release
     from pfactory.tracking import PARENT_ENV
     from tasks._stage import stage_main
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         return result
 
     # Missing or unreadable evidence, or the registry refused: the stage failed (a refused gate is not).
-    stage_main(STAGE, argv, body, add_arguments, failures={EvidenceError: 1, RegistryError: 1})
+    stage_main(STAGE, argv, body, add_arguments, sections=SECTIONS)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,15 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from pfactory.config import Params
 from pfactory.fsutil import atomic_directory
+from pfactory.sensors.synth.params import SynthParams
+
+SECTIONS = {"synth": SynthParams}  # what this stage reads of params.yaml (besides `paths`)
 
 
-def run(params: Params, out: Path) -> dict:
+def run(params: Any, out: Path) -> dict:
     """Generate `params.synth.frames` frames into `out`; returns the generator's summary."""
     from pfactory.sensors.synth.dataset import generate_dataset
 
@@ -30,7 +33,7 @@ def run(params: Params, out: Path) -> dict:
 def main(argv: list[str] | None = None) -> None:
     from tasks._stage import stage_main
 
-    stage_main("synth", argv, lambda params: run(params, Path(params.paths.synth)))
+    stage_main("synth", argv, lambda params: run(params, Path(params.paths.synth)), sections=SECTIONS)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pfactory.model.params import ModelParams
+from pfactory.train.params import TrainParams
+
+# What this stage reads of params.yaml (besides `paths`), and `evaluate.score_threshold` (`SHARED`).
+SECTIONS = {"train": TrainParams, "model": ModelParams}
+
 
 def run(params: Any, data: str | Path, out: Path, track: bool = True, **options: Any) -> dict[str, Any]:
     """Train `params.model` with `params.train` on `data`, writing into `out`; returns the summary.
@@ -53,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
             return None
         return {k: v for k, v in summary.items() if k != "val"}
 
-    stage_main("train", argv, body, add_arguments)
+    stage_main("train", argv, body, add_arguments, sections=SECTIONS)
 
 
 if __name__ == "__main__":

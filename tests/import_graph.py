@@ -1,6 +1,7 @@
 """The project's import graph, computed statically (ast; nothing is imported or run).
 
-A node is a module of the repository's own packages (`flows`, `tasks`, `pfactory`, `kernels`); an
+A node is a module of the repository's own packages (`flows`, `tasks`, `pfactory`, `kernels`) or one of its
+benchmark scripts (`benchmarks/`, which import each other by bare name); an
 edge `a -> b` is an `import` / `from ... import` in `a` of `b`, wherever it stands (module level,
 inside a function, under TYPE_CHECKING): a lazy import still makes `b` part of what `a` may run.
 `from pkg import name` is an edge to `pkg.name` when that is a module, else to `pkg`.
@@ -17,6 +18,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("flows", "tasks", "pfactory", "kernels")
+# Folders of scripts (no package): a script imports its siblings by bare name (its folder is first on
+# sys.path), so `import prepare_scaleout` in benchmarks/ is the node `benchmarks.prepare_scaleout`.
+SCRIPT_DIRS = ("benchmarks",)
 # Imports made by name at run time, which ast cannot see: module -> the modules it may import.
 # `kernels._dispatch.triton_module(name)` imports `kernels.<name>`, the Triton kernels.
 DYNAMIC = {
@@ -28,7 +32,7 @@ DYNAMIC = {
 def modules() -> dict[str, Path]:
     """Every module of the project's packages: dotted name -> file (`pkg/__init__.py` for a package)."""
     out: dict[str, Path] = {}
-    for pkg in PACKAGES:
+    for pkg in (*PACKAGES, *SCRIPT_DIRS):
         for path in sorted((ROOT / pkg).rglob("*.py")):
             rel = path.relative_to(ROOT).with_suffix("")
             parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
@@ -59,7 +63,10 @@ def imports_of(name: str) -> frozenset[str]:
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
         else:
             continue
+        scripts = name.split(".")[0] if name.split(".")[0] in SCRIPT_DIRS else None
         for target in targets:
+            if scripts and f"{scripts}.{target.split('.')[0]}" in mods:  # a sibling script, by bare name
+                target = f"{scripts}.{target}"
             # `import a.b.c` names a.b.c; a name outside the project (numpy, torch, ...) is no node
             while target and target not in mods:
                 target = target.rpartition(".")[0]

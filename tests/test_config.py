@@ -104,3 +104,27 @@ def test_shared_values_flow_from_their_home_and_round_trip():
     again = Params.model_validate(yaml.safe_load(params_to_yaml(p)))  # a workspace's params.yaml
     assert again.model_dump() == p.model_dump()
     assert "score_threshold" not in yaml.safe_load(params_to_yaml(p))["train"]
+
+
+def test_a_stage_loads_only_its_own_sections(tmp_path) -> None:
+    """`load_sections` (what `python -m tasks.<stage>` uses): the stage's sections and `paths`, its shared
+    values read from their homes, the rest of the file left to the stages it belongs to; an override of a
+    key it does not read is refused (it would change nothing it does)."""
+    from pfactory.inference.params import OptimizeParams
+    from pfactory.model.params import ModelParams
+    from pfactory.params_file import load_sections
+    from pfactory.train.params import TrainParams
+
+    f = tmp_path / "params.yaml"
+    f.write_text("evaluate: {score_threshold: 0.2, batch_size: 1}\nprepare: {classes: [Car]}\npromote: {bogus: 1}\n")
+    train = load_sections(f, ["train.lr=0.002"], {"train": TrainParams, "model": ModelParams})
+    assert set(type(train).model_fields) == {"paths", "train", "model"}
+    assert train.train.score_threshold == 0.2 and train.model.classes == ["Car"] and train.train.lr == 0.002
+    opt = load_sections(f, ["evaluate.score_threshold=0.1"], {"optimize": OptimizeParams})
+    assert opt.optimize.parity.score_threshold == 0.1
+    with pytest.raises(ParamsError, match="not a parameter this stage reads"):
+        load_sections(f, ["promote.min_map=0.5"], {"train": TrainParams, "model": ModelParams})
+    with pytest.raises(ParamsError, match=r"evaluate\.score_threshold = 0\.2"):
+        load_sections(f, ["train.score_threshold=0.3"], {"train": TrainParams})
+    with pytest.raises(ParamsError, match=r"train\.lr"):
+        load_sections(f, ["train.lr=-1"], {"train": TrainParams})

@@ -8,6 +8,10 @@ a stale output from its run-cache after a change to that file.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
 import yaml
 
 from pfactory.config import Params
@@ -57,3 +61,53 @@ def test_stages_sections_and_task_modules_agree() -> None:
         assert name in declared, f"dvc.yaml stage {name} does not depend on its own params section"
         unknown = set(declared) - set(Params.model_fields)
         assert not unknown, f"dvc.yaml stage {name}: params {sorted(unknown)} are not params.yaml sections"
+
+
+def test_a_stage_depends_on_no_other_stage_s_params_module() -> None:
+    """A stage reads only its own params sections (`tasks.<stage>.SECTIONS`, `pfactory.params_file`): the
+    promotion gates' defaults (pfactory/registry/params.py) are code of promote alone, the generator's
+    (pfactory/sensors/synth/params.py) of synth alone, so editing one reruns only that stage."""
+    for module, owner in (("pfactory/registry/params.py", "promote"), ("pfactory/sensors/synth/params.py", "synth")):
+        users = sorted(name for name in DVC if module in stage_files(name))
+        assert users == [owner], f"{module} is a code dep of {users}, expected only {owner}"
+    assert not any("pfactory/config.py" in stage_files(name) for name in DVC), "a stage imports every section"
+
+
+@pytest.mark.slow
+def test_dvc_status_after_a_promotion_default_changes_names_only_promote(tmp_path: Path) -> None:
+    """Every stage recorded as up to date (`dvc commit` over placeholder outputs), then one promotion gate's
+    default edited: `dvc status` lists promote alone (train is not retrained for a gate)."""
+    from dvc.repo import Repo
+
+    from tests.flows.pipeline_project import dvc, make_project
+
+    project = make_project(tmp_path / "p")
+    with Repo(str(project)) as repo:
+        for stage in repo.index.stages:
+            for out in stage.outs:
+                path = Path(out.fs_path)
+                if not path.exists():
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(f"placeholder of {stage.name}\n")
+            for dep in stage.deps:
+                path = Path(dep.fs_path)
+                if not path.exists():  # a data dep outside the DAG (the raw dataset): a placeholder too
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text("placeholder\n")
+    r = dvc(project, "commit", "--force")
+    assert r.returncode == 0, r.stdout + r.stderr
+    def status() -> dict:
+        r = dvc(project, "status", "--json")
+        assert r.returncode == 0, r.stdout + r.stderr
+        return json.loads(r.stdout)
+
+    assert set(status()) <= {"promote"}, status()  # promote is `always_changed` (the registry moves)
+    gates = project / "pfactory" / "registry" / "params.py"
+    gates.write_text(gates.read_text().replace("min_map: Annotated[float, Field(ge=0, le=1)] = 0.3",
+                                               "min_map: Annotated[float, Field(ge=0, le=1)] = 0.35"))  # fmt: skip
+    after = status()
+    assert set(after) == {"promote"} and "pfactory/registry/params.py" in json.dumps(after), after
+    # The check can fail: a default of train's own section reruns train.
+    train = project / "pfactory" / "train" / "params.py"
+    train.write_text(train.read_text() + "\n# edited\n")
+    assert "train" in status()

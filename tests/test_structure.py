@@ -2,7 +2,8 @@
 
 - no import cycle between the project's modules (lazy imports count: a cycle is a design knot even
   when it does not fail at import time);
-- every import points down the layers: cli (flows/cli.py) -> flows -> tasks -> pfactory -> kernels;
+- every import points down the layers: benchmarks -> cli (flows/cli.py) -> flows -> tasks -> pfactory ->
+  kernels (the benchmark scripts are in the graph too, their imports of each other by bare name included);
 - every task module stays a thin stage (its params, `run`, `main`): under 150 lines.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from tests.import_graph import ROOT, cycles, imports_of, modules
 
-LAYERS = ("kernels", "pfactory", "tasks", "flows", "cli")  # bottom to top
+LAYERS = ("kernels", "pfactory", "tasks", "flows", "cli", "benchmarks")  # bottom to top
 
 
 def layer(module: str) -> int:
@@ -25,6 +26,20 @@ def test_no_import_cycle() -> None:
         " <-> ".join(c) for c in found
     )
 
+
+
+def test_no_two_pfactory_packages_import_each_other() -> None:
+    """Between the domain library's packages too (`pfactory.evaluate` <-> `pfactory.report` once did): a
+    pair importing each other is one design knot, or one of the two points up."""
+
+    def package(m: str) -> str | None:
+        parts = m.split(".")
+        return ".".join(parts[:2]) if parts[0] == "pfactory" and len(parts) > 2 else None
+
+    edges = {(package(m), package(t)) for m in modules() for t in imports_of(m)}
+    edges = {(a, b) for a, b in edges if a and b and a != b}
+    mutual = sorted({" <-> ".join(sorted(e)) for e in edges if (e[1], e[0]) in edges})
+    assert not mutual, f"pfactory packages importing each other: {mutual}"
 
 def test_imports_point_down_the_layers() -> None:
     upward = [
@@ -50,7 +65,9 @@ def test_task_modules_stay_thin() -> None:
 def test_the_graph_sees_imports() -> None:
     """The checks above are only as good as the graph: it must see module-level, lazy and relative
     imports, and the kernels' run-time (by name) imports."""
-    assert "pfactory.config" in imports_of("tasks._stage")  # lazy, inside stage_main
+    assert "pfactory.params_file" in imports_of("tasks._stage")  # lazy, inside stage_main
     assert "pfactory.sensors.datasets" in imports_of("pfactory.data.prepare")  # module level
     assert "kernels._pillar_scatter_triton" in imports_of("kernels._dispatch")  # importlib by name
     assert "tasks.train" in imports_of("flows.cli")
+    assert "benchmarks.raw_datasets" in imports_of("benchmarks.prepare_scaleout")  # a sibling, by bare name
+    assert "benchmarks.prepare_scaleout" in imports_of("benchmarks.bench_prepare")  # lazy, inside main

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from pfactory.failures import EXIT_FAILED, EXIT_USAGE, UserError
 
-class RejectFractionExceeded(RuntimeError):
+
+class RejectFractionExceeded(UserError, RuntimeError):
     """More than `prepare.max_reject_fraction` of the frames were refused.
 
     The shards, `manifest.json` and `rejected.jsonl` are still written (atomically), so the
     refusals can be inspected; the stage exits non-zero.
     """
+
+    exit_code = EXIT_FAILED
+    hint = (
+        "each refused frame and why is in rejected.jsonl (above); check the raw data "
+        "(`factory data check DIR`) or relax prepare.min_points / prepare.max_reject_fraction"
+    )
 
     def __init__(
         self, rejected: int, total: int, max_fraction: float, rejected_file: str, result: Any = None
@@ -27,6 +35,8 @@ class RejectFractionExceeded(RuntimeError):
         )
 
 
-class SchemaError(ValueError):
+class SchemaError(UserError, ValueError):
     """Prepared data this version of pfactory cannot use: not a prepared directory (a raw dataset, a
     missing path), a newer schema, the output of a failed prepare run, an empty split."""
+
+    exit_code = EXIT_USAGE

@@ -44,6 +44,7 @@ from pfactory.data.params import PrepareParams
 from pfactory.data.rawdata import RawSpec
 from pfactory.data.shards import MANIFEST, REJECTED, SPLITS, ShardInfo, SplitWriter, arrow_schema
 from pfactory.data.storage import Location, is_url
+from pfactory.failures import EXIT_FAILED, UserError
 
 PIECES = ".pieces"
 # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which turns off glibc's adaptive mmap
@@ -53,8 +54,10 @@ PIECES = ".pieces"
 WORKER_ENV: dict[str, str | None] = {"MALLOC_TRIM_THRESHOLD_": None}
 
 
-class PrepareTaskError(RuntimeError):
+class PrepareTaskError(UserError, RuntimeError):
     """A work unit or shard failed on a worker (not a data problem: those refuse frames); names the task."""
+
+    exit_code = EXIT_FAILED
 
 
 # ----------------------------------------------------------------------------------------------

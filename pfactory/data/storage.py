@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from pfactory.failures import EXIT_FAILED, UserError
 from pfactory.fsutil import atomic_directory, pid_alive
 
 PUBLISHING = ".pfactory-publishing"
@@ -168,8 +169,10 @@ class Location:
 # Output: build, then publish
 
 
-class OutputError(ValueError):
+class OutputError(UserError, ValueError):
     """The output location cannot be written (names it and why)."""
+
+    exit_code = EXIT_FAILED
 
 
 def check_output(out: str) -> Location:

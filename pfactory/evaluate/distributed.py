@@ -31,6 +31,7 @@ from typing import Any
 
 from pfactory import cluster
 from pfactory.evaluate.inputs import DataSpec, RunnerSpec, WorkUnit
+from pfactory.failures import EXIT_FAILED, UserError
 
 _MODELS: dict[tuple, Any] = {}
 _SOURCES: dict[tuple[str, str], Any] = {}
@@ -38,8 +39,10 @@ _LOAD_LOCK = threading.Lock()  # two task threads must not build the same model 
 _RUN_LOCK = threading.Lock()  # one forward pass at a time per process (it already uses every thread)
 
 
-class EvaluateTaskError(RuntimeError):
+class EvaluateTaskError(UserError, RuntimeError):
     """A work unit failed on a worker; the message names the unit (shard, row groups) and the cause."""
+
+    exit_code = EXIT_FAILED
 
 
 @dataclass

@@ -13,7 +13,6 @@ throughput and the MLflow scalars (`eval/...`, `time/...`).
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -56,13 +55,14 @@ def evaluate(
     address: str | None,
     progress: bool,
     active: Any,
-    champion: tuple[str, str] | None = None,
+    write_report: Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `optimized` (and `model`, the PyTorch reference, unless None) on `data`; build `out`.
 
     `address`: a scheduler address, "local:N", or None (a LocalCluster of `ev.workers`). `progress`: a
-    rich bar per model on stderr. `active`: the MLflow run to log to (None: no tracking). `champion`:
-    (registered model, alias) the run report compares against (pfactory.report). Raises
+    rich bar per model on stderr. `active`: the MLflow run to log to (None: no tracking). `write_report`:
+    `(report_dir, doc, gt, pred, optimized, data, worst_n)` writes the run report (the task passes
+    `pfactory.report.stage.write_stage_report`; None: no report page, e.g. a champion's re-evaluation). Raises
     `EvaluateInputError` on a bad input (before any work starts), `EvaluateTaskError` when a unit
     fails on a worker.
     """
@@ -111,9 +111,8 @@ def evaluate(
         timings["kpi_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         write_reports(ev, inputs, tmp, doc, kpis, ref_kpis)
-        from pfactory.report.run import write_stage_report
-
-        write_stage_report(report, doc, gt, preds["optimized"], optimized, data, ev.worst_frames, champion)
+        if write_report is not None:
+            write_report(report, doc, gt, preds["optimized"], optimized, data, ev.worst_frames)
         parts.finish(report / "predictions.parquet")
         timings["report_s"] = time.perf_counter() - t0
         timings["total_s"] = time.perf_counter() - t_start
@@ -169,12 +168,6 @@ def log_mlflow(out: Path, scalars: dict[str, float], inputs: Any) -> None:
             mlflow.log_artifact(str(p), artifact_path="eval/report")
     if (report / "worst").is_dir():
         mlflow.log_artifacts(str(report / "worst"), artifact_path="eval/report/worst")
-    if not os.environ.get("PFACTORY_PARENT_RUN_ID"):
-        from pfactory.report.run import log_report
-
-        # A lone evaluation: its own run shows the report. Under a pipeline the flow logs it to the parent
-        # run (flows/parent_run.py), whether this stage ran or DVC restored its outputs.
-        log_report(report)
 
 
 def evaluate_to_kpis(ev: EvaluateParams, optimized: Path, data: Path) -> dict[str, Any]:

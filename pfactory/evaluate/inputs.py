@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
+from pfactory.failures import EXIT_USAGE, UserError
 from pfactory.fsutil import check_listed_file, sha256_bytes, sha256_file
 
 
-class EvaluateInputError(ValueError):
+class EvaluateInputError(UserError, ValueError):
     """A bad input of the evaluate stage (exit 2 from the CLI): the message names file, field, expectation."""
+
+    exit_code = EXIT_USAGE
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-Feed = dict[str, np.ndarray]
+from pfactory.inference.feed import Feed
 
 
 @dataclass

@@ -8,16 +8,24 @@
 
 from __future__ import annotations
 
+from pfactory.failures import EXIT_FAILED, EXIT_USAGE, UserError
+
 
 class OptimizeError(RuntimeError):
     """Base of the optimize stage's errors."""
 
 
-class ParityError(OptimizeError):
+class ParityError(UserError, OptimizeError):
     """Parity of one or more artifacts vs PyTorch is outside `optimize.parity`.
 
     `failures` holds one line per failing gate ("onnxruntime/int8: scores.max_abs_diff = 0.31 > 0.1").
     """
+
+    exit_code = EXIT_FAILED
+    hint = (
+        "the per-gate figures are in the report named above (docs/OPTIMIZE.md, Parity); "
+        "-S optimize.precision=fp32 ships the FP32 artifact instead"
+    )
 
     def __init__(self, failures: list[str], report_path: str | None = None) -> None:
         self.failures = list(failures)
@@ -26,8 +34,10 @@ class ParityError(OptimizeError):
         super().__init__("parity vs PyTorch failed" + where + ":\n  " + "\n  ".join(self.failures))
 
 
-class BackendUnavailable(OptimizeError):
+class BackendUnavailable(UserError, OptimizeError):
     """The requested backend/precision cannot be built or run on this machine."""
+
+    exit_code = EXIT_USAGE
 
 
 class ArtifactError(OptimizeError):

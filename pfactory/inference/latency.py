@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-Feed = dict[str, np.ndarray]
+from pfactory.inference.feed import Feed
+
 Runner = Callable[..., Any]
 EAGER = "pytorch/eager"
 

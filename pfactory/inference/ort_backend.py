@@ -28,9 +28,8 @@ import numpy as np
 
 from pfactory.inference.calibration import pad_points
 from pfactory.inference.errors import BackendUnavailable
+from pfactory.inference.feed import Feed
 from pfactory.inference.params import Int8Params
-
-Feed = dict[str, np.ndarray]
 
 
 def available_providers() -> list[str]:
@@ -573,12 +572,3 @@ def quantize_int8(
         format=fmt,
         calibration=calib,
     )
-
-
-def describe_session(session: Any) -> dict[str, Any]:
-    """Providers and I/O of a session (for backend.json)."""
-    return {
-        "providers": session.get_providers(),
-        "inputs": [{"name": i.name, "type": i.type, "shape": i.shape} for i in session.get_inputs()],
-        "outputs": [{"name": o.name, "type": o.type, "shape": o.shape} for o in session.get_outputs()],
-    }

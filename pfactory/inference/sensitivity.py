@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from pfactory.inference.feed import Feed
 from pfactory.inference.ort_backend import (
     Layer,
     QuantizeResult,
@@ -52,7 +53,6 @@ from pfactory.inference.ort_backend import (
 from pfactory.inference.params import Int8Params
 from pfactory.inference.parity import detection_agreement
 
-Feed = dict[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
 REPORT = "sensitivity.json"
 OUTPUT_NAMES = ("boxes", "scores", "labels")

@@ -38,10 +38,10 @@ import numpy as np
 from pfactory.inference.calibration import pad_points as fix_points
 from pfactory.inference.errors import BackendUnavailable, OptimizeError
 from pfactory.inference.export import INPUT_NAMES, OUTPUT_NAMES, TensorSpec
+from pfactory.inference.feed import Feed
 from pfactory.inference.params import OptimizeParams
 from pfactory.inference.runner import Runner
 
-Feed = dict[str, np.ndarray]
 PLAN = "model.{precision}.plan"
 TIMING_CACHE = "timing.cache"
 CALIBRATION_CACHE = "calibration.cache"

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from pfactory import artifacts as af
+from pfactory.failures import EXIT_USAGE, UserError
 from pfactory.fsutil import atomic_write_bytes, atomic_write_json, read_json_object
 from pfactory.model.detector import PaintedPillarDetector, build_model
 from pfactory.model.params import ModelParams
@@ -56,8 +57,10 @@ def save_model(
     return {"weights": weights, "config": cfg}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A weights/checkpoint file that cannot be loaded as a plain state dict: names the file and why."""
+
+    exit_code = EXIT_USAGE
 
 
 def load_state(path: str | Path, map_location: str | torch.device = "cpu") -> Any:

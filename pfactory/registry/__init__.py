@@ -1,7 +1,8 @@
 """Model registry and gated promotion (DESIGN.md §9): candidate -> gates -> `champion` alias, audited.
 
 Modules (each imports MLflow itself, so `import pfactory.registry` stays cheap):
-- `params`    `PromoteParams` (the `promote:` section of params.yaml)
+- `params`    `PromoteParams` (the `promote:` section of params.yaml; not imported here: a module that
+              only reads evidence does not depend on the promotion gates' defaults)
 - `evidence`  a candidate's evidence (kpis.json, parity.json, latency.json, backend.json) -> `Evidence`,
               and the version tags it becomes
 - `gates`     `apply_gates(params, candidate, champion_kpis)` -> `Gate`s (min mAP, regressions, latency, parity)
@@ -12,6 +13,5 @@ Stage: tasks/promote.py. CLI: `factory promote|rollback|lineage`. Docs: docs/PRO
 """
 
 from pfactory.registry.errors import EvidenceError, LockTimeout, RegistryError
-from pfactory.registry.params import PromoteParams
 
-__all__ = ["EvidenceError", "LockTimeout", "PromoteParams", "RegistryError"]
+__all__ = ["EvidenceError", "LockTimeout", "RegistryError"]

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from pfactory.failures import EXIT_FAILED, UserError
 
-class RegistryError(RuntimeError):
+
+class RegistryError(UserError, RuntimeError):
     """The registry is not in the state an operation needs (unknown version, no champion, no previous one)."""
 
+    exit_code = EXIT_FAILED
 
-class EvidenceError(ValueError):
+
+class EvidenceError(UserError, ValueError):
     """A candidate's evidence file (kpis.json, parity.json, latency.json, backend.json) is missing or malformed."""
+
+    exit_code = EXIT_FAILED
 
 
 class LockTimeout(RegistryError):

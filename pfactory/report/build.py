@@ -108,7 +108,7 @@ def _headline(m: dict[str, Any], inputs: ReportInputs) -> str:
             f'<div class="card"><div class="k">{escape(title)}</div><div class="v">{_f(v)}</div>'
             f'<div class="vs">vs baseline {vs_b}</div><div class="vs">vs PyTorch {vs_r}</div></div>'
         )
-    label = escape(inputs.baseline.label) if inputs.baseline else "none (no champion in the registry)"
+    label = escape(inputs.baseline.label) if inputs.baseline else f"none ({escape(inputs.no_baseline)})"
     note = (
         f'<p class="note">{escape(inputs.baseline.note)}</p>'
         if inputs.baseline and inputs.baseline.note

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from pfactory.failures import EXIT_FAILED, UserError
+
 _ADDRESS = re.compile(r"<[^<>]*? at 0x[0-9a-fA-F]+>")
 
 
@@ -17,8 +19,10 @@ def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A problem with one dataset file: names the file, the field and what was expected."""
+
+    exit_code = EXIT_FAILED
 
     def __init__(self, file: str | Path, field: str, expected: str, frame_id: str | None = None):
         self.file = str(file)

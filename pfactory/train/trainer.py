@@ -35,6 +35,7 @@ from torch import nn
 from kernels import native
 from pfactory import artifacts as af
 from pfactory.artifacts import kpi_scalars
+from pfactory.failures import EXIT_FAILED, UserError
 from pfactory.fsutil import atomic_write_json
 from pfactory.model.detector import PaintedPillarDetector, build_model
 from pfactory.model.inference import evaluate_kpis, predict
@@ -77,8 +78,10 @@ def model_for_data(mp: ModelParams, info: DataInfo) -> ModelParams:
     return ModelParams.model_validate({**mp.model_dump(), **update})
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(UserError, RuntimeError):
     """The loss became NaN/Inf: stop before writing weights that are garbage (the message says the step)."""
+
+    exit_code = EXIT_FAILED
 
 
 class Trainer:

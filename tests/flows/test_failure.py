@@ -13,92 +13,96 @@ from flows.failure import (
     MAX_LINES,
     failure_lines,
     flow_failure,
-    is_transient_exit,
     openable,
     rewrite_paths,
-    stage_exit_status,
     stage_failure,
     stage_reason,
 )
-from tasks._stage import EXIT_TRANSIENT, is_transient
+from flows.workspace import StageFailed
+from pfactory.data.errors import RejectFractionExceeded
+from pfactory.failures import EXIT_TRANSIENT, EXIT_USAGE, Outcome, is_transient, stage_outcome
+from pfactory.inference.errors import ParityError
 
-# What `logs/prepare.log` held after `factory run -S prepare.min_points=10000000` retried it (c0686b9).
-PREPARE_LOG = """$ dvc repro prepare
+REJECTED = RejectFractionExceeded(12, 12, 0.1, "artifacts/prepared/rejected.jsonl")
+PARITY = ParityError(
+    [
+        "onnxruntime/int8: scores: max |diff| / (atol 0.25) = 1.43 > 1 (max |diff| 0.358)",
+        "onnxruntime/int8: match rate 0.740 < 0.75",
+    ],
+    "artifacts/optimized.parity-failed.json",
+)
+# What DVC 3.x printed around a failed prepare (c0686b9), and the same run as another DVC might word it.
+DVC_OUTPUT = """$ dvc repro prepare
 Stage 'synth' didn't change, skipping
 Running stage 'prepare':
 > python -m tasks.prepare
-prepare failed: 12 of 12 frames refused (100.0%), more than prepare.max_reject_fraction = 10.0%; the reasons are in artifacts/prepared/rejected.jsonl
-ERROR: failed to reproduce 'prepare': failed to run: python -m tasks.prepare, exited with 1
-$ dvc repro prepare
-Stage 'synth' didn't change, skipping
-Running stage 'prepare':
-> python -m tasks.prepare
-prepare failed: 12 of 12 frames refused (100.0%), more than prepare.max_reject_fraction = 10.0%; the reasons are in artifacts/prepared/rejected.jsonl
+prepare: 12 of 12 frames refused (100.0%), more than prepare.max_reject_fraction = 10.0%; the reasons are in artifacts/prepared/rejected.jsonl
 ERROR: failed to reproduce 'prepare': failed to run: python -m tasks.prepare, exited with 1
 """
-
-PARITY_LOG = """$ dvc repro optimize
-Running stage 'optimize':
-> python -m tasks.optimize
-2026/12/01 08:40:21 INFO mlflow.tracking.fluent: Experiment with name 'x' does not exist. Creating a new experiment.
-/x/site-packages/onnxruntime/quantization/base_quantizer.py:12: UserWarning: per_channel is deprecated
-  warnings.warn(
-optimize: parity vs PyTorch failed (full report: artifacts/optimized.parity-failed.json):
-  onnxruntime/int8: scores: max |diff| / (atol 0.25) = 1.43 > 1 (max |diff| 0.358)
-  onnxruntime/int8: match rate 0.740 < 0.75
-ERROR: failed to reproduce 'optimize': failed to run: python -m tasks.optimize, exited with 1
+OTHER_DVC_OUTPUT = """$ dvc repro prepare
+[dvc] synth: unchanged
+[dvc] executing prepare: python -m tasks.prepare
+prepare: 12 of 12 frames refused (100.0%), more than prepare.max_reject_fraction = 10.0%; the reasons are in artifacts/prepared/rejected.jsonl
+[dvc] error: prepare ended with status 1
 """
 
 
-def _traceback_log(ws: Path) -> str:
-    return f"""$ dvc repro train
-Running stage 'train':
-> python -m tasks.train
-train: step 30/40 loss 1.2345 7.1 samples/s
-Traceback (most recent call last):
-  File "<frozen runpy>", line 198, in _run_module_as_main
-  File "{ws}/tasks/train.py", line 790, in <module>
-    main()
-  File "{ws}/tasks/train.py", line 512, in run
-    terms = train_step(forward, model, batch, optimizer, scheduler, tp, rt, timer, use_bf16)
-            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
-  File "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1775, in _call_impl
-    return forward_call(*args, **kwargs)
-RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x32 and 64x32)
-ERROR: failed to reproduce 'train': failed to run: python -m tasks.train, exited with 1
-"""
+def failed(stage: str, exc: BaseException | None, output: str = "", log: Path = Path("x.log"), **kw) -> StageFailed:
+    """The StageFailed a run raises for a stage process that ended on `exc` (None: killed, no verdict)."""
+    outcome = stage_outcome(stage, exc) if exc is not None else Outcome(stage, None)
+    return StageFailed(stage, outcome, output, log, returncode=255, **kw)
 
 
-def test_prepare_reason_is_the_stage_message_of_the_last_attempt():
-    reason = stage_reason(PREPARE_LOG)
-    assert reason == [
-        "prepare failed: 12 of 12 frames refused (100.0%), more than prepare.max_reject_fraction = 10.0%; "
-        "the reasons are in artifacts/prepared/rejected.jsonl"
-    ]
-    assert stage_exit_status(PREPARE_LOG) == 1
+def _raised(exc: BaseException) -> BaseException:
+    """`exc` with a traceback through this file (what a stage's bug carries)."""
+    try:
+        raise exc
+    except BaseException as e:
+        return e
 
 
-def test_parity_reason_keeps_the_gate_lines_and_drops_library_noise():
-    reason = stage_reason(PARITY_LOG)
-    assert reason[0].startswith("optimize: parity vs PyTorch failed")
-    assert reason[1].strip().startswith("onnxruntime/int8: scores: max |diff|")
-    assert len(reason) == 3
-    assert not any("mlflow" in r or "Warning" in r for r in reason)
+def test_prepare_reason_is_the_error_message_and_its_hint_comes_from_its_class():
+    e = failed("prepare", REJECTED, DVC_OUTPUT)
+    assert stage_reason(e) == [str(REJECTED)] and e.status == 1 and not e.transient
+    f = stage_failure(e, Path("."))
+    assert any("rejected.jsonl (above)" in h for h in f.hints) and f.exit_code == EXIT_STAGE_FAILED
 
 
-def test_traceback_reason_is_the_exception_and_the_innermost_project_frame(tmp_path):
-    ws = tmp_path / "ws"
-    reason = stage_reason(_traceback_log(ws), ws)
-    assert reason == [
-        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x32 and 64x32)",
-        "at tasks/train.py:512 in run",
-    ]
+def test_parity_reason_keeps_the_gate_lines_and_its_hint():
+    e = failed("optimize", PARITY)
+    reason = stage_reason(e)
+    assert reason[0].startswith("parity vs PyTorch failed")
+    assert reason[1].strip().startswith("onnxruntime/int8: scores: max |diff|") and len(reason) == 3
+    assert any("optimize.precision=fp32" in h for h in stage_failure(e, Path(".")).hints)
 
 
-def test_dvc_error_without_a_stage_exit_is_the_reason():
+def test_a_bug_is_its_exception_and_the_innermost_project_frame():
+    e = failed("train", _raised(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x32 and 64x32)")))
+    reason = stage_reason(e)
+    assert reason[0] == "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x32 and 64x32)"
+    assert reason[1].startswith("at tests/flows/test_failure.py:") and reason[1].endswith(" in _raised")
+
+
+def test_dvc_error_without_a_stage_outcome_is_dvc_s_last_line():
     out = "$ dvc repro train\nERROR: failed to reproduce 'train': output 'artifacts/model' does not exist\n"
-    assert stage_exit_status(out) is None
-    assert stage_reason(out) == [out.splitlines()[1]]
+    e = StageFailed("train", None, out, Path("t.log"), returncode=255)
+    assert e.status is None and not e.transient
+    assert stage_reason(e) == [out.splitlines()[1]]
+
+
+def test_dvc_failing_after_a_finished_stage_is_dvc_s_reason():
+    out = "$ dvc repro train\nERROR: output 'artifacts/model/model.pt' does not exist\n"
+    e = StageFailed("train", Outcome("train", 0), out, Path("t.log"), returncode=255)
+    assert e.outcome is None and e.status is None and stage_reason(e) == [out.splitlines()[1]]
+
+
+def test_a_dvc_output_format_change_does_not_change_the_screen(tmp_path):
+    """The screen is built from the stage's outcome; what DVC prints around the stage is for the log only."""
+    runs = [failed("prepare", REJECTED, out, tmp_path / "p.log", index=2, total=6)
+            for out in (DVC_OUTPUT, OTHER_DVC_OUTPUT, "")]  # fmt: skip
+    screens = [failure_lines(stage_failure(e, tmp_path, cwd=tmp_path), width=100) for e in runs]
+    assert screens[0] == screens[1] == screens[2]
+    assert "stage prepare (2 of 6): exit 1" in screens[0][0][1]
 
 
 def test_paths_in_a_message_open_from_the_current_directory(tmp_path, monkeypatch):
@@ -126,10 +130,9 @@ def test_stage_failure_screen_fits_15_lines_and_names_stage_reason_log(tmp_path)
     (ws / "artifacts" / "prepared").mkdir(parents=True)
     (ws / "artifacts" / "prepared" / "rejected.jsonl").write_text("{}\n")
     log = ws / "logs" / "prepare.log"
-    log.write_text(PREPARE_LOG)
-    f = stage_failure(
-        "prepare", PREPARE_LOG, log, ws, 2, 6, 1, prefect_log=ws / "logs" / "prefect.log", cwd=tmp_path
-    )
+    log.write_text(DVC_OUTPUT)
+    e = failed("prepare", REJECTED, DVC_OUTPUT, log, index=2, total=6)
+    f = stage_failure(e, ws, prefect_log=ws / "logs" / "prefect.log", cwd=tmp_path)
     assert f.exit_code == EXIT_STAGE_FAILED
     text = "\n".join(t for _, t in failure_lines(f, width=200))
     assert "stage prepare (2 of 6)" in text and "not retried" in text
@@ -154,18 +157,16 @@ def test_after_a_fresh_start_the_log_path_stays_on_the_screen(tmp_path):
     (ws / "logs").mkdir(parents=True)
     (ws / "artifacts" / "prepared").mkdir(parents=True)
     (ws / "artifacts" / "prepared" / "rejected.jsonl").write_text("{}\n")
-    out = (
-        "$ dvc repro prepare\nprepare: 250 of 250 frames refused (100.0%), more than "
-        "prepare.max_reject_fraction = 10.0%; the reasons are in artifacts/prepared/rejected.jsonl\n"
-    )
     log = ws / "logs" / "prepare.log"
-    log.write_text(out)
-    f = stage_failure("prepare", out, log, ws, 2, 6, 1, prefect_log=ws / "logs" / "prefect.log", cwd=tmp_path)
+    log.write_text("$ dvc repro prepare\n")
+    e = failed("prepare", RejectFractionExceeded(250, 250, 0.1, "artifacts/prepared/rejected.jsonl"), log=log,
+               index=2, total=6)  # fmt: skip
+    f = stage_failure(e, ws, prefect_log=ws / "logs" / "prefect.log", cwd=tmp_path)
     lines = failure_lines(f, width=72, max_lines=MAX_LINES - 8)
     assert sum(-(-len(t) // 72) for _, t in lines) <= MAX_LINES - 8
     text = [t for _, t in lines]
     assert text[0].startswith("✗ factory run failed at stage prepare") and text[-1].startswith("exit 1")
-    assert any(t.startswith("reason: prepare: 250 of 250 frames refused") for t in text)
+    assert any(t.startswith("reason: 250 of 250 frames refused") for t in text)
     reason = [t for (style, t) in lines if style == ""]
     assert reason[-1].endswith(" …") and not any(t.endswith(" …") for t in reason[:-1])  # cut at the end
     assert any(t.startswith("log:") and t.endswith("artifacts/runs/20261201T173909Z-run-c3602a/logs/prepare.log")
@@ -174,10 +175,8 @@ def test_after_a_fresh_start_the_log_path_stays_on_the_screen(tmp_path):
 
 
 def test_a_long_reason_still_fits_the_screen(tmp_path):
-    long = "$ dvc repro optimize\noptimize: failed:\n" + "".join(
-        f"  gate {i}: " + "x" * 300 + "\n" for i in range(30)
-    )
-    f = stage_failure("optimize", long, tmp_path / "o.log", tmp_path, 4, 6, 1)
+    long = ParityError([f"gate {i}: " + "x" * 300 for i in range(30)])
+    f = stage_failure(failed("optimize", long, log=tmp_path / "o.log", index=4, total=6), tmp_path)
     lines = failure_lines(f, width=80)
     assert len(lines) <= MAX_LINES
     assert lines[0][1].startswith("✗ factory run failed at stage optimize")
@@ -185,20 +184,19 @@ def test_a_long_reason_still_fits_the_screen(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("status", "output", "transient"),
+    ("outcome", "locked", "transient", "code"),
     [
-        (1, "", False),
-        (2, "", False),
-        (EXIT_TRANSIENT, "", True),
-        (-9, "", True),  # SIGKILL: the OOM killer
-        (-15, "", True),
-        (-11, "", False),  # SIGSEGV: a bug
-        (None, "ERROR: Unable to acquire lock. Most likely another DVC process is running", True),
-        (None, "ERROR: unexpected error", False),
+        (Outcome("x", 1), False, False, 1),
+        (Outcome("x", EXIT_USAGE), False, False, EXIT_USAGE),
+        (Outcome("x", EXIT_TRANSIENT, transient=True), False, True, EXIT_TRANSIENT),
+        (Outcome("x", None), False, True, EXIT_TRANSIENT),  # started, no verdict: killed (the OOM killer)
+        (None, True, True, EXIT_TRANSIENT),  # DVC could not take the workspace's lock: another DVC held it
+        (None, False, False, 1),  # DVC failed around the stage
     ],
 )
-def test_which_stage_outcomes_are_transient(status, output, transient):
-    assert is_transient_exit(status, output) is transient
+def test_which_stage_outcomes_are_transient(outcome, locked, transient, code):
+    e = StageFailed("x", outcome, "", Path("x.log"), returncode=255, locked=locked)
+    assert e.transient is transient and stage_failure(e, Path(".")).exit_code == code
 
 
 def test_transient_exceptions_are_recognised_through_their_chain():
@@ -212,11 +210,9 @@ def test_transient_exceptions_are_recognised_through_their_chain():
     except RuntimeError as outer:
         assert is_transient(outer)
 
-    class KilledWorker(Exception):  # distributed.scheduler.KilledWorker, by module and name
-        pass
+    from distributed import KilledWorker
 
-    KilledWorker.__module__ = "distributed.scheduler"
-    assert is_transient(KilledWorker("unit 3"))
+    assert is_transient(KilledWorker("unit 3", last_worker=None, allowed_failures=3))
     assert is_transient(RuntimeError("(sqlite3.OperationalError) database is locked"))
 
 

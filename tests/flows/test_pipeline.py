@@ -10,6 +10,7 @@ DVC cache the first run filled (that reuse is itself under test).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -251,8 +252,35 @@ def test_dvc_exp_run_with_a_param_override(project: Path) -> None:
         assert "mAP" in kpis and kpis["mAP"]["old"] is not None and kpis["mAP"]["new"] is not None, kpis
 
 
-def test_a_deterministic_stage_failure_is_one_screen_and_not_retried(project: Path) -> None:
-    r = factory(project, "run", *tiny_args(), "-S", "prepare.min_points=10000000", "--name", "fails")
+# A DVC that words its console differently: every line DVC itself prints is reversed and tagged (the stage
+# processes write to the log directly and are untouched). Loaded by `site` into `python -m dvc` only.
+REWORDED_DVC = """
+import sys
+
+if sys.orig_argv[1:3] == ["-m", "dvc"]:
+
+    class _Reworded:
+        def __init__(self, stream):
+            self._stream = stream
+
+        def write(self, text):
+            lines = text.split("\\n")
+            return self._stream.write("\\n".join(f"[other dvc] {ln[::-1]}" if ln else ln for ln in lines))
+
+        def __getattr__(self, name):
+            return getattr(self._stream, name)
+
+    sys.stdout, sys.stderr = _Reworded(sys.stdout), _Reworded(sys.stderr)
+"""
+
+
+def test_a_deterministic_stage_failure_is_one_screen_and_not_retried(project: Path, tmp_path: Path) -> None:
+    """...with a DVC that prints its console in other words: the screen does not read it (the stage's
+    outcome JSON says stage, reason, hint and exit code)."""
+    (tmp_path / "sitecustomize.py").write_text(REWORDED_DVC)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    r = factory(project, "run", *tiny_args(), "-S", "prepare.min_points=10000000", "--name", "fails",
+                env={"PYTHONPATH": path})  # fmt: skip
     lines = r.stderr.splitlines()
     assert r.returncode == 1, r.stderr
     assert len(lines) <= 15, r.stderr  # the whole terminal output of the failed run
@@ -265,6 +293,7 @@ def test_a_deterministic_stage_failure_is_one_screen_and_not_retried(project: Pa
     rejected = next(w for w in r.stderr.split() if w.endswith("rejected.jsonl"))
     assert (project / rejected).is_file(), rejected
     assert (project / log).read_text().count("$ dvc repro prepare") == 1  # one attempt: not retried
+    assert "[other dvc] " in (project / log).read_text()  # DVC's own lines were reworded
     prefect_log = (project / log).parent / "prefect.log"
     assert "Traceback" in prefect_log.read_text()  # Prefect's own output went to the file
 

@@ -242,3 +242,25 @@ def test_columnar_frames_equal_the_per_file_frames(tmp_path: Path) -> None:
             a.frame_id == b.frame_id and np.array_equal(a.boxes, b.boxes) and list(a.names) == list(b.names)
         )
         assert (a.scores is None and b.scores is None) or np.array_equal(a.scores, b.scores)
+
+
+def test_cli_honours_evaluate_overrides(tmp_path: Path) -> None:
+    """`factory kpi -S evaluate.*` scores as the evaluate stage would with those params (it once validated
+    the overrides and ignored them); an explicit --frame-score-threshold wins over params."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    gts, preds = random_detections(n_frames=3, gt_per_frame=6, pred_per_frame=12, seed=2)
+    gt, pred = write_dir(tmp_path / "gt", gts), write_dir(tmp_path / "pred", preds)
+    out = tmp_path / "k.json"
+    base = ["kpi", "--gt", str(gt), "--pred", str(pred), "--out", str(out)]
+    res = CliRunner().invoke(app, [*base, "-S", "evaluate.frame_score_threshold=0.6", "-S", "evaluate.range_edges_m=[0,10]"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert doc["params"]["score_threshold"] == 0.6
+    assert doc["params"]["range_buckets_m"] == [[0.0, 10.0], [10.0, None]]  # JSON: an open last bucket
+    res = CliRunner().invoke(app, [*base, "-S", "evaluate.frame_score_threshold=0.6", "--frame-score-threshold", "0.2"])
+    assert res.exit_code == 0 and json.loads(out.read_text())["params"]["score_threshold"] == 0.2, res.output
+    res = CliRunner().invoke(app, [*base, "-S", "evaluate.frame_score_threshold=-1"])
+    assert res.exit_code == 2 and "evaluate.frame_score_threshold" in res.output

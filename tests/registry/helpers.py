@@ -192,7 +192,7 @@ def candidate(
 
 
 def promote_params(**over: Any):
-    from pfactory.registry import PromoteParams
+    from pfactory.registry.params import PromoteParams
 
     base = {
         "model_name": "test-detector",

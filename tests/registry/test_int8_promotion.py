@@ -14,9 +14,9 @@ from pfactory.inference.parity import compare_outputs, parity_report
 from pfactory.inference.runtime import OrtRunner
 from pfactory.metrics import evaluate_detections
 from pfactory.model.inference import frames_from_batch
-from pfactory.registry import PromoteParams
 from pfactory.registry.evidence import Evidence, agreement_summary, delta_summary, kpi_summary
 from pfactory.registry.gates import apply_gates
+from pfactory.registry.params import PromoteParams
 
 CLASSES = ["Car", "Pedestrian", "Cyclist"]
 

@@ -60,8 +60,9 @@ def test_stage_report_is_self_contained_and_complete(tracked_eval, report_html: 
     parity = json.loads((tracked_eval["optimized"] / "parity.json").read_text())
     assert f"Parity vs PyTorch: {'passed' if parity['passed'] else 'FAILED'}" in text
     assert "onnxruntime/fp32" in text and "p99 ms" in text
-    # No champion existed when the stage ran: said so, no deltas.
-    assert "no champion (pfactory-detector@champion) in the registry yet" in text
+    # The stage's report has no champion baseline (a cached output depends only on its inputs): said so.
+    assert "Baseline: none (no champion comparison in the evaluate stage's report" in text
+    assert "`factory report` and the pipeline run's report compare with the registry's current champion" in text
 
 
 def test_report_is_reproducible(tracked_eval, tmp_path: Path) -> None:
