@@ -4,7 +4,8 @@
 parameter, an output path or the machine (a full disk), and None for anything else (a bug: keep the
 traceback). The `factory` commands and the stage entry (`python -m tasks.<stage>`) print that line and
 exit with that code. Exit codes: 1 the command ran and found a problem (bad data, a diverged run, a
-full disk), 2 bad usage, parameters or inputs (nothing ran), 75 a service that does not answer (retry).
+full disk), 2 bad usage, parameters or inputs (nothing ran), 75 a service that does not answer (retry),
+77 a team's MLflow server refused the user (401 / 403, or a permission checked first: pfactory/team).
 
 Classes are matched by module and name through the MRO, so nothing heavy (torch, pyarrow) is imported
 to classify an error.
@@ -27,6 +28,10 @@ USER_ERRORS: dict[tuple[str, str], int] = {
     ("pfactory.train.trainer", "TrainingDiverged"): 1,
     # A tracking server that does not answer: transient (75, EX_TEMPFAIL), worth a retry once it is back.
     ("pfactory.tracking", "TrackingUnavailable"): 75,
+    # A team's MLflow server refused the user (pfactory/team): 77, EX_NOPERM; nothing was changed.
+    ("pfactory.team.errors", "PermissionRefused"): 77,
+    ("pfactory.team.errors", "NotAuthenticated"): 77,
+    ("pfactory.team.errors", "TeamError"): 2,
 }
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 _DISK_FULL_TEXT = (
@@ -100,6 +105,10 @@ def explain(exc: BaseException) -> tuple[str, int] | None:
         code = USER_ERRORS.get((cls.__module__, cls.__name__))
         if code is not None:
             return str(exc), code
+    from pfactory.team.errors import explain_mlflow
+
+    if (auth := explain_mlflow(exc)) is not None:  # an MLflow 401 / 403 the factory did not check first
+        return auth
     if is_disk_full(exc):
         return disk_full_message(exc), 1
     if isinstance(exc, OSError) and exc.filename and exc.strerror:

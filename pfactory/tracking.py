@@ -292,12 +292,18 @@ def sqlite_store_lock(uri: str | None = None) -> Iterator[None]:
 
 
 def process_tags() -> dict[str, str]:
-    """Tags naming the process that owns a run (`reap_orphan_runs` reads them)."""
+    """Tags naming the process that owns a run (`reap_orphan_runs` reads them) and its user: the name a team's
+    MLflow server authenticated (it stores "unknown" itself), else the OS account (`pfactory.team.identity`)."""
     import socket
 
     import psutil
 
+    from pfactory.team.identity import user_name
+
+    user = user_name()
     return {
+        "pfactory.user": user,
+        "mlflow.user": user,  # the runs table's "User" column
         "pfactory.host": socket.gethostname(),
         "pfactory.pid": str(os.getpid()),
         "pfactory.pid_started": f"{psutil.Process().create_time():.3f}",

@@ -24,7 +24,7 @@ def promotion_view(result: Mapping[str, Any]) -> Any:
     from rich.table import Table
 
     d = result["decision"]
-    colour = {"promoted": "green", "refused": "red", "dry-run": "yellow"}.get(d, "white")
+    colour = {"promoted": "green", "refused": "red", "dry-run": "yellow", "awaiting-maintainer": "yellow"}.get(d, "white")
     extra = ""
     if d == "dry-run":
         extra = " (would promote)" if result.get("would_promote") else " (would be refused)"
