@@ -197,7 +197,8 @@ _CHECKED: set[str] = set()
 def check_tracking_server(uri: str | None = None, timeout_s: float = 5.0) -> None:
     """For an http(s) tracking URI, one request to the server's `/health` (no retries): TrackingUnavailable
     when nothing answers, in seconds -- instead of MLflow's client retrying every later call. Any HTTP
-    answer (even 401/404: a server behind auth, or without /health) counts as reachable. Once per process."""
+    answer (even 401/404: a server behind auth, or without /health) counts as reachable; a team's server that
+    refuses the credentials is `pfactory.team.errors.NotAuthenticated` (exit 77). Once per process."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI", "")
     if not uri.startswith(("http://", "https://")) or uri in _CHECKED:
         return
@@ -215,6 +216,9 @@ def check_tracking_server(uri: str | None = None, timeout_s: float = 5.0) -> Non
             f"the MLflow tracking server {redact_uri(uri)} does not answer ({reason}): start it, fix "
             "MLFLOW_TRACKING_URI, or unset MLFLOW_TRACKING_URI to track into the local sqlite store"
         ) from None
+    from pfactory.team.identity import current
+
+    current(uri)  # a team's server (basic auth): NotAuthenticated, one line, instead of a 401 deep in a stage
     _CHECKED.add(uri)
 
 

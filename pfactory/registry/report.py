@@ -77,6 +77,8 @@ def lineage_view(lin: Mapping[str, Any]) -> list[Any]:
     rows = [
         ("aliases", ", ".join(lin["aliases"]) or "-"),
         ("registered", _ts(lin["created"])),
+        ("registered by", lin.get("user") or "-"),
+        ("candidate", f"{lin['candidate']['model']}/{lin['candidate']['version']}" if lin.get("candidate") else "-"),
         ("source", lin["source"]),
         ("run", f"{run.get('id')} ({run.get('name')}, {run.get('status')})" if run else "-"),
         ("stage runs", ", ".join(f"{s['name']} {s['id'][:8]}" for s in run.get("stages", [])) or "-"),

@@ -136,7 +136,9 @@ def records(limit: str | None = None) -> list[dict[str, Any]]:
             if not var.name.startswith(RECORD_PREFIX) or not isinstance(var.value, dict):
                 continue
             rec = {**var.value, "key": var.name.removeprefix(RECORD_PREFIX)}
-            if now - float(rec.get("heartbeat", 0)) > float(rec.get("lease_s", LEASE_S)) + HEARTBEAT_S:
+            silent_s = now - float(rec.get("heartbeat", 0))
+            rec["answering"] = silent_s <= 2 * HEARTBEAT_S  # a killed holder, its lease not yet repossessed
+            if silent_s > float(rec.get("lease_s", LEASE_S)) + HEARTBEAT_S:
                 with contextlib.suppress(ObjectNotFound):
                     client.delete_variable_by_name(var.name)  # its process stopped beating: gone
                 continue
@@ -152,7 +154,11 @@ def _clock(ts: float) -> str:
 def waiting_line(limit: Any, recs: list[dict[str, Any]]) -> str:
     """`waiting for a training slot: 1 of 1 held by alice, run nightly, since 12:03`."""
     holders = [r for r in recs if r.get("state") == "holding"]
-    who = "; ".join(f"{r['user']}, run {r['run']}, since {_clock(float(r['since']))}" for r in holders)
+    who = "; ".join(
+        f"{r['user']}, run {r['run']}, since {_clock(float(r['since']))}"
+        + ("" if r.get("answering", True) else " (not answering: its lease runs out)")
+        for r in holders
+    )
     if not who:
         who = "a holder that no longer answers (its lease runs out within a minute)"
     return f"waiting for a training slot: {limit.active_slots} of {limit.limit} held by {who}"
@@ -171,18 +177,26 @@ class _Heartbeat(threading.Thread):
                 _publish(self.slot, self.state)
 
 
+def _say(line: str) -> None:
+    """The stage's log (stderr) and the run's terminal (a progress event `factory run` shows on the train line)."""
+    from pfactory.progress import emit
+
+    print(line, file=sys.stderr, flush=True)
+    emit("train", phase=line, force=True)
+
+
 @contextlib.contextmanager
 def training_slot(run: str, user: str, say: Callable[[str], None] | None = None) -> Iterator[Slot]:
     """Hold one training slot for the block (module docstring); a no-op without a Prefect server.
 
-    `say(line)`: where the waiting lines go (default: stderr, flushed: the run's terminal and stage log)."""
+    `say(line)`: where the waiting lines go (default: the stage log and the `factory run` terminal, `_say`)."""
     if not enabled() or int(os.environ.get("RANK", "0")) != 0:  # DDP: rank 0 holds the slot for all ranks
         yield Slot(None)
         return
     from prefect.client.schemas.objects import ConcurrencyLeaseHolder
     from prefect.concurrency.sync import concurrency
 
-    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    say = say or _say
     name = limit_name()
     lease_s = max(float(os.environ.get(LEASE_ENV) or LEASE_S), LEASE_S)
     size = os.environ.get(SLOTS_ENV)
