@@ -288,7 +288,8 @@ def promote(
                        f"v{version} is already {params.alias}: nothing to do")  # fmt: skip
     champ_kpis, champ_source = None, "none (no champion)"
     if before is not None:
-        champ_kpis, champ_source = _champion_kpis(c, params, before, ev, data, evaluate_fn, dry_run)
+        # The re-evaluation cache is a tag of the champion's version: written only by who may write there.
+        champ_kpis, champ_source = _champion_kpis(c, params, before, ev, data, evaluate_fn, dry_run or not allowed)
     reeval = champ_source.startswith("re-evaluated")
     gates = apply_gates(params, ev, champ_kpis)
     bad = failed(gates)

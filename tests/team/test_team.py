@@ -150,14 +150,19 @@ HOLDER = textwrap.dedent(
     from pfactory.team import slots
     with slots.training_slot(sys.argv[1], sys.argv[2]) as s:
         print("acquired", s.acquired_at, flush=True)
-        time.sleep(float(sys.argv[3]))
+        end = time.time() + float(sys.argv[3])
+        while time.time() < end:
+            if sys.argv[4] == "busy":  # CPU-bound Python in the main thread, as a training step loop
+                sum(i * i for i in range(20000))
+            else:
+                time.sleep(0.1)
     print("released", s.released_at, flush=True)
     """
 )
 
 
-def _holder(team, user: str, run: str, hold_s: float) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", HOLDER, run, user, str(hold_s)], stdout=subprocess.PIPE,
+def _holder(team, user: str, run: str, hold_s: float, work: str = "sleep") -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, run, user, str(hold_s), work], stdout=subprocess.PIPE,
                          text=True, env=team.subprocess_env(user), cwd=ROOT)  # fmt: skip
     line = p.stdout.readline()
     assert line.startswith("acquired"), line
@@ -208,3 +213,24 @@ def test_sigkilled_holder_slot_is_back_within_90_s(team, monkeypatch) -> None:
     with slots.training_slot("after-kill", "bob", say=lambda _line: None) as slot:
         pass
     assert slot.acquired_at - killed < 90
+
+
+@pytest.mark.full
+def test_lease_is_renewed_while_both_cores_are_busy(team, monkeypatch) -> None:
+    """A holder busy in Python for 1.6 leases while two more processes spin on both cores keeps its slot: the
+    waiter gets it only after the holder released it (a starved renewal would free it after 60-70 s)."""
+    from pfactory.team import slots
+
+    team.become(monkeypatch, "bob")
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        holder = _holder(team, "alice", "busy-run", 1.6 * slots.LEASE_S, work="busy")
+        with slots.training_slot("waiter", "bob", say=lambda _line: None) as slot:
+            pass
+        assert holder.wait(60) == 0
+        released = float(holder.stdout.read().split()[-1])
+        assert slot.acquired_at >= released, "the busy holder lost its lease: renewal was starved"
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
