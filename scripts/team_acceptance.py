@@ -35,12 +35,13 @@ def clock(ts: float | None) -> str:
     return "-" if ts is None else dt.datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-4]
 
 
-def start_run(project: Path, team_env: dict[str, str], user: str, seed: int, logs: Path) -> subprocess.Popen:
+def start_run(project: Path, team_env: dict[str, str], user: str, seed: int, logs: Path,
+              *extra: str) -> subprocess.Popen:  # fmt: skip
     env = {**clean_env(project), **team_env, "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": PW[user]}
     out = open(logs / f"{user}-{seed}.out", "w")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "run", *tiny_args(), "-S", f"train.seed={seed}", "--name",
-         f"{user}-s{seed}", "--no-checkout"],
+         f"{user}-s{seed}", "--no-checkout", *extra],
         cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
 
@@ -48,10 +49,8 @@ def start_run(project: Path, team_env: dict[str, str], user: str, seed: int, log
 def main() -> None:
     from mlflow import MlflowClient
 
-    from pfactory.team import slots
-    from pfactory.team.services import REPOSSESSOR_LOOP_S, SLOT_WAIT_S, admin_env, down, up
+    from pfactory.team.services import admin_env, down, up
     from pfactory.team.users import add_user
-    from pfactory.tracking import reap_orphan_runs
 
     root = Path(tempfile.mkdtemp(prefix="pf-team-acceptance-"))
     project = make_project(root / "project")
@@ -68,6 +67,9 @@ def main() -> None:
         team_env = {"MLFLOW_TRACKING_URI": state.mlflow_url, "PREFECT_API_URL": state.prefect_url,
                     "PFACTORY_TRAIN_SLOT_LIMIT": state.slot_limit}  # fmt: skip
 
+        part = sys.argv[sys.argv.index("--part") + 1] if "--part" in sys.argv else "all"
+        if part == "2":
+            return sigkill(project, team_env, logs, state, exp_of(state))
         print("\n== 1. three users' factory run at the same moment, 1 training slot")
         procs = {u: start_run(project, team_env, u, i + 1, logs) for i, u in enumerate(USERS)}
         codes = {u: p.wait(timeout=3600) for u, p in procs.items()}
@@ -113,31 +115,55 @@ def main() -> None:
             for rec in audit_trail(c, m):
                 print(f"  audit {m}: {rec['action']} {rec['from']} -> {rec['to']} by {rec['by']}")
 
-        print("\n== 2. SIGKILL of a run holding the training slot")
-        victim = start_run(project, team_env, "alice", 11, logs)
-        while not any(r["user"] == "alice" for r in slots.status(state.slot_limit)["holding"]):
-            if victim.poll() is not None:
-                raise SystemExit(f"the victim run ended ({victim.returncode}) before holding the slot")
-            time.sleep(0.5)
-        waiter = start_run(project, team_env, "carol", 12, logs)
-        while not any(r["user"] == "carol" for r in slots.status(state.slot_limit)["waiting"]):
-            time.sleep(0.5)
-        killed = time.time()
-        os.killpg(victim.pid, signal.SIGKILL)
-        print(f"killed alice's run (process group {victim.pid}) at {clock(killed)} while it held the slot")
-        while not any(r["user"] == "carol" for r in slots.status(state.slot_limit)["holding"]):
-            time.sleep(0.5)
-        got = time.time()
-        print(f"carol's run got the slot at {clock(got)}: {got - killed:.1f} s after the kill (lease "
-              f"{slots.LEASE_S:g} s, repossessor loop {REPOSSESSOR_LOOP_S} s, retry cap {SLOT_WAIT_S} s, "
-              f"poll of this script 0.5 s); uptime: {os.popen('uptime').read().strip()}")  # fmt: skip
-        print(f"carol's run exit: {waiter.wait(timeout=3600)}")
-        reaped = reap_orphan_runs(exp)
-        running = c.search_runs([exp], "attributes.status = 'RUNNING'")
-        print(f"reaped {len(reaped)} runs of the killed process; RUNNING left: {len(running)}")
+        sigkill(project, team_env, logs, state, exp)
     finally:
         print(down(root / "team"))
         print(f"everything under {root}")
+
+
+def exp_of(state) -> str:
+    from mlflow import MlflowClient
+
+    return MlflowClient(state.mlflow_url).get_experiment_by_name("perception-factory").experiment_id
+
+
+def sigkill(project: Path, team_env: dict[str, str], logs: Path, state, exp: str) -> None:
+    """Part 2: the victim trains long (40 epochs) so that it surely holds the slot when it is killed."""
+    from mlflow import MlflowClient
+
+    from pfactory.team import slots
+    from pfactory.team.services import REPOSSESSOR_LOOP_S, SLOT_WAIT_S
+    from pfactory.tracking import reap_orphan_runs
+
+    c = MlflowClient(state.mlflow_url)
+    print("\n== 2. SIGKILL of a run holding the training slot")
+    victim = start_run(project, team_env, "alice", 11, logs, "-S", "train.epochs=40")
+    while not any(r["user"] == "alice" for r in slots.status(state.slot_limit)["holding"]):
+        if victim.poll() is not None:
+            raise SystemExit(f"the victim run ended ({victim.returncode}) before holding the slot")
+        time.sleep(0.5)
+    waiter = start_run(project, team_env, "carol", 12, logs)
+    while not any(r["user"] == "carol" for r in slots.status(state.slot_limit)["waiting"]):
+        time.sleep(0.5)
+    killed = time.time()
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()  # not a zombie of this script (a zombie's pid still "lives" for the reaper)
+    print(f"killed alice's run (process group {victim.pid}) at {clock(killed)} while it held the slot")
+    while not any(r["user"] == "carol" for r in slots.status(state.slot_limit)["holding"]):
+        time.sleep(0.5)
+    got = time.time()
+    print(f"carol's run got the slot at {clock(got)}: {got - killed:.1f} s after the kill (lease "
+          f"{slots.LEASE_S:g} s, repossessor loop {REPOSSESSOR_LOOP_S} s, retry cap {SLOT_WAIT_S} s, "
+          f"poll of this script 0.5 s); uptime: {os.popen('uptime').read().strip()}")  # fmt: skip
+    print(f"carol's run exit: {waiter.wait(timeout=3600)}")
+    reaped = reap_orphan_runs(exp)
+    running = c.search_runs([exp], "attributes.status = 'RUNNING'")
+    print(f"reaped {len(reaped)} runs of the killed process (here; carol's stages reap at their start); "
+          f"RUNNING left: {[(r.info.run_name, r.data.tags.get('pfactory.pid')) for r in running]}")  # fmt: skip
+    killed_runs = c.search_runs([exp], "attributes.status = 'KILLED'")
+    print(f"KILLED runs: {[(r.info.run_name, r.data.tags.get('pfactory.user'), r.data.tags.get('pfactory.ended_by')) for r in killed_runs]}")
+    held = [r for r in slots.status(state.slot_limit)["holding"]]
+    print(f"slot holders now: {held}")
 
 
 if __name__ == "__main__":

@@ -214,7 +214,11 @@ def training_slot(run: str, user: str, say: Callable[[str], None] | None = None)
         while held is None:
             limit = ensure_limit(name, None)
             if limit.active_slots >= limit.limit:
-                line = waiting_line(limit, records(name))
+                recs = records(name)
+                if not any(r.get("state") == "holding" for r in recs):
+                    time.sleep(2.0)  # a run that took the slot a moment ago publishes its record right after
+                    recs = records(name)
+                line = waiting_line(limit, recs)
                 if line != last:
                     say(line)
                     last = line
