@@ -32,6 +32,9 @@ data_app = typer.Typer(
     help="Make, validate and look at raw datasets (KITTI / nuScenes layouts).", no_args_is_help=True
 )
 app.add_typer(data_app, name="data")
+from flows.team import team_app  # noqa: E402 (Typer only: `factory team ...`, flows/team.py)
+
+app.add_typer(team_app, name="team")
 
 SetOpt = Annotated[
     list[str] | None,
@@ -644,7 +647,7 @@ def promote_cmd(
                 "run` finished here yet); pass VERSION, MODEL@ALIAS or a run id (`factory lineage` lists them)",
                 code=2,
             )
-        ref = str(last["version"])
+        ref = f"{last['model']}/{last['version']}" if last.get("model") else str(last["version"])  # team: a candidate
     from pfactory.tracking import configure_environment
 
     configure_environment()

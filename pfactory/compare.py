@@ -313,6 +313,7 @@ def compare_runs(
 
     facts("run_id", [r.run_id for r in refs])
     facts("started (UTC)", [_fmt_time(r.start_time_ms) for r in refs])
+    facts("user", [t.get("pfactory.user") or t.get("mlflow.user") or "-" for t in tags])  # who ran it
     facts("status", [r.status for r in refs])
     commits = []
     for t in tags:

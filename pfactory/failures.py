@@ -19,7 +19,8 @@ preemption); `<stage>.fault` beside it holds Python's `faulthandler` dump of a c
 Exit codes (docs/OPERATIONS.md): 0 done; 1 the command ran and found a problem (bad data, a diverged run,
 a full disk, a bug: a retry fails the same way); 2 bad usage, parameters or inputs (nothing ran); 75 a
 transient failure (EX_TEMPFAIL): a lost connection or Dask worker, a locked database, a tracking server
-that does not answer -- worth a retry.
+that does not answer -- worth a retry; 77 a team's MLflow server refused the user (401 / 403, or a
+permission the factory checked first: pfactory/team), nothing was changed.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TRANSIENT = 75  # sysexits.h EX_TEMPFAIL: "temporary failure, the user is invited to retry"
+EXIT_NOPERM = 77  # sysexits.h EX_NOPERM: a team's MLflow server refused the user (401 / 403; pfactory/team)
 OUTCOME_ENV = "PFACTORY_OUTCOME_DIR"
 STAGE_LOG_ENV = "PFACTORY_STAGE_LOG"  # the stage's log file as the flow writes it (recorded in the outcome)
 
@@ -173,6 +175,8 @@ def explain(exc: BaseException) -> Explained | None:
     """The reason, exit code and hint of an error the user can act on, else None (module docstring)."""
     if isinstance(exc, UserError):
         return Explained(exc.reason, exc.exit_code, exc.hint)
+    if (refused := mlflow_refusal(exc)) is not None:  # a 401 / 403 the factory did not check first
+        return refused
     if is_disk_full(exc):
         return Explained(disk_full_message(exc), EXIT_FAILED)
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
@@ -294,3 +298,40 @@ def clear_outcome(folder: str | Path, stage: str) -> None:
     """Remove a stage's outcome and fault dump before an attempt (an earlier attempt's must not be read)."""
     for p in (outcome_path(folder, stage), Path(folder) / f"{stage}.fault"):
         p.unlink(missing_ok=True)
+
+
+def unauthenticated_message(uri: str, user: str | None) -> str:
+    """The one line for an MLflow 401 (the URI without its user info: no password in it)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    where = f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}{parts.path}" if parts.netloc else uri
+    who = f"user {user!r} and its password" if user else "no MLFLOW_TRACKING_USERNAME / PASSWORD set"
+    return (
+        f"the MLflow server {where} refused the request: 401 not authenticated ({who}); export "
+        "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD of your team account (an admin creates it: "
+        "factory team user add)"
+    )
+
+
+def mlflow_refusal(exc: BaseException) -> Explained | None:
+    """Exit 77 and one line for an MLflow 401 / 403 anywhere in `exc`'s chain, by MLflow's own error code
+    (`MlflowException.error_code`), else None. MLflow is imported only if it is already loaded: an
+    exception of it implies it is."""
+    if "mlflow" not in sys.modules:
+        return None
+    from mlflow.exceptions import MlflowException
+
+    for e in chain(exc):
+        code = getattr(e, "error_code", None) if isinstance(e, MlflowException) else None
+        if code == "UNAUTHENTICATED":
+            uri, user = os.environ.get("MLFLOW_TRACKING_URI", ""), os.environ.get("MLFLOW_TRACKING_USERNAME")
+            return Explained(unauthenticated_message(uri, user), EXIT_NOPERM)
+        if code == "PERMISSION_DENIED":
+            user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+            return Explained(
+                f"the MLflow server refused user {user!r}: 403 permission denied ({e.message})",
+                EXIT_NOPERM,
+                "an admin grants permissions: factory team user add NAME --role maintainer|engineer",
+            )
+    return None

@@ -201,7 +201,8 @@ _CHECKED: set[str] = set()
 def check_tracking_server(uri: str | None = None, timeout_s: float = 5.0) -> None:
     """For an http(s) tracking URI, one request to the server's `/health` (no retries): TrackingUnavailable
     when nothing answers, in seconds -- instead of MLflow's client retrying every later call. Any HTTP
-    answer (even 401/404: a server behind auth, or without /health) counts as reachable. Once per process."""
+    answer (even 401/404: a server behind auth, or without /health) counts as reachable; a team's server that
+    refuses the credentials is `pfactory.team.errors.NotAuthenticated` (exit 77). Once per process."""
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI", "")
     if not uri.startswith(("http://", "https://")) or uri in _CHECKED:
         return
@@ -219,6 +220,9 @@ def check_tracking_server(uri: str | None = None, timeout_s: float = 5.0) -> Non
             f"the MLflow tracking server {redact_uri(uri)} does not answer ({reason}): start it, fix "
             "MLFLOW_TRACKING_URI, or unset MLFLOW_TRACKING_URI to track into the local sqlite store"
         ) from None
+    from pfactory.team.identity import current
+
+    current(uri)  # a team's server (basic auth): NotAuthenticated, one line, instead of a 401 deep in a stage
     _CHECKED.add(uri)
 
 
@@ -296,12 +300,18 @@ def sqlite_store_lock(uri: str | None = None) -> Iterator[None]:
 
 
 def process_tags() -> dict[str, str]:
-    """Tags naming the process that owns a run (`reap_orphan_runs` reads them)."""
+    """Tags naming the process that owns a run (`reap_orphan_runs` reads them) and its user: the name a team's
+    MLflow server authenticated (it stores "unknown" itself), else the OS account (`pfactory.team.identity`)."""
     import socket
 
     import psutil
 
+    from pfactory.team.identity import user_name
+
+    user = user_name()
     return {
+        "pfactory.user": user,
+        "mlflow.user": user,  # the runs table's "User" column
         "pfactory.host": socket.gethostname(),
         "pfactory.pid": str(os.getpid()),
         "pfactory.pid_started": f"{psutil.Process().create_time():.3f}",

@@ -11,6 +11,8 @@ Registry:  a new version of `promote.model_name` (its files logged to run `run_i
 Metrics back: `{"decision", "version", "champion_before", "champion_after", "gates", "reevaluated_champion",
            "release", ...}` (pfactory/registry/promotion.py), also logged to this stage's MLflow run.
 A refused candidate is an outcome, not an error: the stage exits 0 and says which gate failed by how much.
+With a team's registry the candidate is registered in `<model>-candidates`; a user who may not move the alias
+(an engineer) gets the decision "awaiting-maintainer" (gated, not promoted, who may promote it), exit 0.
 
 Run: `python -m tasks.promote [--run-id ID] [--dry-run] [-S promote.min_map=0.5 ...]` (DVC; paths from
 params.yaml; run id default: $PFACTORY_PARENT_RUN_ID) or `factory promote RUN_OR_VERSION [--dry-run]`.
@@ -79,12 +81,13 @@ def run(
     if not track:
         if run_id is None and not dry_run:
             raise ValueError("run(track=False) needs run_id: the candidate's files are logged to that run")
-        return promote(prm, Candidate(optimized, eval_dir / af.KPIS, run_id), data, release, dry_run, fn)
+        return promote(prm, Candidate(optimized, eval_dir / af.KPIS, run_id), data, release, dry_run, fn, False)
     from pfactory.tracking import stage_run
 
     with stage_run(STAGE, prm.model_dump(mode="json")) as active:
         candidate = Candidate(optimized, eval_dir / af.KPIS, run_id or active.info.run_id)
-        result = promote(prm, candidate, data, release, dry_run, fn)
+        # A team member who may not move the alias gets a gated candidate "awaiting-maintainer", exit 0.
+        result = promote(prm, candidate, data, release, dry_run, fn, require_permission=False)
         _log_result(result)
         result["mlflow_run_id"] = active.info.run_id
     return result

@@ -54,7 +54,12 @@ def main(argv: list[str] | None = None) -> None:
     def body(params: Any, args: argparse.Namespace) -> dict | None:
         data = args.data or params.paths.prepared
         out = args.out or Path(params.paths.model)
-        summary = run(params, data, out, track=not args.no_track)
+        from pfactory.team import slots
+
+        # A team's Prefect server: training waits for one of its slots (pfactory/team/slots.py); else no-op.
+        with slots.training_slot(slots.run_label(), slots.user()) as slot:
+            summary = run(params, data, out, track=not args.no_track)
+        slots.record_on_run(summary.get("mlflow_run_id"), slot)
         if int(os.environ.get("RANK", "0")) != 0:
             return None
         return {k: v for k, v in summary.items() if k != "val"}

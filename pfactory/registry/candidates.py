@@ -97,24 +97,32 @@ def promote_ref(
 ) -> dict:
     """`factory promote RUN_OR_VERSION`: a registered version (`3`, `MODEL/3`, `MODEL@alias`) or an MLflow
     run id (32 hex: its candidate files), through the same gates as the stage. Returns `promote`'s dict."""
+    from pfactory.registry import access
     from pfactory.registry import registry as reg
     from pfactory.registry.promotion import Candidate, promote, resolve
 
     prm = section_of(params, "promote", PromoteParams)
     fn = evaluate_fn or champion_evaluator(params)
     c = reg.client()
+    ident = access.team()  # a team: a bare version number is a candidate (`<model>-candidates`)
+    cands = access.candidates_model(prm.model_name) if ident is not None else None
+    name, version = (None, None) if RUN_ID.match(ref) else resolve(
+        c, ref, cands if cands and ref.isdigit() else prm.model_name, prm.alias
+    )
+    if not dry_run:  # the caller's permission first: a refusal changes nothing (pfactory/registry/access.py)
+        access.require(c, ident, prm.model_name, "promote", reg.champion(c, prm.model_name, prm.alias),
+                       version, ref if RUN_ID.match(ref) else None)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="pfactory-promote-") as tmp:
-        if RUN_ID.match(ref):
+        if name is None or version is None:
             optimized, kpis = run_candidate(c, ref, Path(tmp))
             candidate = Candidate(optimized, kpis, ref)
         else:
-            name, version = resolve(c, ref, prm.model_name, prm.alias)
-            if name != prm.model_name:
+            if name != prm.model_name and name != cands:
                 prm = prm.model_copy(update={"model_name": name})
             files = reg.download_version(c, name, version, Path(tmp))
-            tags = reg.get_version(c, name, version).tags
+            mv = reg.get_version(c, name, version)
             candidate = Candidate(
-                files / "optimized", files / "eval" / af.KPIS, reg.get_version(c, name, version).run_id,
-                version, {"git_commit": tags.get("git.commit"), "git_dirty": tags.get("git.dirty")},
+                files / "optimized", files / "eval" / af.KPIS, mv.run_id, version,
+                {"git_commit": mv.tags.get("git.commit"), "git_dirty": mv.tags.get("git.dirty")}, name,
             )  # fmt: skip
         return promote(prm, candidate, Path(data), Path(release), dry_run, fn)

@@ -16,6 +16,13 @@
 `rollback(params, release, to=None)`: the alias goes back to the previous champion found in the audit
 trail (the `from` of the record that made the current champion), audited like a promotion, so a second
 rollback undoes the first. `lineage(name, ref)`: version -> run -> commit, data, params, KPIs, audit.
+
+A team's registry (`access.team()`: MLflow's basic-auth app): step 2 registers into `<model>-candidates`; the
+caller's permission on `<model>` is checked before anything starts (`access.require`: one line, exit 77, the
+refusal audited on the candidates model) -- or, for the pipeline's promote stage (`require_permission=False`),
+a candidate that passes is left "awaiting-maintainer" and the result says who may promote it; step 5 copies
+the candidate into `<model>` (`copy_model_version`, its tags with it, `candidate.model` / `candidate.version`
+pointing back) and moves the alias to the copy. Every version records `pfactory.user`, the authenticated user.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 
 from pfactory import artifacts as af
 from pfactory.fsutil import atomic_directory
+from pfactory.registry import access
 from pfactory.registry import registry as reg
 from pfactory.registry.errors import EvidenceError, RegistryError
 from pfactory.registry.evidence import (
@@ -61,6 +69,8 @@ class Candidate:
     """Set when the candidate is already a registered version (`factory promote VERSION`)."""
     lineage: Mapping[str, Any] | None = None
     """`{"git_commit", "git_dirty"}` of the code that produced it (default: the run's tags, else this repo)."""
+    model: str | None = None
+    """The registered model `version` belongs to (default: where new candidates go, `access.registering_model`)."""
 
 
 def _git_lineage(c: Any, run_id: str | None) -> dict[str, Any]:
@@ -201,6 +211,19 @@ def _publish(
     return record
 
 
+def copy_to_production(c: Any, source_model: str, version: int, model: str) -> int:
+    """Copy candidate `source_model/version` into `model` (MLflow's `copy_model_version`) with its tags and
+    description, plus `candidate.model` / `candidate.version` (lineage back); returns the new version."""
+    src = reg.get_version(c, source_model, version)
+    mv = c.copy_model_version(f"models:/{source_model}/{version}", model)
+    new = int(mv.version)
+    tags = {k: v for k, v in src.tags.items() if not k.startswith("promotion.") and k != reg.STATUS_TAG}
+    reg.set_version_tags(c, model, new, {**tags, "candidate.model": source_model, "candidate.version": version})
+    if src.description:
+        c.update_model_version(model, str(new), description=src.description)
+    return new
+
+
 def promote(
     params: PromoteParams,
     candidate: Candidate,
@@ -208,16 +231,25 @@ def promote(
     release: Path,
     dry_run: bool = False,
     evaluate_fn: EvaluateFn | None = None,
+    require_permission: bool = True,
 ) -> dict[str, Any]:
     """Register `candidate`, gate it against the champion, move the alias on a pass (module docstring).
 
     Returns `{"decision": "promoted" | "refused" | "dry-run", "version", "champion_before", "champion_after",
     "gates": [{"name", "value", "threshold", "passed", "margin", "detail"}], "reevaluated_champion",
     "release", "reason", "champion_kpis_source", "would_promote" (dry-run)}`. `version` is None for a
-    dry run of a candidate that is not registered yet (a dry run registers nothing).
+    dry run of a candidate that is not registered yet (a dry run registers nothing). With a team: "model" (where
+    `version` is registered), "production_version" (the copy, when promoted) and, for a caller who may not
+    promote (`require_permission=False`), the decision "awaiting-maintainer" with "who_may_promote".
     """
     c = reg.client()
     name = params.model_name
+    ident = access.team()
+    reg_name = candidate.model or (access.candidates_model(name) if ident is not None else name)
+    allowed, has = (True, "MANAGE") if ident is None or dry_run else access.may(ident, name)
+    if not allowed and require_permission:  # checked before anything starts (module docstring)
+        access.require(c, ident, name, "promote", reg.champion(c, name, params.alias), candidate.version,
+                       candidate.run_id)  # fmt: skip
     ev = read_evidence(candidate.optimized, candidate.kpis_file, params.latency_batch)
     ev.extra["prepared"] = prepared_lineage(data)
     lineage = {
@@ -229,7 +261,7 @@ def promote(
     if version is None and not dry_run:
         if candidate.run_id is None:
             raise ValueError("a candidate that is not registered yet needs the MLflow run to log it to")
-        version = reg.find_version(c, name, candidate.run_id, ev.backend["manifest_sha256"])
+        version = reg.find_version(c, reg_name, candidate.run_id, ev.backend["manifest_sha256"])
         if version is None:
             source, model_id = reg.log_candidate(
                 c, candidate.run_id, candidate.optimized, candidate.kpis_file, data
@@ -240,21 +272,24 @@ def promote(
                 "git.commit": str(lineage["git_commit"]),
                 "git.dirty": str(lineage["git_dirty"]),
                 reg.STATUS_TAG: "registered",
+                access.USER_TAG: reg.actor().rsplit("@", 1)[0],
             }
             version = reg.register_version(
-                c, name, source, candidate.run_id, tags,
+                c, reg_name, source, candidate.run_id, tags,
                 f"mAP {ev.kpis['mAP']:.4f} on {ev.data['split']} of {ev.data['prepared_hash'][:12]}; "
                 f"{ev.backend['primary']} p99 {ev.latency['p99_ms']:.1f} ms", model_id,
             )  # fmt: skip
-            reg.describe_model(c, name, params.alias)
+            if reg_name == name:
+                reg.describe_model(c, name, params.alias)
 
     before = reg.champion(c, name, params.alias)
-    if version is not None and before == version:
+    if version is not None and reg_name == name and before == version:
         return _result("promoted", version, before, before, [], False, None,
                        f"v{version} is already {params.alias}: nothing to do")  # fmt: skip
     champ_kpis, champ_source = None, "none (no champion)"
     if before is not None:
-        champ_kpis, champ_source = _champion_kpis(c, params, before, ev, data, evaluate_fn, dry_run)
+        # The re-evaluation cache is a tag of the champion's version: written only by who may write there.
+        champ_kpis, champ_source = _champion_kpis(c, params, before, ev, data, evaluate_fn, dry_run or not allowed)
     reeval = champ_source.startswith("re-evaluated")
     gates = apply_gates(params, ev, champ_kpis)
     bad = failed(gates)
@@ -264,7 +299,7 @@ def promote(
         if not bad
         else f"{len(bad)} gate(s) failed vs {vs}: " + "; ".join(f"{g.name}: {g.detail}" for g in bad)
     )
-    extra = {"champion_kpis_source": champ_source}
+    extra: dict[str, Any] = {"champion_kpis_source": champ_source, "model": reg_name}
     if dry_run:
         return _result(
             "dry-run", version, before, before, gates, reeval, None, reason, would_promote=not bad, **extra
@@ -272,13 +307,24 @@ def promote(
     assert version is not None
     if bad:
         reg.set_version_tags(
-            c, name, version,
+            c, reg_name, version,
             {"promotion.decision": "refused", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
              "promotion.failed_gates": ",".join(g.name for g in bad), reg.STATUS_TAG: "refused"},
         )  # fmt: skip
         return _result("refused", version, before, before, gates, reeval, None, reason, **extra)
+    if not allowed:  # a team member who may not move the alias: a gated candidate, left for a maintainer
+        who = access.who_may(c, name)
+        reason += (f"; {ident.username} has {has} on {name} and promoting needs {access.PROMOTE_NEEDS}: "
+                   f"{who} can promote it (factory promote {reg_name}/{version})")  # fmt: skip
+        reg.set_version_tags(
+            c, reg_name, version,
+            {"promotion.decision": "awaiting-maintainer", "promotion.at": reg.now_iso(),
+             "promotion.by": reg.actor(), reg.STATUS_TAG: "awaiting-maintainer"},
+        )  # fmt: skip
+        return _result("awaiting-maintainer", version, before, before, gates, reeval, None, reason,
+                       who_may_promote=who, **extra)  # fmt: skip
 
-    reg.set_version_tags(c, name, version, {reg.STATUS_TAG: "awaiting-lock"})
+    reg.set_version_tags(c, reg_name, version, {reg.STATUS_TAG: "awaiting-lock"})
     with reg.registry_lock(reg.registry_uri(), params.lock_timeout_s):
         now = reg.champion(c, name, params.alias)
         if now != before:  # compare-and-set: another promotion moved the alias since step 3
@@ -289,14 +335,22 @@ def promote(
             )  # fmt: skip
             gates.append(lost)
             reg.set_version_tags(
-                c, name, version,
+                c, reg_name, version,
                 {"promotion.decision": "refused", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
                  "promotion.failed_gates": lost.name, reg.STATUS_TAG: "refused"},
             )  # fmt: skip
             return _result("refused", version, before, now, gates, reeval, None, lost.detail, **extra)
-        _publish(c, params, version, before, (candidate.optimized, candidate.kpis_file), ev, gates, "promote",
+        target = version if reg_name == name else copy_to_production(c, reg_name, version, name)
+        _publish(c, params, target, before, (candidate.optimized, candidate.kpis_file), ev, gates, "promote",
                  reason, release, lineage)  # fmt: skip
-    return _result("promoted", version, before, version, gates, reeval, release, reason, **extra)
+        if reg_name != name:
+            reg.set_version_tags(
+                c, reg_name, version,
+                {"promotion.decision": "promoted", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
+                 "promotion.production_version": target, reg.STATUS_TAG: f"copied to {name} v{target}"},
+            )  # fmt: skip
+            extra["production_version"] = target
+    return _result("promoted", version, before, target, gates, reeval, release, reason, **extra)
 
 
 def previous_champion(
@@ -331,6 +385,7 @@ def rollback(
     """
     c = reg.client()
     name = params.model_name
+    access.require(c, access.team(), name, "rollback", reg.champion(c, name, params.alias))
     with reg.registry_lock(reg.registry_uri(), params.lock_timeout_s):
         current = reg.champion(c, name, params.alias)
         if current is None:
@@ -414,6 +469,11 @@ def lineage(ref: str, default_model: str, default_alias: str = "champion") -> di
         "latency": {k.removeprefix("latency."): v for k, v in tags.items() if k.startswith("latency.")},
         "promotion": {k.removeprefix("promotion."): v for k, v in tags.items() if k.startswith("promotion.")},
         "audit": [r for r in reg.audit_trail(c, name) if version in (r.get("to"), r.get("from"))],
+        "user": tags.get(access.USER_TAG),
+        "candidate": (
+            {"model": tags["candidate.model"], "version": int(tags["candidate.version"])}
+            if "candidate.model" in tags else None
+        ),
         "run": None,
         "params": {},
     }

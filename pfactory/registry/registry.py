@@ -31,7 +31,6 @@ import contextlib
 import datetime as dt
 import errno
 import fcntl
-import getpass
 import hashlib
 import json
 import os
@@ -113,12 +112,11 @@ def registry_lock(uri: str, timeout_s: float, poll_s: float = 0.05) -> Iterator[
 
 
 def actor() -> str:
-    """`user@host` of this process (the audit record's "by")."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry / no login name in a container
-        user = f"uid{os.getuid()}"
-    return f"{user}@{socket.gethostname()}"
+    """`user@host` (the audit record's "by"): the user the team's MLflow server authenticated, else the OS
+    account of this process (`pfactory.team.identity.user_name`)."""
+    from pfactory.team.identity import user_name
+
+    return f"{user_name()}@{socket.gethostname()}"
 
 
 def now_iso() -> str:

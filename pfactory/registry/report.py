@@ -24,7 +24,7 @@ def promotion_view(result: Mapping[str, Any]) -> Any:
     from rich.table import Table
 
     d = result["decision"]
-    colour = {"promoted": "green", "refused": "red", "dry-run": "yellow"}.get(d, "white")
+    colour = {"promoted": "green", "refused": "red", "dry-run": "yellow", "awaiting-maintainer": "yellow"}.get(d, "white")
     extra = ""
     if d == "dry-run":
         extra = " (would promote)" if result.get("would_promote") else " (would be refused)"
@@ -77,6 +77,8 @@ def lineage_view(lin: Mapping[str, Any]) -> list[Any]:
     rows = [
         ("aliases", ", ".join(lin["aliases"]) or "-"),
         ("registered", _ts(lin["created"])),
+        ("registered by", lin.get("user") or "-"),
+        ("candidate", f"{lin['candidate']['model']}/{lin['candidate']['version']}" if lin.get("candidate") else "-"),
         ("source", lin["source"]),
         ("run", f"{run.get('id')} ({run.get('name')}, {run.get('status')})" if run else "-"),
         ("stage runs", ", ".join(f"{s['name']} {s['id'][:8]}" for s in run.get("stages", [])) or "-"),

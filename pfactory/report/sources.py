@@ -137,6 +137,7 @@ def load_run(
         ("source", how),
         ("pipeline run", f"{parent_id}"),
         ("evaluate run", ev.info.run_id),
+        ("user", ev.data.tags.get("pfactory.user") or ev.data.tags.get("mlflow.user", "?")),  # who ran it
         (
             "git commit",
             f"{ev.data.tags.get('git.commit', '?')} (dirty: {ev.data.tags.get('git.dirty', '?')})",

@@ -1,0 +1,238 @@
+"""A team's factory against real servers on 127.0.0.1 (tests/team/conftest.py): identities, permissions the
+server enforces, the promotion of a candidate by copy, refusals (one line, exit 77, audited), training slots."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.registry.helpers import build_bench, candidate, promote_params
+
+from .conftest import ROOT
+
+MODEL = "pfactory-detector"
+CANDIDATES = "pfactory-detector-candidates"
+
+
+def _cli(team, user: str | None, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`factory ...` through the real console entry (`flows.cli.main`: errors -> one line + exit code)."""
+    return subprocess.run(
+        [sys.executable, "-c", "from flows.cli import main; main()", *args],
+        cwd=cwd, env=team.subprocess_env(user), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def _last_line(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip() and "Warning" not in ln and "import" not in ln]
+    return lines[-1] if lines else ""
+
+
+def test_secrets_are_0600_and_never_in_the_export_lines(team) -> None:
+    from pfactory.team.services import env_lines
+
+    d = Path(team.state.dir)
+    for f in (d / "secrets" / "admin_password", d / "secrets" / "flask_secret", d / "mlflow" / "auth.ini"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    assert stat.S_IMODE((d / "secrets").stat().st_mode) == 0o700
+    text = "\n".join(env_lines(team.state))
+    assert (d / "secrets" / "admin_password").read_text().strip() not in text
+    assert "team.json" not in text and (d / "secrets" / "admin_password").read_text() not in (d / "team.json").read_text()
+    assert f"export MLFLOW_TRACKING_URI={team.state.mlflow_url}" in text
+
+
+def test_identity_permissions_and_unauthenticated(team, monkeypatch) -> None:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from pfactory.failures import explain
+    from pfactory.team import identity
+    from pfactory.team.errors import NotAuthenticated
+
+    team.become(monkeypatch, "alice")
+    me = identity.current()
+    assert (me.username, me.is_admin) == ("alice", False)
+    assert identity.permission(me, MODEL) == "READ" and identity.permission(me, CANDIDATES) == "EDIT"
+    team.become(monkeypatch, "bob")
+    assert identity.permission(identity.current(), MODEL) == "MANAGE"
+
+    team.become(monkeypatch, None)  # no credentials: the server's 401, one clear line
+    with pytest.raises(NotAuthenticated, match="401 not authenticated"):
+        identity.current()
+    with pytest.raises(MlflowException) as raw:
+        MlflowClient().get_registered_model(MODEL)
+    known = explain(raw.value)
+    assert known is not None
+    line, code = known.reason, known.code
+    assert code == 77 and "401" in line and "\n" not in line and "MLFLOW_TRACKING_USERNAME" in line
+
+
+def test_engineer_registers_maintainer_promotes_by_copy(team, tmp_path_factory, tmp_path, monkeypatch) -> None:
+    import mlflow
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    import tasks.promote
+    from pfactory.registry import registry as reg
+    from pfactory.registry.candidates import promote_ref
+    from pfactory.registry.promotion import lineage, rollback
+    from pfactory.team.errors import PermissionRefused
+
+    bench = build_bench(tmp_path_factory.getbasetemp() / "promote-bench")
+    prm = promote_params(model_name=MODEL)
+    monkeypatch.chdir(tmp_path)
+
+    # alice (engineer) runs the promote stage: a gated candidate in the candidates model, not promoted, exit 0.
+    team.become(monkeypatch, "alice")
+    c = candidate(tmp_path, bench, "c1", 0.3)
+    out = tasks.promote.run(prm, c["optimized"], c["eval"], bench["prepared_a"], tmp_path / "release")
+    assert out["decision"] == "awaiting-maintainer", out["reason"]
+    assert out["model"] == CANDIDATES and "bob" in out["who_may_promote"]
+    v = out["version"]
+    client = MlflowClient()
+    mv = client.get_model_version(CANDIDATES, str(v))
+    assert mv.tags["pfactory.user"] == "alice" and mv.tags["promotion.decision"] == "awaiting-maintainer"
+    run = client.get_run(out["mlflow_run_id"])
+    assert run.data.tags["pfactory.user"] == "alice" and run.data.tags["mlflow.user"] == "alice"
+    assert reg.champion(client, MODEL, "champion") is None
+
+    # alice calls MLflow directly: the server refuses the alias move (403), not only the factory.
+    with pytest.raises(MlflowException) as denied:
+        client.set_registered_model_alias(MODEL, "champion", "1")
+    assert denied.value.get_http_status_code() == 403
+
+    # alice's `factory promote`: one line, exit 77, nothing changed, the refusal audited.
+    res = _cli(team, "alice", "promote", f"{CANDIDATES}/{v}", "--data", str(bench["prepared_a"]),
+               "--release", str(tmp_path / "release"))  # fmt: skip
+    assert res.returncode == 77, res.stderr[-2000:]
+    line = _last_line(res.stderr)
+    assert line.startswith("promote refused: user 'alice' has READ on registered model 'pfactory-detector'"), line
+    assert "needs EDIT" in line and "bob" in line
+    assert reg.champion(client, MODEL, "champion") is None
+    refusals = [r for r in reg.audit_trail(client, CANDIDATES) if r["action"] == "refused-promote"]
+    assert refusals and refusals[-1]["by"].startswith("alice@") and refusals[-1]["to"] == v
+
+    # bob (maintainer) promotes it: copied into the production model, champion there, who did what recorded.
+    team.become(monkeypatch, "bob")
+    res = promote_ref(prm, f"{CANDIDATES}/{v}", bench["prepared_a"], tmp_path / "release-bob")
+    assert res["decision"] == "promoted", res["reason"]
+    pv = res["production_version"]
+    client = MlflowClient()
+    assert reg.champion(client, MODEL, "champion") == pv
+    prod = client.get_model_version(MODEL, str(pv))
+    assert prod.tags["pfactory.user"] == "alice" and prod.tags["promotion.by"].startswith("bob@")
+    assert (prod.tags["candidate.model"], prod.tags["candidate.version"]) == (CANDIDATES, str(v))
+    assert reg.audit_trail(client, MODEL)[-1]["by"].startswith("bob@")
+    info = lineage(f"{MODEL}@champion", MODEL)
+    assert info["candidate"] == {"model": CANDIDATES, "version": v} and info["run"]["id"] == mv.run_id
+    assert (Path(mlflow.artifacts.download_artifacts(f"models:/{MODEL}@champion", dst_path=str(tmp_path / "dl")))
+            / "optimized").is_dir()  # fmt: skip
+
+    # alice's rollback: refused before anything moves.
+    team.become(monkeypatch, "alice")
+    with pytest.raises(PermissionRefused, match="rollback refused: user 'alice' has READ"):
+        rollback(prm, tmp_path / "release")
+    assert reg.champion(MlflowClient(), MODEL, "champion") == pv
+
+    # No credentials at all: MLflow's 401 becomes one line and exit 77.
+    res = _cli(team, None, "lineage", f"{MODEL}@champion")
+    assert res.returncode == 77 and "401 not authenticated" in _last_line(res.stderr), res.stderr[-2000:]
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pfactory.team import slots
+    with slots.training_slot(sys.argv[1], sys.argv[2]) as s:
+        print("acquired", s.acquired_at, flush=True)
+        end = time.time() + float(sys.argv[3])
+        while time.time() < end:
+            if sys.argv[4] == "busy":  # CPU-bound Python in the main thread, as a training step loop
+                sum(i * i for i in range(20000))
+            else:
+                time.sleep(0.1)
+    print("released", s.released_at, flush=True)
+    """
+)
+
+
+def _holder(team, user: str, run: str, hold_s: float, work: str = "sleep") -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, run, user, str(hold_s), work], stdout=subprocess.PIPE,
+                         text=True, env=team.subprocess_env(user), cwd=ROOT)  # fmt: skip
+    line = p.stdout.readline()
+    assert line.startswith("acquired"), line
+    return p
+
+
+def test_training_slot_waits_says_who_and_records_on_the_run(team, monkeypatch) -> None:
+    import mlflow
+    from mlflow import MlflowClient
+
+    from pfactory.team import slots
+
+    team.become(monkeypatch, "bob")
+    holder = _holder(team, "alice", "run-of-alice", 6.0)
+    said: list[str] = []
+    t0 = time.time()
+    with slots.training_slot("run-of-bob", "bob", say=said.append) as slot:
+        status = slots.status()
+        assert [r["user"] for r in status["holding"]] == ["bob"] and status["active"] == 1
+    assert holder.wait(60) == 0
+    released = float(holder.stdout.read().split()[-1])
+    assert said and said[0].startswith("waiting for a training slot: 1 of 1 held by alice, run run-of-alice, since ")
+    assert slot.acquired_at >= released and slot.wait_s > 0 and slot.released_at >= slot.acquired_at
+    assert slot.acquired_at - released < 15, "a freed slot is taken within the server's retry cap (5 s) + jitter"
+    assert time.time() - t0 < 60
+    assert slots.status()["active"] == 0 and not slots.status()["holding"]
+
+    mlflow.set_tracking_uri(team.state.mlflow_url)
+    exp = MlflowClient().get_experiment_by_name("perception-factory").experiment_id
+    run_id = MlflowClient().create_run(exp, tags={"stage": "train"}).info.run_id
+    slots.record_on_run(run_id, slot)
+    run = MlflowClient().get_run(run_id)
+    assert float(run.data.tags["pfactory.slot.acquired_at"]) == pytest.approx(slot.acquired_at, abs=1e-3)
+    assert float(run.data.tags["pfactory.slot.released_at"]) == pytest.approx(slot.released_at, abs=1e-3)
+    assert run.data.metrics["slot/wait_s"] == pytest.approx(slot.wait_s)
+
+
+@pytest.mark.full
+def test_sigkilled_holder_slot_is_back_within_90_s(team, monkeypatch) -> None:
+    """Lease 60 s (Prefect's minimum) + repossessor loop 5 s + retry cap 5 s (`factory team up`'s settings)."""
+    from pfactory.team import slots
+
+    team.become(monkeypatch, "bob")
+    holder = _holder(team, "alice", "killed-run", 600.0)
+    killed = time.time()
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    with slots.training_slot("after-kill", "bob", say=lambda _line: None) as slot:
+        pass
+    assert slot.acquired_at - killed < 90
+
+
+@pytest.mark.full
+def test_lease_is_renewed_while_both_cores_are_busy(team, monkeypatch) -> None:
+    """A holder busy in Python for 1.6 leases while two more processes spin on both cores keeps its slot: the
+    waiter gets it only after the holder released it (a starved renewal would free it after 60-70 s)."""
+    from pfactory.team import slots
+
+    team.become(monkeypatch, "bob")
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        holder = _holder(team, "alice", "busy-run", 1.6 * slots.LEASE_S, work="busy")
+        with slots.training_slot("waiter", "bob", say=lambda _line: None) as slot:
+            pass
+        assert holder.wait(60) == 0
+        released = float(holder.stdout.read().split()[-1])
+        assert slot.acquired_at >= released, "the busy holder lost its lease: renewal was starved"
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
