@@ -71,8 +71,13 @@ def render_summary(result: dict[str, Any], wall_s: float | None = None) -> Any:
     for col in ("stage", "wall s", "work s", "how"):
         stages.add_column(col)
     work = (result.get("orchestration") or {}).get("stage_work_s", {})
+    lineage = result.get("lineage") or {}
     for stage, r in result.get("stages", {}).items():
-        stages.add_row(stage, _fmt(r.get("seconds"), 1), _fmt(work.get(stage), 1), r["how"])
+        how = r["how"]
+        by = (lineage.get(stage) or {}).get("computed_by")
+        if how != "ran" and by:  # restored from a cache another run (maybe another clone) filled
+            how += f" (from {by.split(' (')[0]})"
+        stages.add_row(stage, _fmt(r.get("seconds"), 1), _fmt(work.get(stage), 1), how)
     parts.append(stages)
 
     orch = result.get("orchestration") or {}

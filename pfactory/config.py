@@ -65,6 +65,17 @@ def _get(node: Any, path: tuple[str, ...]) -> Any:
     return node
 
 
+class GcParams(Section):
+    """Retention after a `factory run` (`factory gc`'s policy, pfactory/retention.py; docs/OPERATIONS.md
+    "Disk and retention"). Both None (the default): a run deletes nothing. No stage reads this section."""
+
+    keep_last: int | None = Field(default=None, ge=1)
+    """After a successful run, keep this many newest run workspaces (plus everything a registered model or
+    the champion needs) and collect the rest, as `factory gc --keep-last N --yes` does."""
+    keep_days: float | None = Field(default=None, gt=0)
+    """... and keep every run younger than this many days."""
+
+
 class Params(Section):
     """The whole `params.yaml`."""
 
@@ -76,6 +87,7 @@ class Params(Section):
     optimize: OptimizeParams = Field(default_factory=OptimizeParams)
     evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
     promote: PromoteParams = Field(default_factory=PromoteParams)
+    gc: GcParams = Field(default_factory=GcParams)
 
     @model_validator(mode="before")
     @classmethod
