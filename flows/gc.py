@@ -40,8 +40,12 @@ def gc_cmd(
     keep_days: Annotated[
         float | None, typer.Option("--keep-days", min=0.0, help="Keep runs younger than D days.")
     ] = None,
-    yes: Annotated[bool, typer.Option("--yes", help="Remove what the table lists (default: only show it).")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the plan (and what was removed) as JSON.")] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Remove what the table lists (default: only show it).")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the plan (and what was removed) as JSON.")
+    ] = False,
 ) -> None:
     """Free disk: old run workspaces and the DVC cache entries nothing kept refers to.
 
@@ -78,7 +82,9 @@ def gc_cmd(
             table.add_column(col, overflow="fold")
         for row in out["table"]:
             style = "red" if row["action"] == "remove" else None
-            table.add_row(row["what"], row["name"], row["action"], _mib(row["bytes"]), row["why"], style=style)
+            table.add_row(
+                row["what"], row["name"], row["action"], _mib(row["bytes"]), row["why"], style=style
+            )
         console.print(table)
         console.print(
             f"cache {p.cache.dir}: {len(p.kept_objects)} objects kept, {len(p.removed_objects)} to remove; "
@@ -91,7 +97,9 @@ def gc_cmd(
             with gc_lock(p.cache, wait=False):
                 pass
         except BlockingIOError:
-            typer.secho("factory gc: another gc is running on this cache; try again when it ends", fg="red", err=True)
+            typer.secho(
+                "factory gc: another gc is running on this cache; try again when it ends", fg="red", err=True
+            )
             raise typer.Exit(3) from None
         t0 = time.perf_counter()
         try:
@@ -150,7 +158,14 @@ def disk_cmd(
         runs.add_column(col, overflow="fold")
     for r in usage["runs"]:
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["created"]))
-        runs.add_row(r["run_id"], r["user"], when, _mib(r["apparent_bytes"]), _mib(r["own_bytes"]), str(len(r["stages"])))
+        runs.add_row(
+            r["run_id"],
+            r["user"],
+            when,
+            _mib(r["apparent_bytes"]),
+            _mib(r["own_bytes"]),
+            str(len(r["stages"])),
+        )
     console.print(runs)
     stages = Table(title=f"stages (objects in the cache {usage['cache']})")
     for col in ("stage", "cache", "objects"):

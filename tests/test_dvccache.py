@@ -65,7 +65,10 @@ def test_runs_link_outputs_and_a_second_run_costs_only_its_code(tmp_path: Path) 
     from flows.experiment import checkout_outputs
 
     assert checkout_outputs(ws2) == ["artifacts/data", "artifacts/model/model.pt"]
-    assert os.stat(root / "artifacts/model/model.pt").st_ino == os.stat(ws2.path / "artifacts/model/model.pt").st_ino
+    assert (
+        os.stat(root / "artifacts/model/model.pt").st_ino
+        == os.stat(ws2.path / "artifacts/model/model.pt").st_ino
+    )
     assert tiny_dvc.du(root) - first - second < 50_000, "the project's paths are links too"
     # DVC at the project root links as the runs do: the chosen cache.type is in the project's config.local
     assert dvccache.read_config(root).types == ["hardlink", "symlink"]
@@ -73,7 +76,9 @@ def test_runs_link_outputs_and_a_second_run_costs_only_its_code(tmp_path: Path) 
     tiny_dvc.dvc(root, "status")
 
 
-def test_a_clone_pointed_at_a_shared_cache_restores_and_names_the_run_that_computed_it(tmp_path: Path) -> None:
+def test_a_clone_pointed_at_a_shared_cache_restores_and_names_the_run_that_computed_it(
+    tmp_path: Path,
+) -> None:
     shared = tmp_path / "team-cache"
     a = tiny_dvc.make(tmp_path / "alice")
     dvccache.share_cache(a, shared)

@@ -31,7 +31,12 @@ DVC_YAML = """stages:
     outs:
       - artifacts/model/model.pt
 """
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
 
 
 def env() -> dict[str, str]:
@@ -39,11 +44,15 @@ def env() -> dict[str, str]:
 
 
 def git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=root, env=env(), check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", *args], cwd=root, env=env(), check=True, capture_output=True, text=True
+    ).stdout
 
 
 def dvc(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, env=env(), capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "dvc", *args], cwd=root, env=env(), capture_output=True, text=True
+    )
     if check and r.returncode != 0:
         raise AssertionError(f"dvc {' '.join(args)}: {r.stdout[-1500:]}\n{r.stderr[-1500:]}")
     return r
@@ -64,7 +73,9 @@ def make(root: Path, frames: int = 3) -> Path:
     return root
 
 
-def run(root: Path, run_id: str, overrides: list[str] | None = None, stages: tuple[str, ...] = ("data", "model")):
+def run(
+    root: Path, run_id: str, overrides: list[str] | None = None, stages: tuple[str, ...] = ("data", "model")
+):
     """A run as `factory run` makes it: the workspace (`create_workspace`), `dvc repro` per stage. Returns
     (workspace, {stage: how})."""
     from flows.workspace import create_workspace
@@ -84,5 +95,7 @@ def run(root: Path, run_id: str, overrides: list[str] | None = None, stages: tup
 
 def du(path: Path) -> int:
     """`du -sb --exclude=.git`: bytes on disk the way the issue measures them (a hard link counted once)."""
-    out = subprocess.run(["du", "-sb", "--exclude=.git", str(path)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["du", "-sb", "--exclude=.git", str(path)], capture_output=True, text=True, check=True
+    )
     return int(out.stdout.split()[0])
