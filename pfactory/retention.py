@@ -50,10 +50,17 @@ from pfactory.dvccache import CacheConfig, read_config
 
 RUNS_DIR = Path("artifacts") / "runs"
 STATE_DIR = "pfactory"  # inside the cache dir: leases, gc lock, producer records (shared by its clones)
-GRACE_S = 600.0  # an object whose inode changed this recently may belong to a stage committing right now
+# An object whose inode changed this recently (written, linked, protected) may belong to a stage committing
+# right now: kept. `PFACTORY_GC_GRACE_S` overrides it (tests; a cache on a clock-skewed network file system).
+GRACE_S = 600.0
 
 
 # ---------------------------------------------------------------------------------------------- leases
+
+
+def grace_s() -> float:
+    """The grace window in seconds (`GRACE_S`, or `PFACTORY_GC_GRACE_S` as it is now)."""
+    return float(os.environ.get("PFACTORY_GC_GRACE_S", GRACE_S))
 
 
 def lease_dir(cache: CacheConfig) -> Path:
@@ -466,7 +473,9 @@ def plan(
             st = path.stat()
         except OSError:
             continue
-        if now - st.st_ctime < GRACE_S:  # linked or written during the last minutes: maybe a running stage's
+        if (
+            now - st.st_ctime < grace_s()
+        ):  # linked or written during the last minutes: maybe a running stage's
             p.kept_objects.add(md5)
             continue
         p.removed_objects[md5] = path
