@@ -1,6 +1,7 @@
 """The project's DVC cache (pfactory/dvccache.py) and run workspaces that link to it (flows/workspace.py):
 outputs are links, not copies; a second run with the same params costs only its code checkout; a clone
-pointed at another's cache with DVC's own settings restores from it and names the run that computed it."""
+pointed at another's cache with DVC's own settings restores from it and names the run that computed it; two
+clones that share only an S3 remote (moto's server on 127.0.0.1) restore through `push` / `repro --pull`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from pfactory import dvccache
 from tests import tiny_dvc
+from tests.data.test_storage import BUCKET, s3  # noqa: F401 - the moto S3 server fixture (module scope)
 
 
 def test_choose_types_prefers_clones_then_hardlinks_and_never_lists_copy_after_a_link() -> None:
@@ -105,3 +107,24 @@ def test_a_cache_type_the_user_set_is_kept(tmp_path: Path, level: str) -> None:
     ws, _ = tiny_dvc.run(root, "20261201T000000Z-a-aaaaaa", stages=("data",))
     assert ws.link_types == "symlink" and ws.links_how == "configured"
     assert all(p.is_symlink() for p in (ws.path / "artifacts" / "data").iterdir())
+
+
+def test_two_clones_that_share_only_an_s3_remote_restore_through_it(tmp_path: Path, s3: str) -> None:  # noqa: F811
+    def remote(root: Path) -> None:
+        tiny_dvc.dvc(root, "remote", "add", "--local", "-d", "team", f"s3://{BUCKET}/dvc-team")
+        tiny_dvc.dvc(root, "remote", "modify", "--local", "team", "endpointurl", s3)
+
+    a = tiny_dvc.make(tmp_path / "a")
+    remote(a)
+    ws_a, how_a = tiny_dvc.run(a, "20261201T000000Z-a-aaaaaa")
+    assert how_a == {"data": "ran", "model": "ran"} and ws_a.remote == "team"
+    pushed = ws_a.push()  # what `factory run` does after a successful run with a default remote
+    assert pushed["ok"], pushed
+    b = tiny_dvc.make(tmp_path / "b")  # another machine: its own cache, nothing shared but the remote
+    remote(b)
+    ws_b, how_b = tiny_dvc.run(b, "20261201T000500Z-b-bbbbbb")
+    assert how_b == {"data": "run-cache", "model": "run-cache"}, "pulled from the remote, not recomputed"
+    assert ws_b.cache_dir == str(b / ".dvc" / "cache")
+    assert (ws_b.path / "artifacts/model/model.pt").read_bytes() == (
+        ws_a.path / "artifacts/model/model.pt"
+    ).read_bytes()
