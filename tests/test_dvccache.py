@@ -14,6 +14,8 @@ from pfactory import dvccache
 from tests import tiny_dvc
 from tests.data.test_storage import BUCKET, s3  # noqa: F401 - the moto S3 server fixture (module scope)
 
+pytestmark = pytest.mark.slow  # ~2 s of DVC per stage on 2 shared cores: ~1-2 min for the module
+
 
 def test_choose_types_prefers_clones_then_hardlinks_and_never_lists_copy_after_a_link() -> None:
     # `copy` after a link type would stop DVC from relinking a directory output it just copied (dvccache doc)
