@@ -10,9 +10,13 @@ beside it; two runs sharing one directory would overwrite each other's params, o
                run uses the code as it is in the project right now and `dvc exp save` can record it as a
                DVC experiment in the project's own repository (`flows.experiment`)
         (copy) when the project has no git commit: the stage code dirs copied, `.dvc/config` no_scm
-        .dvc/config.local   cache.dir = the project's `.dvc/cache` (shared: content-addressed, and DVC's
-                            run-cache there lets a run skip a stage another run already computed with the
-                            same code, deps and params)
+        .dvc/config.local   [cache] of the project as configured (`cache_settings`): its cache dir (`.dvc/cache`,
+                            or a team's shared one: `dvc cache dir`), `cache.shared`, and `cache.type`, the
+                            link types chosen for the file system (pfactory/dvccache.py): outputs are links
+                            into the cache, not copies. Content-addressed, and DVC's run-cache there lets a
+                            run skip a stage another run (another clone too) computed with the same code,
+                            deps and params; with a default remote, stages run `repro --pull` and a finished
+                            run is pushed (`Workspace.push`)
         dvc.yaml            the project's (the one declaration of the stage DAG)
         params.yaml         the project's params + this run's overrides (git: the overridden keys edited in
                             place, comments kept, the way `dvc exp run -S` writes them; copy: resolved)
@@ -21,9 +25,9 @@ beside it; two runs sharing one directory would overwrite each other's params, o
         artifacts/...       the stage outputs, `dvc.lock` records their hashes
 
 `dvc repro` in the project root runs the same DAG without Prefect; `dvc repro` inside a workspace
-replays that run. Workspaces are kept (they are the run's artifacts); cleanup is `git worktree remove
---force artifacts/runs/<id>` (or `rm -rf` + `git worktree prune`): every tracked output is also in the DVC
-cache, and a run saved as an experiment stays in `dvc exp show` (`dvc exp apply` restores it).
+replays that run. Workspaces are kept (they are the run's artifacts) until `factory gc` removes them
+(pfactory/retention.py: never the lineage of a registered model, never a run in progress); a run saved as an
+experiment stays in `dvc exp show`.
 """
 
 from __future__ import annotations
