@@ -180,19 +180,27 @@ def writable(directory: Path) -> str | None:
 
 
 def link_or_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
-    """Put `src` at `dst` without a second copy where the file system allows: a symlink (DVC's link into the
-    cache) is recreated pointing at the same target; a file is hard-linked (the same inode as the workspace's
-    link into the cache: read-only, as DVC protects it); a copy only when neither works (another file
-    system, no hardlinks, the inode's link limit). `shutil.copytree(copy_function=...)`-compatible; returns
-    `dst`."""
+    """Put `src` at `dst` without a second copy where that is safe: a symlink (DVC's link into the cache) is
+    recreated pointing at the same target; a read-only file (DVC's protected link into its cache) is
+    hard-linked (the same inode: read-only, as DVC protects it); a writable file (an uncached metrics file, a
+    reflink clone) must not share its inode, so it is cloned where the file system can (reflink), else
+    copied. A copy also when a link is refused (another file system, protected_hardlinks, the link limit).
+    `shutil.copytree(copy_function=...)`-compatible; returns `dst`."""
     import shutil
 
     if os.path.islink(src):
         os.symlink(os.readlink(src), dst)
         return str(dst)
+    if not os.stat(src).st_mode & 0o222:
+        with contextlib.suppress(OSError):  # EXDEV, EPERM (protected_hardlinks), EMLINK, no hardlinks
+            os.link(src, dst)
+            return str(dst)
     try:
-        os.link(src, dst)
-    except OSError:  # EXDEV, EPERM (protected_hardlinks), EMLINK, a file system without hardlinks
+        from dvc_objects.fs.system import reflink
+
+        reflink(src, dst)
+        shutil.copystat(src, dst)
+    except (OSError, ImportError):
         shutil.copy2(src, dst)
     return str(dst)
 

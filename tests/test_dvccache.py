@@ -32,9 +32,17 @@ def test_probe_finds_hardlinks_on_this_file_system(tmp_path: Path) -> None:
     assert list((tmp_path / "cache").iterdir()) == [], "the probe leaves nothing behind"
 
 
-def test_link_or_copy_links_files_recreates_symlinks_and_copies_across_devices(tmp_path: Path) -> None:
+def test_link_or_copy_links_protected_files_copies_writable_ones_recreates_symlinks(tmp_path: Path) -> None:
     src = tmp_path / "a.bin"
     src.write_bytes(b"x" * 100)
+    dvccache.link_or_copy(
+        src, tmp_path / "w.bin"
+    )  # writable (an uncached metrics file): never the same inode
+    assert (
+        os.stat(tmp_path / "w.bin").st_ino != os.stat(src).st_ino
+        and (tmp_path / "w.bin").read_bytes() == b"x" * 100
+    )
+    src.chmod(0o444)  # what DVC leaves: a protected link into its cache
     dvccache.link_or_copy(src, tmp_path / "b.bin")
     assert os.stat(tmp_path / "b.bin").st_ino == os.stat(src).st_ino
     (tmp_path / "l").symlink_to(src)
