@@ -272,6 +272,17 @@ class Registered:
     """`{out path: md5}` from its pipeline run's `data.<out>.md5` tags."""
 
 
+def _all_pages(search: Callable[..., Any], *args: Any) -> Iterator[Any]:
+    """Every result of an MLflow paged search (a nightly run adds a version a night: hundreds in a year)."""
+    token = None
+    while True:
+        page = search(*args, page_token=token) if token else search(*args)
+        yield from page
+        token = getattr(page, "token", None)
+        if not token:
+            return
+
+
 def registry_lineage(client: Any) -> list[Registered]:
     """Every version of every registered model with the DVC hashes of its pipeline run (the version's run,
     or the pipeline run above it: `mlflow.parentRunId`). Raises what MLflow raises when the registry cannot
@@ -290,11 +301,11 @@ def registry_lineage(client: Any) -> list[Registered]:
                     raise
         return runs[rid]
 
-    for rm in client.search_registered_models():
+    for rm in _all_pages(client.search_registered_models):
         aliases: dict[int, list[str]] = {}
         for alias, v in (rm.aliases or {}).items():
             aliases.setdefault(int(v), []).append(alias)
-        for mv in client.search_model_versions(f"name = '{rm.name}'"):
+        for mv in _all_pages(client.search_model_versions, f"name = '{rm.name}'"):
             hashes: dict[str, str] = {}
             factory_run = None
             rid = mv.run_id
