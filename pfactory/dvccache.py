@@ -205,6 +205,19 @@ def link_or_copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> st
     return str(dst)
 
 
+def state_dir(cache_dir: Path, *parts: str) -> Path:
+    """`<cache>/pfactory/<parts>`, made group-writable with the set-group-id bit (as DVC makes a
+    `cache.shared group` cache's directories), so every clone sharing the cache can add to it."""
+    d = Path(cache_dir) / "pfactory"
+    for part in ("", *parts):
+        d = d / part if part else d
+        if not d.is_dir():
+            d.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                os.chmod(d, 0o2775)
+    return d
+
+
 def producer_path(cache_dir: Path, md5: str) -> Path:
     return Path(cache_dir) / "pfactory" / "producers" / f"{md5}.json"
 
@@ -221,9 +234,10 @@ def write_producer(cache_dir: Path, md5: str, info: dict) -> None:
         return
     record = {**info, "user": _current_user(), "host": socket.gethostname(), "at": time.time()}
     with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        state_dir(cache_dir, "producers")
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(record, sort_keys=True))
+        os.chmod(tmp, 0o664)
         os.replace(tmp, path)
 
 

@@ -64,18 +64,34 @@ def grace_s() -> float:
 
 
 def lease_dir(cache: CacheConfig) -> Path:
+    """`<cache>/pfactory/leases`: where every clone sharing the cache leaves its runs' leases."""
     return cache.dir / STATE_DIR / "leases"
+
+
+def _lease_dirs(cache: CacheConfig, root: Path | None = None) -> list[Path]:
+    """The cache's lease dir, and the project's own (`artifacts/.state/leases`: where a run leaves its lease
+    when the shared cache's directory refuses it)."""
+    dirs = [lease_dir(cache)]
+    if root is not None:
+        dirs.append(Path(root) / "artifacts" / ".state" / "leases")
+    return dirs
 
 
 @contextlib.contextmanager
 def run_lease(root: Path, run_id: str, cache: CacheConfig | None = None) -> Iterator[Path]:
     """Hold run `run_id`'s lease (module docstring) while the block runs; yields the lease file. The file
     says who holds it (run id, workspace, pid, host, user, start) for `factory gc` / `factory disk`."""
+    from pfactory.dvccache import state_dir
+
     cache = cache or read_config(root)
-    d = lease_dir(cache)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{run_id}.lease"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
+    try:
+        path = state_dir(cache.dir, "leases") / f"{run_id}.lease"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
+    except PermissionError:  # a shared cache whose pfactory/ another user made without group write
+        d = _lease_dirs(cache, root)[1]
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"{run_id}.lease"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o664)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         info = {
@@ -95,12 +111,12 @@ def run_lease(root: Path, run_id: str, cache: CacheConfig | None = None) -> Iter
         os.close(fd)
 
 
-def active_leases(cache: CacheConfig) -> list[dict[str, Any]]:
-    """The leases held right now (a run in progress, in any clone sharing the cache). A lease file whose
-    holder is gone (its lock free) is stale: removed."""
-    d = lease_dir(cache)
+def active_leases(cache: CacheConfig, root: Path | None = None) -> list[dict[str, Any]]:
+    """The leases held right now (a run in progress, in any clone sharing the cache; with `root`, also the
+    project's own lease dir). A lease file whose holder is gone (its lock free) is stale: removed."""
     held: list[dict[str, Any]] = []
-    for path in sorted(d.glob("*.lease")) if d.is_dir() else []:
+    paths = [p for d in _lease_dirs(cache, root) if d.is_dir() for p in sorted(d.glob("*.lease"))]
+    for path in paths:
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -127,9 +143,12 @@ def active_leases(cache: CacheConfig) -> list[dict[str, Any]]:
 @contextlib.contextmanager
 def gc_lock(cache: CacheConfig, wait: bool = True) -> Iterator[None]:
     """One gc at a time per cache (`<cache>/pfactory/gc.lock`); `wait=False` raises BlockingIOError."""
-    d = cache.dir / STATE_DIR
-    d.mkdir(parents=True, exist_ok=True)
-    fd = os.open(d / "gc.lock", os.O_RDWR | os.O_CREAT, 0o664)
+    from pfactory.dvccache import state_dir
+
+    path = state_dir(cache.dir) / "gc.lock"
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o664)  # flock needs no write access: any clone may lock it
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o664)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         yield
@@ -439,7 +458,7 @@ def plan(
     cache = read_config(root)
     now = time.time() if now is None else now
     p = Plan(cache=cache, started=now)
-    p.active = active_leases(cache)
+    p.active = active_leases(cache, root)
     active_ids = {a.get("run_id") for a in p.active}
     p.registered = registry() if registry is not None else []
     runs = list_runs(root)
@@ -549,7 +568,7 @@ def collect(root: Path, p: Plan, echo: Callable[[str], None] = lambda s: None) -
     done = Collected()
     before = _free_bytes(p.cache.dir)
     with gc_lock(p.cache):
-        active = active_leases(p.cache)
+        active = active_leases(p.cache, root)
         new_ids = {a.get("run_id") for a in active}
         protect: set[str] = set()
         for lease in active:
@@ -645,5 +664,5 @@ def disk_usage(root: Path) -> dict[str, Any]:
     out["cache_bytes"] = cache_total
     out["cache_objects"] = len(objects)
     out["run_cache_entries"] = len(run_cache_entries(cache))
-    out["in_progress"] = active_leases(cache)
+    out["in_progress"] = active_leases(cache, root)
     return out
