@@ -104,6 +104,18 @@ def test_a_clone_pointed_at_a_shared_cache_restores_and_names_the_run_that_compu
     md5 = ws_b.out_hashes()["artifacts/model/model.pt"]
     rec = dvccache.read_producer(shared, md5)
     assert rec and rec["run_id"] == ws_a.run_id and rec["project"] == str(a.resolve()), rec
+    from flows.parent_run import _computed_by
+    from flows.summary import render_summary
+
+    by = _computed_by(ws_b, ws_b.lock(), "model")  # the parent run's tag `stage.model.computed_by`
+    assert by is not None and by.startswith(f"run {ws_a.run_id} (") and str(a.resolve()) in by, by
+    result = {"run_id": ws_b.run_id, "stages": {"model": {"how": "run-cache", "seconds": 1.0}},
+              "lineage": {"model": {"how": "run-cache", "computed_by": by}}}  # fmt: skip
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(render_summary(result))
+    assert f"run-cache (from run {ws_a.run_id})" in console.export_text()
     assert not (b / ".dvc" / "cache").exists(), "bob's clone made a cache of its own"
     assert oct(os.stat(shared).st_mode & 0o7777) == oct(0o2775)
 
