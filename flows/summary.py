@@ -33,6 +33,18 @@ def where_and_look(result: dict[str, Any]) -> str:
     lines = [f"where: workspace {ws}", "  (params.yaml, dvc.lock, artifacts/, logs/)"]
     if result.get("checked_out"):
         lines.append("  its outputs are also at the project's paths: follow-up commands use them")
+    cache = result.get("cache") or {}
+    if cache.get("dir"):  # links into the cache, not copies (pfactory/dvccache.py); `factory disk` / `factory gc`
+        lines.append(f"  DVC cache {_rel(cache['dir'])} ({cache.get('link_types')}: outputs are links into it)")
+    pushed = result.get("pushed")
+    if pushed:
+        lines.append(f"  dvc push to {pushed['remote']}: " + ("done" if pushed["ok"] else f"FAILED ({pushed['detail']})"))
+    gc = result.get("gc")
+    if gc:
+        lines.append(
+            f"  gc: {len(gc.get('runs_removed', []))} runs removed, {gc.get('freed_bytes', 0) / 2**20:.1f} MiB freed"
+            if gc.get("ok") else f"  gc after the run FAILED: {gc.get('error')}"
+        )  # fmt: skip
     uri = redact_uri(os.environ.get("MLFLOW_TRACKING_URI", ""))
     if uri.startswith("sqlite:///"):
         uri = "sqlite:///" + _rel(uri.removeprefix("sqlite:///"))
