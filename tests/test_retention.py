@@ -185,3 +185,18 @@ def test_gc_keeps_the_newest_the_champions_lineage_and_a_run_in_progress(project
     out = json.loads(r.stdout)
     assert sorted(out["removed"]["runs"]) == [r3, r4] and out["removed"]["objects"] == 0, out["removed"]
     assert len(retention.list_runs(root)) == 2
+
+
+def test_the_gc_params_section_is_checked_and_is_no_stages_dependency() -> None:
+    import yaml
+
+    from pfactory.config import ParamsError, load_params
+
+    root = Path(__file__).resolve().parents[1]
+    p = load_params(root / "params.yaml", ["gc.keep_last=3", "gc.keep_days=7"])
+    assert (p.gc.keep_last, p.gc.keep_days) == (3, 7.0)
+    assert load_params(root / "params.yaml").gc.keep_last is None, "by default a run deletes nothing"
+    with pytest.raises(ParamsError, match=r"gc\.keep_last"):
+        load_params(root / "params.yaml", ["gc.keep_last=0"])
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    assert not any("gc" in (s.get("params") or []) for s in stages.values()), "-S gc.* must not re-run a stage"
