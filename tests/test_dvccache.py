@@ -120,7 +120,7 @@ def test_a_clone_pointed_at_a_shared_cache_restores_and_names_the_run_that_compu
     assert oct(os.stat(shared).st_mode & 0o7777) == oct(0o2775)
 
 
-@pytest.mark.parametrize("level", ["local", "project"])
+@pytest.mark.parametrize("level", ["local", pytest.param("project", marks=pytest.mark.full)])
 def test_a_cache_type_the_user_set_is_kept(tmp_path: Path, level: str) -> None:
     root = tiny_dvc.make(tmp_path / "p")
     tiny_dvc.dvc(root, "config", *(["--local"] if level == "local" else []), "cache.type", "symlink")

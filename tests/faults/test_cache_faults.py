@@ -38,7 +38,7 @@ def _factory(root: Path, *args: str, env: dict[str, str] | None = None) -> subpr
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
-@pytest.mark.parametrize("link", ["hardlink", "symlink"])
+@pytest.mark.parametrize("link", ["hardlink", pytest.param("symlink", marks=pytest.mark.full)])
 def test_a_cache_object_deleted_behind_the_factorys_back(tmp_path: Path, link: str, ledger) -> None:
     root = tiny_dvc.make(tmp_path / "p")
     tiny_dvc.dvc(root, "config", "--local", "cache.type", "hardlink" if link == "hardlink" else "symlink")
