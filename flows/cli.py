@@ -788,6 +788,11 @@ def bench_cmd(
     raise typer.Exit(subprocess.call([sys.executable, str(script), *ctx.args], cwd=root))
 
 
+from flows import gc as _gc  # noqa: E402 - `factory gc`, `factory disk` (imports only Typer here)
+
+_gc.register(app)
+
+
 def main() -> None:
     """Console-script entry point: an error the user can act on (a bad input, parameter or output path, a
     full disk: `pfactory.failures.explain`) is one red line and its exit code, not a traceback."""

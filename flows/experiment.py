@@ -15,8 +15,9 @@ Saves are serialized by a lock in the git directory: DVC's experiment executor k
 gets the run id's suffix. A project without a git commit (copy workspace) has no experiments: the summary
 says how to get them.
 
-`checkout_outputs(ws)`: copies every output of the run's dvc.lock to the same path under the project root
-(each replaced atomically, under a lock, so two runs finishing together leave one whole run's files, never
+`checkout_outputs(ws)`: links every output of the run's dvc.lock to the same path under the project root
+(hard links to the workspace's files, which are DVC's links into its cache: no second copy, read-only as DVC
+protects them; a symlink stays a symlink; a copy only where links are impossible; each replaced atomically, under a lock, so two runs finishing together leave one whole run's files, never
 a mix within a directory) and merges the run's stages into the project's dvc.lock, so a follow-up command on
 its defaults (`factory evaluate`, `factory data show artifacts/data/raw/synth 000001`, `dvc status`...)
 finds this run's files. params.yaml and the code are left as they are (unlike `dvc exp apply`, which also
@@ -148,10 +149,11 @@ def _lock_outs(ws: Workspace) -> list[tuple[str, str]]:
 
 
 def checkout_outputs(ws: Workspace) -> list[str]:
-    """Copy the run's outputs to the project root and merge its dvc.lock there (module docstring). Returns the
+    """Link the run's outputs to the project root and merge its dvc.lock there (module docstring). Returns the
     output paths brought (relative to the root)."""
     import yaml
 
+    from pfactory.dvccache import link_or_copy
     from pfactory.fsutil import OutputRefused, atomic_directory, atomic_write_text
 
     lock = ws.lock()
@@ -166,13 +168,14 @@ def checkout_outputs(ws: Workspace) -> list[str]:
             if src.is_dir():
                 try:  # the root's copy is that stage's output (its marker): replaced, else left alone
                     with atomic_directory(dst, stage=stage) as tmp:
-                        shutil.copytree(src, tmp, dirs_exist_ok=True)
+                        shutil.copytree(src, tmp, dirs_exist_ok=True, symlinks=True, copy_function=link_or_copy)
                 except OutputRefused:
                     continue  # a directory of the user's own at that path: never overwritten
             elif src.is_file():
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 tmp_file = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-                shutil.copy2(src, tmp_file)
+                tmp_file.unlink(missing_ok=True)
+                link_or_copy(src, tmp_file)
                 os.replace(tmp_file, dst)
             else:
                 continue

@@ -77,6 +77,20 @@ def _producer(client: Any, exp_id: str, parent_id: str, stage: str, out: tuple[s
     return None
 
 
+def _computed_by(ws: Any, lock: dict[str, Any], stage: str) -> str | None:
+    """"run <factory run id> (<user>@<host>:<project>)" from the cache's producer record of the stage's first
+    output: the run that computed it, also in another clone sharing the cache (`pfactory.dvccache`)."""
+    from pathlib import Path
+
+    from pfactory.dvccache import read_producer
+
+    key = _md5_of_stage(lock, stage)
+    rec = read_producer(Path(ws.cache_dir), key[1]) if key else None
+    if not rec:
+        return None
+    return f"run {rec.get('run_id')} ({rec.get('user')}@{rec.get('host')}:{rec.get('project')})"
+
+
 def stage_lineage(client: Any, exp_id: str, parent_id: str, ws: Any, stages: dict[str, Any]) -> dict[str, dict]:
     """Per stage of this run: `{"how", "run_id", "from_parent"}` (module docstring); also set as tags."""
     lock = ws.lock()
@@ -92,10 +106,13 @@ def stage_lineage(client: Any, exp_id: str, parent_id: str, ws: Any, stages: dic
             elif stage == "train":  # the train stage records its MLflow run in its metrics file
                 doc = af.read_json(ws.abs(ws.params.paths.model) / af.TRAIN_METRICS) or {}
                 entry["run_id"] = doc.get("mlflow_run_id")
+        if r["how"] != "ran" and getattr(ws, "cache_dir", None):
+            entry["computed_by"] = _computed_by(ws, lock, stage)
         out[stage] = entry
     tags = {STAGE_TAG.format(s, "how"): e["how"] for s, e in out.items()}
     tags.update({STAGE_TAG.format(s, "run_id"): e["run_id"] for s, e in out.items() if e["run_id"]})
     tags.update({STAGE_TAG.format(s, "from_parent"): e["from_parent"] for s, e in out.items() if e["from_parent"]})
+    tags.update({STAGE_TAG.format(s, "computed_by"): e["computed_by"] for s, e in out.items() if e.get("computed_by")})
     from mlflow.entities import RunTag
 
     client.log_batch(parent_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
@@ -124,6 +141,8 @@ def description(exp_id: str, results: dict[str, Any], lineage: dict[str, dict]) 
             note = f"outputs computed by {link(e['run_id'])}" + (
                 f" in pipeline run {link(e['from_parent'])}" if e["from_parent"] else ""
             )
+        elif e["how"] != "ran" and e.get("computed_by"):
+            note = f"outputs computed by {e['computed_by']} (a clone sharing the DVC cache)"
         elif e["how"] != "ran":
             note = "outputs restored by DVC; the run that computed them is not in this experiment"
         lines.append(f"| {stage} | {e['how']} | {link(e['run_id'])} | {note} |")

@@ -44,7 +44,7 @@ from flows import parent_run, runlog  # noqa: E402
 from flows.console import current as current_console  # noqa: E402
 from flows.experiment import checkout_outputs, experiment_tags, save_experiment  # noqa: E402
 from flows.failure import openable  # noqa: E402
-from flows.workspace import StageFailed, Workspace, create_workspace, new_run_id  # noqa: E402
+from flows.workspace import StageFailed, Workspace, check_cache, create_workspace, new_run_id  # noqa: E402
 
 STAGES = af.stage_names()  # declared once, in dvc.yaml
 # Attempts after the first, per stage: only ever for a transient failure (`_transient_only`), so a
@@ -193,9 +193,52 @@ def pipeline(
     `orchestration`, `experiment` (the DVC experiment: name, rev, baseline; None without a git commit) and
     `checked_out` (the output paths brought to the root; None with `checkout=False`).
     """
+    from pfactory.config import load_params
+    from pfactory.retention import run_lease
+
+    t_start = time.perf_counter()
+    root_path = configure_environment(root)
+    params = load_params(root_path / "params.yaml", overrides or [])
+    selected = list(stages or declared_stages(root_path))
+    unknown = [s for s in selected if s not in STAGES]
+    if unknown:
+        raise ValueError(f"unknown stages {unknown}; known: {list(STAGES)}")
+    check_cache(root_path)  # a read-only shared cache: said before anything starts
+    run_id = new_run_id(name)
+    # The lease tells `factory gc` (any clone sharing the cache) that this run is in progress: its workspace
+    # and every object its dvc.lock names stay, whatever the policy (pfactory/retention.py).
+    with run_lease(root_path, run_id):
+        results = _run(root_path, params, selected, run_id, overrides, name, checkout, t_start)
+    if params.gc.keep_last is not None or params.gc.keep_days is not None:
+        results["gc"] = _gc_after_run(root_path, params)
+    return results
+
+
+def _gc_after_run(root: Path, params: Any) -> dict[str, Any]:
+    """`-S gc.keep_last=N` / `gc.keep_days=D`: the retention policy applied after a successful run (what
+    `factory gc --keep-last N --keep-days D --yes` does). A gc that fails is reported; the run stays a success."""
+    from pfactory.registry import registry as reg
+    from pfactory.retention import collect, plan, registry_lineage
+
+    try:
+        p = plan(root, params.gc.keep_last, params.gc.keep_days, lambda: registry_lineage(reg.client()))
+        done = collect(root, p)
+    except Exception as e:  # the registry unreachable, a full disk...: nothing half-done is left referenced
+        get_run_logger().warning("gc after the run failed: %r", e)
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    current_console().note(
+        f"gc: removed {len(done.runs)} runs, {done.objects} cache objects; {done.freed_bytes / 2**20:.1f} MiB freed"
+    )
+    return {"ok": True, **p.summary(), "freed_bytes": done.freed_bytes, "skipped": done.skipped}
+
+
+def _run(
+    root_path: Path, params: Any, selected: list[str], run_id: str, overrides: list[str] | None, name: str | None,
+    checkout: bool, t_start: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The body of `pipeline` once the run holds its lease (its docstring)."""
     import mlflow
 
-    from pfactory.config import load_params
     from pfactory.progress import PROGRESS_ENV
     from pfactory.tracking import (
         PARENT_ENV,
@@ -206,14 +249,6 @@ def pipeline(
         reap_orphan_runs,
     )
 
-    t_start = time.perf_counter()
-    root_path = configure_environment(root)
-    params = load_params(root_path / "params.yaml", overrides or [])
-    selected = list(stages or declared_stages(root_path))
-    unknown = [s for s in selected if s not in STAGES]
-    if unknown:
-        raise ValueError(f"unknown stages {unknown}; known: {list(STAGES)}")
-    run_id = new_run_id(name)
     ws = create_workspace(root_path, params, run_id, overrides or [])
     runlog.attach(ws.path / "logs" / "prefect.log")  # `factory run`: Prefect's own records, off the terminal
     console = current_console()
@@ -289,6 +324,10 @@ def pipeline(
         results["experiment"] = save_experiment(ws, name, selected if partial else None)
         mlflow.set_tags(experiment_tags(ws, results["experiment"]))
         results["checked_out"] = checkout_outputs(ws) if checkout else None
+        if ws.remote:  # machines that share no disk: this run's outputs and run-cache to the remote
+            results["pushed"] = ws.push()
+            mlflow.set_tag("dvc.push", "ok" if results["pushed"]["ok"] else results["pushed"]["detail"][:250])
+        results["cache"] = {"dir": ws.cache_dir, "link_types": ws.link_types, "how": ws.links_how}
         metrics, summary = collect_metrics(ws)
         results.update(summary)
         stage_t = stage_timings(ws)

@@ -42,6 +42,7 @@ def run_command(
     from flows.console import RunConsole, use
     from flows.failure import (
         MAX_LINES,
+        Failure,
         ServiceFailed,
         failure_lines,
         flow_failure,
@@ -50,7 +51,7 @@ def run_command(
     )
     from flows.pipeline import pipeline
     from flows.startup import start_services
-    from flows.workspace import StageFailed
+    from flows.workspace import CacheNotWritable, StageFailed, check_cache
 
     console = RunConsole()
     use(console)
@@ -59,12 +60,25 @@ def run_command(
     try:
         with runlog.capture() as log:
             try:
+                check_cache(root)  # a read-only shared cache: said before services start or anything runs
                 startup = start_services(console, root)
                 flow = pipeline.with_options(flow_run_name=name) if name else pipeline
                 result = flow(overrides=overrides, name=name, stages=stages, checkout=checkout)
                 result["startup"] = startup
             except StageFailed as e:
                 failure = stage_failure(e, e.log.parent.parent, prefect_log=log.path)
+            except CacheNotWritable as e:
+                failure = Failure(
+                    title="factory run cannot store outputs in the DVC cache (nothing ran)",
+                    reason=[str(e)],
+                    logs=[],
+                    hints=[
+                        "a team's shared cache: the cache's group needs write (chgrp -R GROUP DIR; chmod -R g+w "
+                        "DIR) and `dvc config cache.shared group` in every clone",
+                        "or point this clone at a writable cache: dvc cache dir --local PATH",
+                    ],
+                    exit_code=2,
+                )
             except ServiceFailed as e:
                 logging.getLogger("pfactory.run").error("service failed", exc_info=e)
                 failure = service_failure(e, log.spill(root / STATE_LOGS))

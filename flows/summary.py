@@ -26,6 +26,18 @@ def where_and_look(result: dict[str, Any]) -> str:
     lines = [f"where: workspace {ws}", "  (params.yaml, dvc.lock, artifacts/, logs/)"]
     if result.get("checked_out"):
         lines.append("  its outputs are also at the project's paths: follow-up commands use them")
+    cache = result.get("cache") or {}
+    if cache.get("dir"):  # links into the cache, not copies (pfactory/dvccache.py); `factory disk` / `factory gc`
+        lines.append(f"  DVC cache {openable(cache['dir'])} ({cache.get('link_types')}: outputs are links into it)")
+    pushed = result.get("pushed")
+    if pushed:
+        lines.append(f"  dvc push to {pushed['remote']}: " + ("done" if pushed["ok"] else f"FAILED ({pushed['detail']})"))
+    gc = result.get("gc")
+    if gc:
+        lines.append(
+            f"  gc: {len(gc.get('runs_removed', []))} runs removed, {gc.get('freed_bytes', 0) / 2**20:.1f} MiB freed"
+            if gc.get("ok") else f"  gc after the run FAILED: {gc.get('error')}"
+        )  # fmt: skip
     uri = redact_uri(os.environ.get("MLFLOW_TRACKING_URI", ""))
     if uri.startswith("sqlite:///"):
         uri = "sqlite:///" + openable(uri.removeprefix("sqlite:///"))
@@ -64,8 +76,13 @@ def render_summary(result: dict[str, Any], wall_s: float | None = None) -> Any:
     for col in ("stage", "wall s", "work s", "how"):
         stages.add_column(col)
     work = (result.get("orchestration") or {}).get("stage_work_s", {})
+    lineage = result.get("lineage") or {}
     for stage, r in result.get("stages", {}).items():
-        stages.add_row(stage, _fmt(r.get("seconds"), 1), _fmt(work.get(stage), 1), r["how"])
+        how = r["how"]
+        by = (lineage.get(stage) or {}).get("computed_by")
+        if how != "ran" and by:  # restored from a cache another run (maybe another clone) filled
+            how += f" (from {by.split(' (')[0]})"
+        stages.add_row(stage, _fmt(r.get("seconds"), 1), _fmt(work.get(stage), 1), how)
     parts.append(stages)
 
     orch = result.get("orchestration") or {}

@@ -10,9 +10,13 @@ beside it; two runs sharing one directory would overwrite each other's params, o
                run uses the code as it is in the project right now and `dvc exp save` can record it as a
                DVC experiment in the project's own repository (`flows.experiment`)
         (copy) when the project has no git commit: the stage code dirs copied, `.dvc/config` no_scm
-        .dvc/config.local   cache.dir = the project's `.dvc/cache` (shared: content-addressed, and DVC's
-                            run-cache there lets a run skip a stage another run already computed with the
-                            same code, deps and params)
+        .dvc/config.local   [cache] of the project as configured (`cache_settings`): its cache dir (`.dvc/cache`,
+                            or a team's shared one: `dvc cache dir`), `cache.shared`, and `cache.type`, the
+                            link types chosen for the file system (pfactory/dvccache.py): outputs are links
+                            into the cache, not copies. Content-addressed, and DVC's run-cache there lets a
+                            run skip a stage another run (another clone too) computed with the same code,
+                            deps and params; with a default remote, stages run `repro --pull` and a finished
+                            run is pushed (`Workspace.push`)
         dvc.yaml            the project's (the one declaration of the stage DAG)
         params.yaml         the project's params + this run's overrides (git: the overridden keys edited in
                             place, comments kept, the way `dvc exp run -S` writes them; copy: resolved)
@@ -21,9 +25,9 @@ beside it; two runs sharing one directory would overwrite each other's params, o
         artifacts/...       the stage outputs, `dvc.lock` records their hashes
 
 `dvc repro` in the project root runs the same DAG without Prefect; `dvc repro` inside a workspace
-replays that run. Workspaces are kept (they are the run's artifacts); cleanup is `git worktree remove
---force artifacts/runs/<id>` (or `rm -rf` + `git worktree prune`): every tracked output is also in the DVC
-cache, and a run saved as an experiment stays in `dvc exp show` (`dvc exp apply` restores it).
+replays that run. Workspaces are kept (they are the run's artifacts) until `factory gc` removes them
+(pfactory/retention.py: never the lineage of a registered model, never a run in progress); a run saved as an
+experiment stays in `dvc exp show`.
 """
 
 from __future__ import annotations
@@ -114,6 +118,14 @@ class Workspace:
     """git: the project's untracked code files copied in (included in the experiment commit)."""
     params_written: str = "resolved"
     """How params.yaml got the overrides: "edited" (in place, DVC's way) | "resolved" (full dump)."""
+    cache_dir: str | None = None
+    """The DVC cache the workspace uses: the project's configured one (a team's shared cache, if set)."""
+    link_types: str = "copy"
+    """Its `cache.type` (how outputs come from the cache: `pfactory.dvccache`)."""
+    links_how: str = ""
+    """Where `link_types` came from: "configured" or "chosen (working: ...)"."""
+    remote: str | None = None
+    """The project's default DVC remote: pulled from before a stage recomputes, pushed to after the run."""
 
     def abs(self, rel: str | Path) -> Path:
         """A `params.paths` entry resolved inside the workspace (absolute paths stay as they are)."""
@@ -165,8 +177,11 @@ class Workspace:
         clear_outcome(self.outcomes, stage)  # an earlier attempt's verdict must not be read as this one's
         before = (self.lock().get("stages") or {}).get(stage)
         t0 = time.perf_counter()
+        # With a default remote (machines that share no disk), `--pull` first fetches DVC's run-cache entries
+        # and, for a stage they match, its outputs: restored from the remote instead of recomputed.
+        pull = ["--pull"] if self.remote else []
         try:
-            proc = self.dvc("repro", stage, log_name=stage, check=False)
+            proc = self.dvc("repro", *pull, stage, log_name=stage, check=False)
         finally:
             self.stage_seconds[stage] = time.perf_counter() - t0
         outcome = read_outcome(self.outcomes, stage)
@@ -183,7 +198,33 @@ class Workspace:
             "unchanged": unchanged,
         }
         result["how"] = "ran" if ran else "up to date" if unchanged else "run-cache"
+        if ran and self.cache_dir:
+            self._record_producer(stage)
         return result
+
+    def _record_producer(self, stage: str) -> None:
+        """Who computed `stage`'s outputs, kept beside them in the cache (`<cache>/pfactory/producers/<md5>.json`):
+        a clone sharing the cache (its own MLflow store) restores them from the run-cache and can still name
+        the run (`flows.parent_run`). Best effort: a record that cannot be written loses a name, not a run."""
+        from pfactory.dvccache import write_producer
+
+        stage_outs = ((self.lock().get("stages") or {}).get(stage) or {}).get("outs", [])
+        for out in stage_outs:
+            if out.get("md5"):
+                write_producer(Path(self.cache_dir), out["md5"], {
+                    "run_id": self.run_id, "stage": stage, "project": str(self.root),
+                    "mlflow_parent_run_id": os.environ.get("PFACTORY_PARENT_RUN_ID"),
+                })  # fmt: skip
+
+    def push(self) -> dict[str, Any]:
+        """`dvc push --run-cache` to the default remote (after a successful run): this run's outputs and the
+        run-cache entries, so a clone on another machine restores them (`repro --pull`). Never raises: returns
+        `{"remote", "ok", "detail"}` (a push that failed is reported, the run stays a success)."""
+        if not self.remote:
+            return {"remote": None, "ok": False, "detail": "no default remote (dvc remote add -d NAME URL)"}
+        proc = self.dvc("push", "--run-cache", log_name="push", check=False)
+        lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
+        return {"remote": self.remote, "ok": proc.returncode == 0, "detail": lines[-1] if lines else ""}
 
     def lock(self) -> dict[str, Any]:
         """The workspace's `dvc.lock` (empty dict before the first stage)."""
@@ -291,17 +332,58 @@ def write_params(path: Path, params: Any, overrides: list[str]) -> str:
     return "resolved"
 
 
-def _dvc_config_local(root: Path, tree: Path) -> None:
-    """`.dvc/config.local` of a git workspace: the project's local config (remotes...) with the cache
-    pointed at the project's `.dvc/cache`."""
+class CacheNotWritable(RuntimeError):
+    """The project's DVC cache cannot take new files (a read-only shared cache, a read-only mount): a stage
+    that has to run could not store its outputs. Raised before any stage starts."""
+
+    def __init__(self, cache: Path, reason: str) -> None:
+        self.cache = cache
+        self.reason = reason
+        super().__init__(
+            f"the DVC cache {cache} is not writable ({reason}): a stage that has to run could not store its "
+            "outputs there"
+        )
+
+
+def check_cache(root: Path) -> Any:
+    """The project's DVC cache settings (`pfactory.dvccache.CacheConfig`), made if missing; `CacheNotWritable`
+    when the cache (or its `files/`, `runs/`) cannot take a new file."""
+    from pfactory.dvccache import read_config, writable
+
+    conf = read_config(root)
+    why = writable(conf.dir)
+    if why is None:  # DVC makes the cache on first use; the runs/ and files/ dirs must take files too
+        conf.dir.mkdir(parents=True, exist_ok=True)
+        why = next((w for d in (conf.runs, conf.files) if d.is_dir() and (w := writable(d))), None)
+    if why is not None:
+        raise CacheNotWritable(conf.dir, why)
+    return conf
+
+
+def cache_settings(root: Path) -> dict[str, Any]:
+    """What every workspace of `root` gets in its `.dvc/config.local` `[cache]`: the project's configured
+    cache (shared or not, absolute), its `cache.shared`, and the link types (`pfactory.dvccache`: the user's
+    `cache.type`, else the one chosen for the file system and recorded in the project's config.local).
+    Raises `CacheNotWritable` when the cache cannot take new files."""
+    from pfactory.dvccache import ensure_link_config
+
+    conf = check_cache(root)
+    types, how = ensure_link_config(root)
+    settings: dict[str, Any] = {"dir": str(conf.dir), "type": ",".join(types), "_how": how, "_remote": conf.remote}
+    if conf.shared:
+        settings["shared"] = conf.shared
+    return settings
+
+
+def _dvc_config_local(root: Path, tree: Path, cache: dict[str, Any]) -> None:
+    """`.dvc/config.local` of a git workspace: the project's local config (remotes...) with the cache set to
+    `cache` (`cache_settings`: the project's configured cache, its link types)."""
     import configobj
 
-    cache = root / ".dvc" / "cache"
-    cache.mkdir(parents=True, exist_ok=True)
     local = root / ".dvc" / "config.local"
     conf = configobj.ConfigObj(str(local) if local.is_file() else None)
     conf.filename = str(tree / ".dvc" / "config.local")
-    conf.setdefault("cache", {})["dir"] = str(cache)
+    conf.setdefault("cache", {}).update({k: v for k, v in cache.items() if not k.startswith("_")})
     conf.setdefault("core", {})["analytics"] = "false"
     conf.write()
 
@@ -318,18 +400,21 @@ def create_workspace(root: Path, params: Any, run_id: str, overrides: list[str] 
         raise FileExistsError(f"{path}: a run workspace with this id exists already")
     tmp = path.with_name(f".{run_id}.tmp")
     tmp.parent.mkdir(parents=True, exist_ok=True)
+    cache = cache_settings(root)
+    links = {"cache_dir": cache["dir"], "link_types": cache["type"], "links_how": cache["_how"],
+             "remote": cache["_remote"]}  # fmt: skip
     head = git_commit(root)
     if head is None:
-        _fill_copy(root, tmp, params)
+        _fill_copy(root, tmp, params, cache)
         _logs_dir(tmp)
         os.replace(tmp, path)
-        return Workspace(root=root, path=path, run_id=run_id, params=params, mode="copy")
+        return Workspace(root=root, path=path, run_id=run_id, params=params, mode="copy", **links)
     # No hooks: a `dvc install`ed post-checkout hook would run `dvc checkout` in the new worktree.
     _git(root, "-c", "core.hooksPath=/dev/null", "worktree", "add", "--detach", "--quiet", str(tmp), head)
     try:
         untracked = _overlay_changes(root, tmp)
         params_written = write_params(tmp / "params.yaml", params, list(overrides or []))
-        _dvc_config_local(root, tmp)
+        _dvc_config_local(root, tmp, cache)
         _logs_dir(tmp)
         _git(root, "worktree", "move", str(tmp), str(path))
     except BaseException:
@@ -338,7 +423,7 @@ def create_workspace(root: Path, params: Any, run_id: str, overrides: list[str] 
         raise
     return Workspace(
         root=root, path=path, run_id=run_id, params=params, mode="git", baseline=head,
-        untracked=untracked, params_written=params_written,
+        untracked=untracked, params_written=params_written, **links,
     )  # fmt: skip
 
 
@@ -348,7 +433,25 @@ def _logs_dir(ws: Path) -> None:
     (ws / "logs" / ".gitignore").write_text("*\n")
 
 
-def _fill_copy(root: Path, tmp: Path, params: Any) -> None:
+def _copy_remotes(root: Path, tmp: Path) -> None:
+    """The project's `.dvc/config` remotes (and `core.remote`) into a copy workspace's config (a git
+    workspace has the project's committed config already)."""
+    import configobj
+
+    src = root / ".dvc" / "config"
+    if not src.is_file():
+        return
+    conf = configobj.ConfigObj(str(src))
+    dst = configobj.ConfigObj(str(tmp / ".dvc" / "config"))
+    for name, section in conf.items():
+        if name.startswith("remote "):
+            dst[name] = dict(section)
+    if conf.get("core", {}).get("remote"):
+        dst.setdefault("core", {})["remote"] = conf["core"]["remote"]
+    dst.write()
+
+
+def _fill_copy(root: Path, tmp: Path, params: Any, cache: dict[str, Any]) -> None:
     """The workspace of a project without a git commit: code dirs copied, no_scm DVC config."""
     from pfactory.config import params_to_yaml
     from pfactory.fsutil import atomic_write_text
@@ -361,15 +464,16 @@ def _fill_copy(root: Path, tmp: Path, params: Any) -> None:
             if (root / f).is_file():
                 shutil.copy2(root / f, tmp / f)
         atomic_write_text(tmp / "params.yaml", params_to_yaml(params))
-        cache = root / ".dvc" / "cache"
-        cache.mkdir(parents=True, exist_ok=True)
         (tmp / ".dvc").mkdir()
         template = root / ".dvc" / "plots" / "offline.html"  # dvc plots show: Vega inlined (offline)
         (tmp / ".dvc" / "config").write_text(
             "[core]\n    no_scm = true\n    analytics = false\n    autostage = false\n"
-            f"[cache]\n    dir = {cache}\n" + (f"[plots]\n    html_template = {template}\n" if template.is_file() else "")
+            + "[cache]\n" + "".join(f"    {k} = {v}\n" for k, v in cache.items() if not k.startswith("_"))
+            + (f"[plots]\n    html_template = {template}\n" if template.is_file() else "")
         )
         (tmp / ".dvc" / ".gitignore").write_text("/config.local\n/tmp\n/cache\n")
+        _copy_remotes(root, tmp)
+        _dvc_config_local(root, tmp, cache)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -11,6 +11,7 @@ assembles them:
     optimize  pfactory/inference/params.py   OptimizeParams
     evaluate  pfactory/evaluate/params.py    EvaluateParams
     promote   pfactory/registry/params.py    PromoteParams
+    gc        here                           GcParams (factory gc's policy after a run; no stage reads it)
 
 Values more than one stage uses are declared once (`SHARED`, `pfactory.params_file`) and flow to the others: the training
 classes and point-cloud range live in `prepare` (the model takes them from the prepared manifest),
@@ -50,8 +51,20 @@ from pfactory.params_file import (  # noqa: F401  (re-exported: the params API o
     validate,
 )
 from pfactory.registry.params import PromoteParams
+from pfactory.section import Section
 from pfactory.sensors.synth.params import SynthParams
 from pfactory.train.params import TrainParams
+
+
+class GcParams(Section):
+    """Retention after a `factory run` (`factory gc`'s policy, pfactory/retention.py; docs/OPERATIONS.md
+    "Disk and retention"). Both None (the default): a run deletes nothing. No stage reads this section."""
+
+    keep_last: int | None = Field(default=None, ge=1)
+    """After a successful run, keep this many newest run workspaces (plus everything a registered model or
+    the champion needs) and collect the rest, as `factory gc --keep-last N --yes` does."""
+    keep_days: float | None = Field(default=None, gt=0)
+    """... and keep every run younger than this many days."""
 
 
 class Params(Sections):
@@ -65,6 +78,7 @@ class Params(Sections):
     optimize: OptimizeParams = Field(default_factory=OptimizeParams)
     evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
     promote: PromoteParams = Field(default_factory=PromoteParams)
+    gc: GcParams = Field(default_factory=GcParams)
 
     def to_file_dict(self) -> dict[str, Any]:
         """What `params.yaml` holds: every section, without the shared values' copies."""

@@ -20,7 +20,7 @@ from tests.import_graph import ROOT, covered, path_to, stage_files
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 # Sections that are not stages: read by several (model: train, optimize, evaluate through
 # model_config.json) or by all (paths).
-NOT_STAGES = {"model", "paths"}
+NOT_STAGES = {"model", "paths", "gc"}
 
 
 def test_every_stage_runs_its_task_module() -> None:
