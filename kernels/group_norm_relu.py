@@ -39,8 +39,9 @@ def group_norm_relu_reference(
 ) -> Tensor:
     """relu(F.group_norm(x in float32, groups, weight, bias, eps)) in `out_dtype` (default x's dtype).
 
-    x [B, C, H, W] float; weight, bias [C] float32 -> [B, C, H, W]. What the ONNX export traces."""
-    y = F.relu(F.group_norm(x.float(), groups, weight, bias, eps))
+    x [B, C, H, W] float; weight, bias [C] float32 -> [B, C, H, W] (float64 stays float64: the tests'
+    higher-precision spec)."""
+    y = F.relu(F.group_norm(x if x.dtype == torch.float64 else x.float(), groups, weight, bias, eps))
     return y.to(out_dtype or x.dtype)
 
 
@@ -51,7 +52,7 @@ def _forward_torch(
     x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, out_dtype: torch.dtype
 ) -> tuple[Tensor, Tensor, Tensor]:
     b, c, h, w = x.shape
-    xf = x.float().contiguous(memory_format=_CL)  # [B, C, H, W] fp32
+    xf = x.float()  # [B, C, H, W] fp32, x's layout (ATen's kernel for it)
     y, mean, rstd = torch.native_group_norm(xf, weight.float(), bias.float(), b, c, h * w, groups, eps)
     return y.relu_().to(out_dtype).contiguous(memory_format=_CL), mean, rstd  # mean, rstd [B, G]
 
@@ -139,7 +140,10 @@ def _setup_context(ctx: torch.autograd.function.FunctionCtx, inputs: tuple, outp
 
 
 def _backward(
-    ctx: torch.autograd.function.FunctionCtx, grad: Tensor, _grad_mean: Tensor | None, _grad_rstd: Tensor | None
+    ctx: torch.autograd.function.FunctionCtx,
+    grad: Tensor,
+    _grad_mean: Tensor | None,
+    _grad_rstd: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, None, None, None]:
     x, weight, bias, mean, rstd = ctx.saved_tensors
     dx, dweight, dbias = _group_norm_relu_backward_op(grad, x, mean, rstd, weight, bias, ctx.groups)
@@ -153,7 +157,12 @@ _group_norm_relu_op.register_autograd(_backward, setup_context=_setup_context)
 # public entry point
 # --------------------------------------------------------------------------------------------------
 def group_norm_relu(
-    x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float = 1e-5, out_dtype: torch.dtype | None = None
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    groups: int,
+    eps: float = 1e-5,
+    out_dtype: torch.dtype | None = None,
 ) -> Tensor:
     """relu(group_norm(x.float(), groups, weight, bias, eps)) rounded once to `out_dtype` (default x's).
 
@@ -167,7 +176,9 @@ def group_norm_relu(
     require(
         weight.shape[0] == c and bias.shape[0] == c and groups > 0 and c % groups == 0,
         _OP,
-        lambda: f"weight and bias must be [C] with C = {c} divisible by groups={groups}, got {describe(weight)}",
+        lambda: (
+            f"weight and bias must be [C] with C = {c} divisible by groups={groups}, got {describe(weight)}"
+        ),
     )
     out, _mean, _rstd = _group_norm_relu_op(x, weight, bias, groups, eps, out_dtype or x.dtype)
     return out

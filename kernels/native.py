@@ -75,7 +75,9 @@ _status = "not loaded"
 # --------------------------------------------------------------------------------------------------
 # An exported kernel's definition: `int|int64_t pfk_name(params) {` (params may span lines).
 _PROTOTYPE = re.compile(r"^(int|int64_t)\s+(pfk_\w+)\s*\(([^)]*)\)\s*\{", re.MULTILINE)
-_DEFINITION = re.compile(r"^\w[\w\s\*]*\b(pfk_\w+)\s*\(", re.MULTILINE)  # every pfk_ definition, parsed or not
+_DEFINITION = re.compile(
+    r"^\w[\w\s\*]*\b(pfk_\w+)\s*\(", re.MULTILINE
+)  # every pfk_ definition, parsed or not
 _PARAM = re.compile(r"^(const\s+)?(void|float|int|int32_t|int64_t)\s*(\*?)\s*(?:restrict\s+)?(\w+)$")
 _SCALARS = {"int": (ctypes.c_int, 31), "int64_t": (ctypes.c_int64, 63)}  # ctype, bits of magnitude
 _POINTEES = {
@@ -122,7 +124,9 @@ def parse_prototypes(source: str) -> dict[str, CKernel]:
             decl = " ".join(raw.split())
             m = _PARAM.match(decl)
             if not m:
-                raise ValueError(f"kernels/_native.c: {name}: parameter {decl!r} has a type the binding can't check")
+                raise ValueError(
+                    f"kernels/_native.c: {name}: parameter {decl!r} has a type the binding can't check"
+                )
             _const, base, star, pname = m.groups()
             if star:
                 parsed.append(CParam(pname, decl, "tensor", ctypes.c_void_p, dtypes=_POINTEES[base]))
@@ -139,14 +143,20 @@ def parse_prototypes(source: str) -> dict[str, CKernel]:
                 ctype, bits = _SCALARS[base]
                 parsed.append(CParam(pname, decl, kind, ctype, bits=bits))
             else:
-                raise ValueError(f"kernels/_native.c: {name}: parameter {decl!r} has a type the binding can't check")
+                raise ValueError(
+                    f"kernels/_native.c: {name}: parameter {decl!r} has a type the binding can't check"
+                )
         missing = buffers - {p.name[:-3] for p in parsed if p.kind == "dtype code"}
         if missing:
-            raise ValueError(f"kernels/_native.c: {name}: void* buffer(s) {sorted(missing)} have no `int NAME_dt`")
+            raise ValueError(
+                f"kernels/_native.c: {name}: void* buffer(s) {sorted(missing)} have no `int NAME_dt`"
+            )
         kernels[name] = CKernel(name, _RESTYPES[ret], tuple(parsed))
     defined = set(_DEFINITION.findall(source))
     if defined != set(kernels):
-        raise ValueError(f"kernels/_native.c: definitions the binding could not parse: {sorted(defined - set(kernels))}")
+        raise ValueError(
+            f"kernels/_native.c: definitions the binding could not parse: {sorted(defined - set(kernels))}"
+        )
     return kernels
 
 
@@ -245,7 +255,8 @@ def build(source: Path = _SOURCE, out_dir: Path | None = None) -> NativeLibrary:
     if not cc:
         raise RuntimeError("no C compiler (cc/gcc) on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([text, " ".join(_FLAGS), version, _cpu_signature()]).encode()).hexdigest()[:16]
+    fingerprint = "\0".join([text, " ".join(_FLAGS), version, _cpu_signature()])
+    key = hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
     out_dir = out_dir or _cache_dir()
     lib = out_dir / f"pfk_native_{key}.so"
     if not lib.exists():
@@ -253,7 +264,9 @@ def build(source: Path = _SOURCE, out_dir: Path | None = None) -> NativeLibrary:
         fd, tmp = tempfile.mkstemp(prefix=lib.name, suffix=".tmp", dir=out_dir)
         os.close(fd)
         try:
-            res = subprocess.run([cc, *_FLAGS, str(source), "-o", tmp], capture_output=True, text=True, timeout=300)
+            res = subprocess.run(
+                [cc, *_FLAGS, str(source), "-o", tmp], capture_output=True, text=True, timeout=300
+            )
             if res.returncode:
                 raise RuntimeError(f"{cc} failed (exit {res.returncode}): {res.stderr.strip()[-500:]}")
             os.replace(tmp, lib)  # atomic: a concurrent builder's identical file may win, either is fine
@@ -378,7 +391,9 @@ def scatter_max_supported(features: Tensor, cell_index: Tensor) -> bool:
     )
 
 
-def scatter_max_backward_supported(grad_canvas: Tensor, winner_point: Tensor, grad_dtype: torch.dtype) -> bool:
+def scatter_max_backward_supported(
+    grad_canvas: Tensor, winner_point: Tensor, grad_dtype: torch.dtype
+) -> bool:
     """Whether `scatter_max_backward` takes these: CPU, float32/bfloat16 in and out, C > 0."""
     return (
         grad_canvas.device.type == "cpu"
@@ -415,7 +430,11 @@ def scatter_max_forward(
 
 
 def scatter_max_backward(
-    grad_canvas: Tensor, winner_cell: Tensor, winner_point: Tensor, winner_rows: Tensor, grad_dtype: torch.dtype
+    grad_canvas: Tensor,
+    winner_cell: Tensor,
+    winner_point: Tensor,
+    winner_rows: Tensor,
+    grad_dtype: torch.dtype,
 ) -> Tensor:
     """grad_features [N, C] grad_dtype: row m < M of the winner table sends grad_canvas[winner_cell[m], c]
     to point winner_point[m, c], every other element is 0 (`_pillar_scatter_max_backward_compact`)."""

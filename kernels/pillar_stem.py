@@ -156,7 +156,10 @@ def _(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     n, c = features.shape
     out = torch.empty(
-        (batch, weight.shape[0], out_height, out_width), dtype=out_dtype, device=features.device, memory_format=_CL
+        (batch, weight.shape[0], out_height, out_width),
+        dtype=out_dtype,
+        device=features.device,
+        memory_format=_CL,
     )
     return (
         out,
@@ -183,7 +186,9 @@ def _pillar_stem_backward_op(
 ) -> tuple[Tensor, Tensor]:
     """(grad_features [N, C] float32, grad_weight [Cout, C, 3, 3] float32) from grad [B, Cout, Ho, Wo]."""
     if native.available() and grad.device.type == "cpu" and seg.device.type == "cpu":
-        return native.pillar_stem_backward(grad, weight, seg, occupied, win, first, rows, (height, width), round_bf16)
+        return native.pillar_stem_backward(
+            grad, weight, seg, occupied, win, first, rows, (height, width), round_bf16
+        )
     return _backward_torch(grad, weight, seg, occupied, win, rows, (height, width), round_bf16)
 
 
@@ -246,8 +251,10 @@ def pillar_stem(
     require(
         tuple(weight.shape[1:]) == (features.shape[1], 3, 3) and h <= 2 * ho and w <= 2 * wo,
         _OP,
-        lambda: f"weight must be [Cout, {features.shape[1]}, 3, 3] and grid {grid} <= 2 * out_hw {out_hw}, "
-        f"got {describe(weight)}",
+        lambda: (
+            f"weight must be [Cout, {features.shape[1]}, 3, 3] and grid {grid} <= 2 * out_hw {out_hw}, "
+            f"got {describe(weight)}"
+        ),
     )
     out, *_saved = _pillar_stem_op(
         features.contiguous(), cell_index.contiguous(), weight, batch, h, w, ho, wo, round_bf16, out_dtype

@@ -42,6 +42,7 @@ from pfactory.model.io import save_model
 from pfactory.model.loss import detection_loss
 from pfactory.model.params import ModelParams
 from pfactory.model.targets import build_targets
+from pfactory.model.variants import for_compile
 from pfactory.progress import emit as emit_progress
 from pfactory.train.checkpoint import (
     CHECKPOINT,
@@ -130,6 +131,8 @@ class Trainer:
         # then the checkpoint, if it belongs to this configuration.
         seed_everything(tp.seed)
         self.model = model = build_model(mp, info.image_size).to(rt.device)
+        if tp.compile:
+            for_compile(model)  # static-shape painting (pfactory/model/variants.py); the same weights
         self.optimizer = make_optimizer(model, tp)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, self.total, tp)
@@ -147,7 +150,7 @@ class Trainer:
             net = nn.parallel.DistributedDataParallel(
                 model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
             )
-        self.forward = torch.compile(net) if tp.compile else net
+        self.forward = torch.compile(net) if tp.compile else net  # for_compile: at build, above
         self.use_bf16 = use_bf16(tp.bf16, rt.device)
 
         self.tracker = Tracker(track and rt.is_main)
