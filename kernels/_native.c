@@ -372,8 +372,8 @@ static inline void axpy_blocks(float *restrict acc, const float *restrict x, con
  * from the occupied pillars only, fused with the scatter-max that makes the canvas.
  * feat [N, C] float32, cell [N] int64 (b*H*W + row*W + col; outside [0, B*H*W): dropped) -> the canvas
  * rows seg [M, C] (maxima; rounded to bfloat16 values when round_bf16, what a bf16 canvas holds),
- * occupied [M] int64, win [M, C] int32 (the winner table; seg, occupied and win have N rows, those
- * from M on are set to 0, -1, -1: every output is defined), and acc [B, Ho, Wo, Cp] float32 (zeroed by
+ * occupied [M] int64, win [M, C] int32 (the winner table; seg, occupied and win have N rows: occupied's
+ * rows from M on are set to -1, seg's and win's are not written), and acc [B, Ho, Wo, Cp] float32 (zeroed by
  * the caller) += conv2d(canvas, weight, stride 2, padding 1) in channels-last rows.
  * wt [9, C, Cp] float32 is the weight as [ky*3+kx][c_in][c_out], c_out padded with zeros to Cp, a
  * multiple of 16. An input pixel (iy, ix) reaches output row oy = (iy + 1 - ky) / 2 for the taps ky of
@@ -393,9 +393,7 @@ int64_t pfk_pillar_stem_fwd(const float *feat, const int64_t *cell, int64_t N, i
         while (m < M && occupied[m] < b * H * W) ++m;
         first[b] = m;
     }
-    memset(seg + M * C, 0, (size_t)((N - M) * C) * sizeof(float));
-    for (int64_t i = M; i < N; ++i) occupied[i] = -1;
-    for (int64_t i = M * C; i < N * C; ++i) win[i] = -1;
+    for (int64_t i = M; i < N; ++i) occupied[i] = -1; /* seg and win rows >= M stay unwritten (~20 MB) */
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b) {
         for (int64_t m = first[b]; m < first[b + 1]; ++m) {

@@ -493,8 +493,9 @@ def pillar_stem_forward(
     `round_bf16` the canvas maxima and the weight are rounded to bfloat16 values first (what the dense
     conv under bf16 autocast multiplies); the sums are float32 and the output is rounded once to
     `out_dtype`. -> (out [B, Cout, Ho, Wo] channels-last, and what `pillar_stem_backward` needs: seg
-    [N, C] float32 (rows 0..M-1: the occupied pillars' maxima), occupied [N] int64 (their cells), win
-    [N, C] int32 (the winner table), first [B + 1] int64 (each sample's first row), rows [1] int64 = M).
+    [N, C] float32 (rows 0..M-1: the occupied pillars' maxima; the rest unwritten), occupied [N] int64
+    (their cells, then -1), win [N, C] int32 (the winner table, rows 0..M-1), first [B + 1] int64 (each
+    sample's first row), rows [1] int64 = M).
     """
     n, c = features.shape
     cout = weight.shape[0]

@@ -134,7 +134,8 @@ def _pillar_stem_op(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(out [B, Cout, Ho, Wo] channels-last out_dtype, and for the backward: seg [N, C] float32 (rows
     0..M-1: the occupied cells' maxima), occupied [N] int64 (their cells, then -1), win [N, C] int32 (the
-    point holding each max), first [B + 1] int64 (each sample's first row), rows [1] int64 = M)."""
+    point holding each max), first [B + 1] int64 (each sample's first row), rows [1] int64 = M). Rows
+    M.. of seg and win are unspecified (the C kernel leaves them unwritten: ~20 MB of stores a step)."""
     args = (batch, (height, width), (out_height, out_width), round_bf16, out_dtype)
     if native.pillar_stem_supported(features, cell_index, weight):
         return native.pillar_stem_forward(features, cell_index, weight, *args)
