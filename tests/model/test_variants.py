@@ -33,7 +33,9 @@ def test_trained_exported_and_compiled_models_agree(sampler: str) -> None:
 
     exported = for_export(model)  # a copy: the trained model is unchanged
     assert list(exported.state_dict()) == keys
-    assert type(model.backbone.stages[0][0]).__name__ == ("SparseCanvasStem" if native.available() else "CanvasStem")
+    assert type(model.backbone.stages[0][0]).__name__ == (
+        "SparseCanvasStem" if native.available() else "CanvasStem"
+    )
     compiled_model = for_compile(build_model(p, IMAGE_SIZE))
     compiled_model.load_state_dict(model.state_dict())
     torch._dynamo.reset()
