@@ -112,11 +112,12 @@ def model_step_rate(params: Any, batches: list[dict], steps: int, device: torch.
     from pfactory.model.detector import build_model
     from pfactory.model.loss import detection_loss
     from pfactory.model.targets import build_targets
+    from pfactory.model.variants import for_compile
 
     torch.manual_seed(0)
     image_wh = (batches[0]["images"].shape[-1], batches[0]["images"].shape[-2])
     model = build_model(params.model, image_wh).to(device)
-    fwd = torch.compile(model) if compile else model
+    fwd = torch.compile(for_compile(model)) if compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in batches]
     times, cpu = [], []
@@ -228,7 +229,11 @@ def variant_step_rate(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     forward: Any = model
     if v.get("compile"):
-        forward = torch.compile(model, fullgraph=True)  # automatic dynamic: P goes symbolic on its 1st change
+        from pfactory.model.variants import for_compile
+
+        # what `factory train -S train.compile=true` compiles: the for_compile conversion, the C kernels as
+        # custom ops; automatic dynamic shapes: P goes symbolic on its 1st change
+        forward = torch.compile(for_compile(model), fullgraph=True)
     bf16 = use_bf16(tp.bf16, rt.device)
     timer = Timer()
     times, first = [], 0.0
@@ -323,7 +328,9 @@ def cmd_explain(args: argparse.Namespace) -> None:
     info = data_info(Path(args.data))
     loader = make_loader_factory(tp)(Path(args.data), "train", tp.batch_size, True, tp.augment, tp.seed,
                                      torch.device("cpu"), tp.num_threads)  # fmt: skip
-    model = build_model(model_for_data(mp, info), info.image_size)
+    from pfactory.model.variants import for_compile
+
+    model = for_compile(build_model(model_for_data(mp, info), info.image_size))
     p = model.params
 
     def step(points, num_points, images, proj, cam_valid, boxes, labels, num_boxes):

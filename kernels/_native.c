@@ -9,6 +9,12 @@
  * Work is split into B x T items (T = threads, the pixels of a sample cut into T chunks) whose partial
  * sums are reduced in a fixed order, so results are bitwise reproducible for a given thread count.
  * OpenMP: the process's libgomp (PyTorch's, already loaded, same soname), so no second thread pool.
+ *
+ * The exported `pfk_*` prototypes are the binding's declarations: kernels/native.py parses them from this
+ * file and calls each kernel by parameter name, checking every argument against its C type (a tensor of
+ * the pointee's dtype for a pointer, an int for an integer). Conventions it relies on: every `void *NAME`
+ * buffer (float32 or bfloat16) is followed by `int NAME_dt`, its dtype code, and `int nthreads` is the
+ * OpenMP thread count; the binding fills both in. A prototype is one declaration ending in `) {`.
  */
 #include <math.h>
 #include <stdint.h>
@@ -73,7 +79,7 @@ static void gn_affine(const float *mean, const float *rstd, const float *weight,
 
 /* out = relu(group_norm(x)): x rows at x + b*xsb + p*xsp (elements), out contiguous [B, HW, C].
  * mean, rstd [B, G] float32 are written (saved for the backward). Returns 0, or 1 on bad sizes. */
-int pfk_group_norm_relu_fwd(const void *x, int xdt, int64_t xsb, int64_t xsp, void *out, int odt,
+int pfk_group_norm_relu_fwd(const void *x, int x_dt, int64_t xsb, int64_t xsp, void *out, int out_dt,
                             const float *weight, const float *bias, float *mean, float *rstd, int64_t B,
                             int64_t HW, int64_t C, int64_t G, float eps, int nthreads) {
     if (C > MAX_C || C % G || B <= 0 || HW <= 0 || nthreads <= 0) return 1;
@@ -94,7 +100,7 @@ int pfk_group_norm_relu_fwd(const void *x, int xdt, int64_t xsb, int64_t xsp, vo
         double *restrict s = part + it * 2 * C, *restrict ss = s + C;
         float row[MAX_C];
         for (int64_t p = p0; p < p1; ++p) {
-            load_row(x, xdt, b * xsb + p * xsp, C, row);
+            load_row(x, x_dt, b * xsb + p * xsp, C, row);
             for (int64_t c = 0; c < C; ++c) {
                 s[c] += row[c];
                 ss[c] += (double)row[c] * row[c];
@@ -128,12 +134,12 @@ int pfk_group_norm_relu_fwd(const void *x, int xdt, int64_t xsb, int64_t xsp, vo
         const float *a = scale + b * 2 * C, *d = a + C;
         float row[MAX_C];
         for (int64_t p = p0; p < p1; ++p) {
-            load_row(x, xdt, b * xsb + p * xsp, C, row);
+            load_row(x, x_dt, b * xsb + p * xsp, C, row);
             for (int64_t c = 0; c < C; ++c) {
                 const float y = row[c] * a[c] + d[c];
                 row[c] = y > 0.0f ? y : 0.0f;
             }
-            store_row(out, odt, (b * HW + p) * C, C, row);
+            store_row(out, out_dt, (b * HW + p) * C, C, row);
         }
     }
     free(part);
@@ -142,14 +148,14 @@ int pfk_group_norm_relu_fwd(const void *x, int xdt, int64_t xsb, int64_t xsp, vo
 }
 
 /* Backward of out = relu(group_norm(x)). grad rows at grad + b*gsb + p*gsp (a channel slice of a wider
- * gradient is fine); x contiguous [B, HW, C]; dx contiguous [B, HW, C] in dxdt; dweight, dbias [C]
+ * gradient is fine); x contiguous [B, HW, C]; dx contiguous [B, HW, C] in dx_dt; dweight, dbias [C]
  * float32 are written. The ReLU passes the gradient where the forward's pre-activation x * a + d was > 0,
  * recomputed from x with the forward's own a, d (the same float operations: the same signs), so `out`
  * is not read: two arrays per pass instead of three. The GroupNorm part is ATen's formula:
  * dx = c1 * g + c2 * x + c3 with per-(sample, group) c2, c3. Returns 0, or 1 on bad sizes. */
-int pfk_group_norm_relu_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp, const void *x, int xdt,
+int pfk_group_norm_relu_bwd(const void *grad, int grad_dt, int64_t gsb, int64_t gsp, const void *x, int x_dt,
                             const float *mean, const float *rstd, const float *weight, const float *bias,
-                            void *dx, int dxdt, float *dweight, float *dbias, int64_t B, int64_t HW, int64_t C,
+                            void *dx, int dx_dt, float *dweight, float *dbias, int64_t B, int64_t HW, int64_t C,
                             int64_t G, int nthreads) {
     if (C > MAX_C || C % G || B <= 0 || HW <= 0 || nthreads <= 0) return 1;
     const int64_t nt = HW >= 1024 ? nthreads : 1;
@@ -175,8 +181,8 @@ int pfk_group_norm_relu_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp,
         const float *restrict a = scale + b * 2 * C, *restrict d = a + C;
         float gr[MAX_C], xr[MAX_C];
         for (int64_t p = p0; p < p1; ++p) {
-            load_row(grad, gdt, b * gsb + p * gsp, C, gr);
-            load_row(x, xdt, (b * HW + p) * C, C, xr);
+            load_row(grad, grad_dt, b * gsb + p * gsp, C, gr);
+            load_row(x, x_dt, (b * HW + p) * C, C, xr);
             for (int64_t c = 0; c < C; ++c) gr[c] = xr[c] * a[c] + d[c] > 0.0f ? gr[c] : 0.0f; /* ReLU mask */
             for (int64_t c = 0; c < C; ++c) {
                 db[c] += gr[c];
@@ -227,13 +233,13 @@ int pfk_group_norm_relu_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp,
         const float *restrict a = scale + b * 2 * C, *restrict d = a + C;
         float gr[MAX_C], xr[MAX_C];
         for (int64_t p = p0; p < p1; ++p) {
-            load_row(grad, gdt, b * gsb + p * gsp, C, gr);
-            load_row(x, xdt, (b * HW + p) * C, C, xr);
+            load_row(grad, grad_dt, b * gsb + p * gsp, C, gr);
+            load_row(x, x_dt, (b * HW + p) * C, C, xr);
             for (int64_t c = 0; c < C; ++c) {
                 const float gm = xr[c] * a[c] + d[c] > 0.0f ? gr[c] : 0.0f;
                 xr[c] = c1[c] * gm + c2[c] * xr[c] + c3[c];
             }
-            store_row(dx, dxdt, (b * HW + p) * C, C, xr);
+            store_row(dx, dx_dt, (b * HW + p) * C, C, xr);
         }
     }
     free(part);
@@ -245,7 +251,7 @@ int pfk_group_norm_relu_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp,
 
 /* Pillar scatter-max, forward (kernels/pillar_scatter.py, `_pillar_scatter_max_compact` is the spec):
  * features [N, C] float32 contiguous, cell [N] int64 (outside [0, num_cells): dropped) ->
- * canvas [num_cells, C] (cdt: float32 or bfloat16, the maxima rounded once; 0 for an empty cell),
+ * canvas [num_cells, C] (canvas_dt: float32 or bfloat16, the maxima rounded once; 0 for an empty cell),
  * and when with_winner: winner_cell [N] int64 (rows 0..M-1: the occupied cells in increasing order,
  * then -1), winner_point [N, C] int32 (per occupied row and channel the lowest point index holding the
  * max, then -1). NaN counts as the largest value (the lowest-index NaN point wins), as torch's amax.
@@ -286,7 +292,7 @@ static int64_t scatter_compact(const float *feat, const int64_t *cell, int64_t N
 }
 
 int64_t pfk_scatter_max_fwd(const float *feat, const int64_t *cell, int64_t N, int64_t C, int64_t num_cells,
-                            void *canvas, int cdt, int with_winner, int64_t *winner_cell,
+                            void *canvas, int canvas_dt, int with_winner, int64_t *winner_cell,
                             int32_t *winner_point, int32_t *rank, float *seg, int nthreads) {
     if (C > MAX_C || N < 0 || num_cells < 0) return -1;
     int32_t *win = winner_point; /* [M, C] rows of the winner table (with_winner), else scratch */
@@ -298,14 +304,14 @@ int64_t pfk_scatter_max_fwd(const float *feat, const int64_t *cell, int64_t N, i
     }
     const int64_t M = scatter_compact(feat, cell, N, C, num_cells, rank, seg, win, with_winner ? winner_cell : NULL);
     free(own);
-    const size_t esize = cdt == 0 ? 4 : 2;
+    const size_t esize = canvas_dt == 0 ? 4 : 2;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t k = 0; k < num_cells; ++k) {
         const int64_t r = rank[k];
         if (r < 0)
             memset((char *)canvas + (size_t)k * C * esize, 0, (size_t)C * esize);
         else
-            store_row(canvas, cdt, k * C, C, seg + r * C);
+            store_row(canvas, canvas_dt, k * C, C, seg + r * C);
     }
     if (with_winner) {
         for (int64_t i = M; i < N; ++i) winner_cell[i] = -1;
@@ -314,21 +320,22 @@ int64_t pfk_scatter_max_fwd(const float *feat, const int64_t *cell, int64_t N, i
     return M;
 }
 
-/* Pillar scatter-max, backward: grad_features [N, C] (gdt float32 or bfloat16) = 0, then for each occupied
+/* Pillar scatter-max, backward: grad_features [N, C] (float32 or bfloat16) = 0, then for each occupied
  * row m < M and channel c, grad_features[winner_point[m, c], c] = grad_canvas[winner_cell[m], c], where
- * grad_canvas rows are at grad_canvas + cell * row_stride (elements; channels contiguous, cgdt). Each
+ * grad_canvas rows are at grad_canvas + cell * row_stride (elements; channels contiguous). Each
  * (point, channel) wins at most one cell: no write conflicts. Returns 0, or 1 on bad sizes. */
-int pfk_scatter_max_bwd(const void *grad_canvas, int cgdt, int64_t row_stride, const int64_t *winner_cell,
-                        const int32_t *winner_point, int64_t M, int64_t N, int64_t C, void *grad_features,
-                        int gdt) {
+int pfk_scatter_max_bwd(const void *grad_canvas, int grad_canvas_dt, int64_t row_stride,
+                        const int64_t *winner_cell, const int32_t *winner_point, int64_t M, int64_t N, int64_t C,
+                        void *grad_features,
+                        int grad_features_dt) {
     if (C > MAX_C || M < 0 || M > N) return 1;
-    const size_t esize = gdt == 0 ? 4 : 2;
+    const size_t esize = grad_features_dt == 0 ? 4 : 2;
     memset(grad_features, 0, (size_t)(N * C) * esize);
     float row[MAX_C];
     for (int64_t m = 0; m < M; ++m) {
-        load_row(grad_canvas, cgdt, winner_cell[m] * row_stride, C, row);
+        load_row(grad_canvas, grad_canvas_dt, winner_cell[m] * row_stride, C, row);
         const int32_t *w = winner_point + m * C;
-        if (gdt == 0) {
+        if (grad_features_dt == 0) {
             float *g = (float *)grad_features;
             for (int64_t c = 0; c < C; ++c) g[(int64_t)w[c] * C + c] = row[c];
         } else {
@@ -365,7 +372,8 @@ static inline void axpy_blocks(float *restrict acc, const float *restrict x, con
  * from the occupied pillars only, fused with the scatter-max that makes the canvas.
  * feat [N, C] float32, cell [N] int64 (b*H*W + row*W + col; outside [0, B*H*W): dropped) -> the canvas
  * rows seg [M, C] (maxima; rounded to bfloat16 values when round_bf16, what a bf16 canvas holds),
- * occupied [M] int64, win [M, C] int32 (the winner table), and acc [B, Ho, Wo, Cp] float32 (zeroed by
+ * occupied [M] int64, win [M, C] int32 (the winner table; seg, occupied and win have N rows: occupied's
+ * rows from M on are set to -1, seg's and win's are not written), and acc [B, Ho, Wo, Cp] float32 (zeroed by
  * the caller) += conv2d(canvas, weight, stride 2, padding 1) in channels-last rows.
  * wt [9, C, Cp] float32 is the weight as [ky*3+kx][c_in][c_out], c_out padded with zeros to Cp, a
  * multiple of 16. An input pixel (iy, ix) reaches output row oy = (iy + 1 - ky) / 2 for the taps ky of
@@ -385,6 +393,7 @@ int64_t pfk_pillar_stem_fwd(const float *feat, const int64_t *cell, int64_t N, i
         while (m < M && occupied[m] < b * H * W) ++m;
         first[b] = m;
     }
+    for (int64_t i = M; i < N; ++i) occupied[i] = -1; /* seg and win rows >= M stay unwritten (~20 MB) */
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b) {
         for (int64_t m = first[b]; m < first[b + 1]; ++m) {
@@ -406,13 +415,13 @@ int64_t pfk_pillar_stem_fwd(const float *feat, const int64_t *cell, int64_t N, i
     return M;
 }
 
-/* Backward of pfk_pillar_stem_fwd. grad rows [B, Ho, Wo, Cout] at grad + b*gsb + pixel*gsp (gdt) ->
+/* Backward of pfk_pillar_stem_fwd. grad rows [B, Ho, Wo, Cout] at grad + b*gsb + pixel*gsp (grad_dt) ->
  * grad_feat [N, C] float32 (0 except at each pillar's winners: the canvas gradient at the occupied cells,
  * rounded to bfloat16 first when round_bf16, as a bf16 canvas' gradient is), dwt [B, 9, C, Cp] float32
  * (per-sample partials of the weight's gradient in wt's layout, zeroed by the caller, who adds them in
  * sample order: the same sums whichever thread ran a sample). wtt [9, Cout, Cq] is the weight as
  * [tap][c_out][c_in], c_in padded with zeros to Cq (a multiple of 16). */
-int pfk_pillar_stem_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp, const float *seg,
+int pfk_pillar_stem_bwd(const void *grad, int grad_dt, int64_t gsb, int64_t gsp, const float *seg,
                         const int64_t *occupied, const int32_t *win, const int64_t *first, int64_t M, int64_t N,
                         int64_t C, int64_t B, int64_t H, int64_t W, const float *wtt, int64_t Cout, int64_t Cp,
                         int64_t Cq, int64_t Ho, int64_t Wo, int round_bf16, float *grad_feat, float *dwt,
@@ -436,7 +445,7 @@ int pfk_pillar_stem_bwd(const void *grad, int gdt, int64_t gsb, int64_t gsp, con
                         const int64_t tx = ix + 1 - kx;
                         if (tx < 0 || (tx & 1) || tx / 2 >= Wo) continue;
                         const int64_t tap = ky * 3 + kx;
-                        load_row(grad, gdt, b * gsb + (ty / 2 * Wo + tx / 2) * gsp, Cout, g);
+                        load_row(grad, grad_dt, b * gsb + (ty / 2 * Wo + tx / 2) * gsp, Cout, g);
                         for (int64_t ci = 0; ci < Cq; ci += 32) /* dx += W_tap^T g */
                             axpy_blocks(dx + ci, g, wtt + tap * Cout * Cq + ci, Cout, Cq, Cq - ci >= 32 ? 32 : 16);
                         float *restrict dwk = dw_t + tap * C * Cp;

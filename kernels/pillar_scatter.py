@@ -16,8 +16,9 @@ Backward sends grad_canvas[cell, c] to the one point holding that max (the lowes
 tie) and 0 to every other point: a sparse, deterministic gradient.
 
 Backends: `pfk::pillar_scatter_max` runs the Triton kernels (kernels/_pillar_scatter_triton.py) on
-CUDA and `pillar_scatter_max_reference` elsewhere; ONNX export always traces the reference, which
-lowers to ScatterElements(reduction="max") + Where: no custom op in the exported graph.
+CUDA, the C kernels (kernels/native.py) on CPU where they are built, else `_pillar_scatter_max_compact`
+(PyTorch ops, the same values bit for bit); ONNX export always traces the reference, which lowers to
+ScatterElements(reduction="max") + Where: no custom op in the exported graph.
 """
 
 from __future__ import annotations

@@ -38,6 +38,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from pfactory.model.variants import for_export
+
 INPUT_NAMES = ("points", "num_points", "images", "proj")
 OUTPUT_NAMES = ("boxes", "scores", "labels")
 # Domains a node may use: the ONNX default domain only (no custom ops, no contrib ops).
@@ -56,7 +58,7 @@ class ExportWrapper(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.model = model
+        self.model = for_export(model)  # a copy in the export's formulation (pfactory/model/variants.py)
 
     def forward(
         self, points: Tensor, num_points: Tensor, images: Tensor, proj: Tensor

@@ -2,7 +2,8 @@
 
 - `params`: `ModelParams` (`params.model`) and `TrainParams` (`params.train`); imported by
   `pfactory.config`, so this package's `__init__` imports nothing heavy (no torch).
-- `detector`: the network (`build_model`, `PaintedPillarDetector.forward` / `.forward_export`).
+- `detector`: the network (`build_model`, `PaintedPillarDetector.forward` / `.forward_export`); its blocks
+  in `layers`, `painting` and `pillars`; `variants`: the conversions for torch.compile and the ONNX export.
 - `targets`, `loss`, `decode`: center-head targets, focal + L1 loss, peak decoding.
 - `inference`: batched prediction -> `FrameDetections` and the KPIs; `io`: `model.pt` + `model_config.json`.
 Training lives in `pfactory/train/` (the stage: `tasks/train.py`); docs/MODEL.md has the design, the measurements and the presets.

@@ -40,7 +40,7 @@ class ModelParams(Section):
     """How a point samples its camera's feature map (bilinear, zero padding; the same function to float
     rounding). `gather` (default): the pillar MLP's first layer is applied to the feature-map rows first,
     then only the points a camera sees gather their four projected rows
-    (`pfactory.model.detector.paint_points_projected`): no per-point image-feature tensor, no concat, a
+    (`pfactory.model.painting.paint_points_projected`): no per-point image-feature tensor, no concat, a
     row-wise backward (docs/MODEL.md, "Speed"). `grid_sample`: `F.grid_sample` per point, then the
     decoration concat and the whole first layer (`paint_points`), what the ONNX export always uses."""
     point_channels: PositiveInt = 32

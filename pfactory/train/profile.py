@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from pfactory.model.detector import build_model
+from pfactory.model.variants import for_compile
 from pfactory.train.data import LoaderFactory, data_info, epoch_batches, make_loader_factory, to_device
 from pfactory.train.rng import seed_everything
 from pfactory.train.runtime import Timer, setup_runtime, use_bf16
@@ -39,7 +40,7 @@ def profile_train(params: Any, data: Path, steps: int, out: Path, *, loader_fact
     model = build_model(model_for_data(mp, info), info.image_size).to(rt.device)
     optimizer = make_optimizer(model, tp)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    forward = torch.compile(model) if tp.compile else model
+    forward = torch.compile(for_compile(model)) if tp.compile else model
     bf16 = use_bf16(tp.bf16, rt.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if rt.device.type == "cuda" else [])
     warmup = 2

@@ -9,6 +9,9 @@ Files out (`out` = `paths.model`):
     curves.json        one record per step: loss terms, lr, samples/s, data-wait fraction (DVC plots)
     val_curves.json    one record per validation: epoch, step, mAP, NDS, AP per class at each threshold
     metrics.json       final summary: time, throughput, last validation mAP / NDS (DVC metrics)
+    compile_cache.bin  with `train.compile`: PyTorch's portable compile artifacts
+                       (`torch.compiler.save_cache_artifacts`), loaded by the next run into this `out`
+                       (or copied next to a model elsewhere), so it starts from warm Inductor/AOT caches
 
 `Trainer(params, data, out).train()` builds everything (runtime, loader, model, optimizer,
 schedule, checkpoint, tracker) and runs the loop; `tasks/train.py` is the stage around it.
@@ -43,6 +46,7 @@ from pfactory.model.io import save_model
 from pfactory.model.loss import detection_loss
 from pfactory.model.params import ModelParams
 from pfactory.model.targets import build_targets
+from pfactory.model.variants import for_compile
 from pfactory.progress import emit as emit_progress
 from pfactory.train.checkpoint import (
     CHECKPOINT,
@@ -82,6 +86,9 @@ class TrainingDiverged(UserError, RuntimeError):
     """The loss became NaN/Inf: stop before writing weights that are garbage (the message says the step)."""
 
     exit_code = EXIT_FAILED
+
+
+COMPILE_CACHE = "compile_cache.bin"  # torch.compile's portable cache artifacts, in `out`
 
 
 class Trainer:
@@ -133,6 +140,8 @@ class Trainer:
         # then the checkpoint, if it belongs to this configuration.
         seed_everything(tp.seed)
         self.model = model = build_model(mp, info.image_size).to(rt.device)
+        if tp.compile:
+            for_compile(model)  # static-shape painting (pfactory/model/variants.py); the same weights
         self.optimizer = make_optimizer(model, tp)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, self.total, tp)
@@ -150,7 +159,11 @@ class Trainer:
             net = nn.parallel.DistributedDataParallel(
                 model, device_ids=[rt.device.index] if rt.device.type == "cuda" else None
             )
-        self.forward = torch.compile(net) if tp.compile else net
+        self.forward = torch.compile(net) if tp.compile else net  # for_compile: at build, above
+        self.compile_cache = out / COMPILE_CACHE
+        if tp.compile and self.compile_cache.exists():
+            # a previous run's portable artifacts: the first compile reads them instead of compiling cold
+            torch.compiler.load_cache_artifacts(self.compile_cache.read_bytes())
         self.use_bf16 = use_bf16(tp.bf16, rt.device)
 
         self.tracker = Tracker(track and rt.is_main)
@@ -229,6 +242,8 @@ class Trainer:
             if not self.finished:
                 self.val_curves.append(self.validate())
                 self.checkpoint(done=True)
+            if rt.is_main and tp.compile:
+                self.save_compile_cache()
             if rt.is_main:
                 summary = finish(self.out, self.model, self.info, tp, rt, self.curves, self.val_curves, self.timer,
                                  train_s, self.tracker, self.resumed)  # fmt: skip
@@ -288,6 +303,14 @@ class Trainer:
             print(f"train: step {step}/{self.total} loss {record['loss']:.4f} "
                   f"{record['samples_per_s']:.1f} samples/s", file=sys.stderr, flush=True)  # fmt: skip
             self._last_log = time.perf_counter()
+
+    def save_compile_cache(self) -> None:
+        """Write `compile_cache.bin` (atomically) from what this process compiled, if anything."""
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is not None:
+            tmp = self.compile_cache.with_suffix(".tmp")
+            tmp.write_bytes(saved[0])
+            tmp.replace(self.compile_cache)
 
     def validate(self) -> dict[str, Any]:
         return validate(self.model, self.data, self.info, self.factory, self.tp, self.rt, self.timer, self.tracker,

@@ -165,7 +165,7 @@ def test_group_norm_relu_is_bitwise_reproducible() -> None:
 
 def _status_in_subprocess(env: dict[str, str]) -> str:
     code = (
-        "import torch\nfrom kernels import native\nfrom pfactory.model.detector import GroupNormReLU\n"
+        "import torch\nfrom kernels import native\nfrom pfactory.model.layers import GroupNormReLU\n"
         "gn = GroupNormReLU(2, 4)\nx = torch.randn(2, 4, 40, 40).contiguous(memory_format=torch.channels_last)\n"
         "gn(x.requires_grad_()).sum().backward()\nprint('STATUS', native.status())\n"
     )
@@ -220,8 +220,8 @@ def test_pillar_stem_is_the_dense_conv_of_the_scatter_max_canvas(
             fr, cell, b * h * w, canvas_dtype=torch.bfloat16 if bf16 else None
         )
         dense = F.conv2d(canvas.view(b, h, w, c).permute(0, 3, 1, 2), wr, stride=2, padding=1)
-    out, saved = native.pillar_stem_forward(
-        feats, cell, b, (h, w), weight, (ho, wo), bf16, torch.bfloat16 if bf16 else torch.float32
+    out, *saved = native.pillar_stem_forward(
+        feats, cell, weight, b, (h, w), (ho, wo), bf16, torch.bfloat16 if bf16 else torch.float32
     )
     assert out.shape == dense.shape == (b, cout, ho, wo) and out.dtype == dense.dtype
     assert out.is_contiguous(memory_format=torch.channels_last)
@@ -229,7 +229,7 @@ def test_pillar_stem_is_the_dense_conv_of_the_scatter_max_canvas(
     torch.testing.assert_close(out.float(), dense.float(), **tol)
     g = torch.randn(dense.shape).to(dense.dtype)
     want_f, want_w = torch.autograd.grad(dense, [fr, wr], g)
-    got_f, got_w = native.pillar_stem_backward(g, saved)
+    got_f, got_w = native.pillar_stem_backward(g, weight, *saved, (h, w), bf16)
     scale_f, scale_w = (
         torch.cat([t.abs().flatten().float(), torch.full((1,), 1e-6)]).max() for t in (want_f, want_w)
     )
@@ -252,9 +252,68 @@ def test_pillar_stem_is_bitwise_reproducible() -> None:
     g = torch.randn(4, 32, 20, 18).bfloat16()
     runs = []
     for _ in range(3):
-        out, saved = native.pillar_stem_forward(
-            feats, cell, 4, (40, 36), weight, (20, 18), True, torch.bfloat16
+        out, *saved = native.pillar_stem_forward(
+            feats, cell, weight, 4, (40, 36), (20, 18), True, torch.bfloat16
         )
-        runs.append((out, *native.pillar_stem_backward(g, saved)))
+        runs.append((out, *native.pillar_stem_backward(g, weight, *saved, (40, 36), True)))
     for run in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], run))
+
+
+# --------------------------------------------------------------------------------------------------
+# the typed binding: a C signature and its Python call that disagree are an error, never a bad pointer
+# --------------------------------------------------------------------------------------------------
+@needs_native
+def test_a_missing_extra_or_mistyped_argument_is_a_type_error() -> None:
+    lib = native._library()
+    grad_canvas, winner_cell = torch.zeros(3, 2), torch.zeros(3, dtype=torch.int64)
+    ok = dict(grad_canvas=grad_canvas, row_stride=2, winner_cell=winner_cell,
+              winner_point=torch.zeros(3, 2, dtype=torch.int32), M=0, N=3, C=2, grad_features=torch.zeros(3, 2))  # fmt: skip
+    assert lib.call("pfk_scatter_max_bwd", **ok) == 0
+    with pytest.raises(TypeError, match=r"missing argument for `int64_t M`"):
+        lib.call("pfk_scatter_max_bwd", **{k: v for k, v in ok.items() if k != "M"})
+    with pytest.raises(TypeError, match=r"unexpected argument\(s\) \['stride'\]"):
+        lib.call("pfk_scatter_max_bwd", **ok, stride=1)
+    with pytest.raises(
+        TypeError, match=r"`const int32_t \*winner_point` takes a CPU int32 tensor, got torch.int64"
+    ):
+        lib.call("pfk_scatter_max_bwd", **{**ok, "winner_point": torch.zeros(3, 2, dtype=torch.int64)})
+    with pytest.raises(TypeError, match=r"`int64_t N` takes an int in range, got 3.0"):
+        lib.call("pfk_scatter_max_bwd", **{**ok, "N": 3.0})
+    with pytest.raises(TypeError, match=r"grad_features_dt is filled in"):
+        lib.call("pfk_scatter_max_bwd", **ok, grad_features_dt=0)
+
+
+@needs_native
+def test_a_c_signature_changed_without_its_python_call_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deliberately wrong signature: kernels/_native.c with one kernel's C prototype gaining a parameter
+    (and another retyping one), built for real; the unchanged Python wrappers then raise a TypeError
+    naming the parameter instead of passing shifted arguments into C."""
+    source = (ROOT / "kernels" / "_native.c").read_text()
+    old = "int pfk_scatter_max_bwd(const void *grad_canvas, int grad_canvas_dt, int64_t row_stride,"
+    assert old in source
+    wrong = source.replace(old, old.replace("int64_t row_stride,", "int64_t row_stride, int64_t col_stride,"))
+    wrong = wrong.replace("float *mean, float *rstd, int64_t B,", "double *mean, float *rstd, int64_t B,", 1)
+    with pytest.raises(ValueError, match=r"pfk_group_norm_relu_fwd: parameter 'double \*mean'"):
+        native.parse_prototypes(wrong)  # a type the binding cannot check: refused before any build
+    wrong = wrong.replace("double *mean, float *rstd, int64_t B,", "float *mean, float *rstd, int64_t B,", 1)
+    (tmp_path / "_native.c").write_text(wrong)
+    lib = native.build(tmp_path / "_native.c", tmp_path / "cache")
+    monkeypatch.setattr(native, "_library", lambda: lib)
+    feats, cell = _points(50, 4, 9, seed=0, special=False)
+    canvas, wc, wp, rows = native.scatter_max_forward(feats, cell, 9, True, torch.float32)  # unchanged: fine
+    with pytest.raises(TypeError, match=r"pfk_scatter_max_bwd: missing argument for `int64_t col_stride`"):
+        native.scatter_max_backward(torch.ones_like(canvas), wc, wp, rows, torch.float32)
+
+
+def test_every_kernel_in_the_source_is_declared_and_checked() -> None:
+    """Each `pfk_*` definition in kernels/_native.c parses (none is callable unchecked), and every
+    `void *` buffer has its `_dt` code."""
+    source = (ROOT / "kernels" / "_native.c").read_text()
+    kernels_ = native.parse_prototypes(source)
+    assert set(kernels_) == {"pfk_group_norm_relu_fwd", "pfk_group_norm_relu_bwd", "pfk_scatter_max_fwd",
+                             "pfk_scatter_max_bwd", "pfk_pillar_stem_fwd", "pfk_pillar_stem_bwd"}  # fmt: skip
+    with pytest.raises(ValueError, match="could not parse"):
+        native.parse_prototypes(source + "\nvoid pfk_extra(int x) {}\n")

@@ -8,17 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from kernels import native
-from pfactory.model.detector import (
-    BevBackbone,
-    Conv1x1,
-    GroupNormReLU,
-    build_model,
-    linear_long_k,
-    paint_points,
-    paint_points_projected,
-    sample_bilinear,
-)
+from pfactory.model.detector import build_model
+from pfactory.model.layers import Conv1x1, GroupNormReLU, linear_long_k
+from pfactory.model.painting import paint_points, paint_points_projected, sample_bilinear
 from pfactory.model.params import ModelParams
+from pfactory.model.variants import for_export
 
 from .helpers import IMAGE_SIZE, camera_proj, random_batch, tiny_params
 
@@ -157,9 +151,9 @@ def test_group_norm_relu_is_relu_of_fp32_group_norm_forward_and_backward(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """relu(nn.GroupNorm(x.float())) in values and in the gradients of x, weight and bias, for fp32 and
-    bf16 inputs (a conv output under autocast), channels-last (the fused autograd function: the C kernels
-    of kernels/native.py, or the PyTorch ops with both of their backward paths) and NCHW (the plain ops);
-    the output keeps the input's dtype unless `out_fp32`."""
+    bf16 inputs (a conv output under autocast), channels-last (`pfk::group_norm_relu`: the C kernels of
+    kernels/native.py, or the PyTorch ops with both of their backward paths) and NCHW (the PyTorch ops);
+    the output is channels-last and keeps the input's dtype unless `out_fp32`."""
     if use_native and not native.available():
         pytest.skip(f"native CPU kernels: {native.status()}")
     if not use_native:
@@ -179,10 +173,9 @@ def test_group_norm_relu_is_relu_of_fp32_group_norm_forward_and_backward(
         ref = ref.to(ref_dtype)
         xr = x.detach().to(ref_dtype).requires_grad_(True)
         y, y_ref = gn(xa), torch.relu(ref(xr))
-        expected_dtype = torch.float32 if out_fp32 or not fused else x.dtype
-        assert y.dtype == expected_dtype
-        assert y.is_contiguous(memory_format=memory_format)
-        if y.dtype == torch.bfloat16 and ref_dtype == torch.float64:  # rounded once: within one bf16 ulp
+        assert y.dtype == (torch.float32 if out_fp32 else x.dtype)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        if y.dtype == torch.bfloat16:  # rounded once: within one bf16 ulp of the reference
             torch.testing.assert_close(y.float(), y_ref.float(), atol=1e-6, rtol=2**-8)
         else:
             torch.testing.assert_close(y, y_ref.to(y.dtype), atol=2e-6, rtol=1e-6)
@@ -330,7 +323,7 @@ def test_forward_export_runs_in_onnx_runtime(tmp_path) -> None:
     class Export(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.model = model
+            self.model = for_export(model)  # what pfactory.inference.export's wrapper exports
 
         def forward(self, *inputs):
             return self.model.forward_export(*inputs)
@@ -426,35 +419,30 @@ def test_gather_and_grid_sample_models_agree_forward_and_backward(cams: int) -> 
 def test_sparse_stem_model_equals_the_dense_canvas_model(
     camera: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """CPU training runs the canvas' scatter-max and the stem conv as one sparse kernel
-    (`BevBackbone.forward_sparse`); with it turned off the dense canvas and conv run. Same weights, fp32:
-    the same outputs and parameter gradients to float rounding; the sparse path is really taken."""
+    """Where the C kernels are built, `build_model` runs the canvas' scatter-max and the stem conv as one
+    sparse op (`SparseCanvasStem`); `sparse_stem=False` builds the dense canvas and conv. Same weights,
+    fp32: the same outputs and parameter gradients to float rounding; the sparse kernel really runs."""
     torch.manual_seed(0)
     p = tiny_params(camera=camera)
-    model = build_model(p, IMAGE_SIZE)
+    sparse, dense = build_model(p, IMAGE_SIZE), build_model(p, IMAGE_SIZE, sparse_stem=False)
+    dense.load_state_dict(sparse.state_dict())
+    assert type(sparse.backbone.stages[0][0]).__name__ == "SparseCanvasStem"
+    assert type(dense.backbone.stages[0][0]).__name__ == "CanvasStem"
     bt = random_batch(p, batch=2, cams=1)
     args = (bt["points"], bt["num_points"], bt["images"], bt["proj"], bt["cam_valid"])
     calls = []
     real = native.pillar_stem_forward
     monkeypatch.setattr(native, "pillar_stem_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
 
-    def run() -> tuple[dict, list]:
-        model.zero_grad(set_to_none=True)
+    def run(model: torch.nn.Module) -> tuple[dict, list]:
         out = model(*args)
         (out["heatmap"].square().sum() + out["reg"].square().sum()).backward()
-        return {k: v.detach() for k, v in out.items()}, [q.grad.clone() for q in model.parameters()]
+        return {k: v.detach() for k, v in out.items()}, [q.grad for q in model.parameters()]
 
-    sparse_out, sparse_grads = run()
-    assert calls, "the sparse stem did not run"
-    with monkeypatch.context() as m:
-        m.setattr(BevBackbone, "sparse_stem_applies", lambda *a: False)
-        dense_out, dense_grads = run()
-    assert len(calls) == 1
+    (sparse_out, sparse_grads), (dense_out, dense_grads) = run(sparse), run(dense)
+    assert len(calls) == 1, "the sparse stem did not run (or ran in the dense model)"
     for k in dense_out:
         torch.testing.assert_close(sparse_out[k], dense_out[k], atol=1e-5, rtol=1e-4)
-    for (name, _), a, b in zip(model.named_parameters(), sparse_grads, dense_grads):
+    for (name, _), a, b in zip(sparse.named_parameters(), sparse_grads, dense_grads):
         rel = float((a - b).norm() / b.norm().clamp(min=1e-12))
         assert rel < 1e-4, f"{name}: relative gradient difference {rel:.2e}"
-    with torch.no_grad():  # inference never takes the sparse path (no gradient to route)
-        model(*args)
-    assert len(calls) == 1

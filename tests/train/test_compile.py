@@ -6,10 +6,16 @@ from __future__ import annotations
 import torch
 import torch._dynamo
 
-from pfactory.model.detector import build_model
+from pfactory.model.detector import build_model as _build_model
 from pfactory.model.loss import detection_loss
 from pfactory.model.targets import build_targets
+from pfactory.model.variants import for_compile
 from tests.model.helpers import IMAGE_SIZE, random_batch, tiny_params
+
+
+def build_model(p, image_size):
+    """The model the trainer compiles: `for_compile`'s static-shape painting, the C kernels as ops."""
+    return for_compile(_build_model(p, image_size))
 
 
 def _loss_fn(model: torch.nn.Module, p):
