@@ -425,13 +425,19 @@ def kpi_cmd(
     score_threshold: Annotated[
         float, typer.Option(help="Per-frame counts and the error breakdown use detections scoring >= this.")
     ] = 0.3,
+    metrics: Annotated[
+        str, typer.Option(help="nuscenes | kitti (KITTI's official AP) | all | auto: nuscenes, + kitti when the labels have 2D boxes.")
+    ] = "auto",
+    frames: Annotated[Path | None, typer.Option(help="Score only the frame ids listed here (one a line, like KITTI's val.txt).")] = None,
     set_param: SetOpt = None,
     params_file: ParamsOpt = None,
 ) -> None:
     """Detection KPIs (nuScenes AP at 0.5/1/2/4 m, ATE/ASE/AOE, per class and range) and the error
-    breakdown (tp, duplicate, classification, localization, both, background, missed) from KITTI files.
+    breakdown (tp, duplicate, classification, localization, both, background, missed) from KITTI files;
+    KITTI's official metric (3D / BEV / 2D AP and AOS, R40 and R11, easy / moderate / hard: docs/KPIS.md).
 
     Example: factory kpi --gt data/label_2 --pred results/ --out kpis.json --score-threshold 0.5
+    Example: factory kpi --gt raw/training/label_2 --pred artifacts/eval/kitti_results --frames artifacts/eval/kitti_frames.txt --metrics kitti
     """
     from pfactory.metrics.kpi_cli import format_kpi_table, run_kpi
     from pfactory.sensors.errors import DatasetError
@@ -440,7 +446,7 @@ def kpi_cmd(
     if set_param:
         _params(params_file, set_param)
     try:
-        result = run_kpi(gt, pred, out, score_threshold=score_threshold)
+        result = run_kpi(gt, pred, out, score_threshold=score_threshold, metrics=metrics, frames=frames)
     except DatasetError as e:
         _fail(str(e))
     except ValueError as e:  # bad KpiParams (e.g. a non-finite threshold)

@@ -534,3 +534,85 @@ def _curves(
     if with_aos:
         orient = np.maximum.accumulate(orient[::-1])[::-1]
     return prec, orient
+
+
+# --- the kpis.json blocks ------------------------------------------------------------------------------
+
+KPI_KEYS = {
+    "kitti": ("R40", "strict"),
+    "kitti_R11": ("R11", "strict"),
+    "kitti_loose": ("R40", "loose"),
+    "kitti_loose_R11": ("R11", "loose"),
+}
+"""kpis.json key -> (recall sampling, overlap set): `kitti` is the benchmark's headline (R40, strict)."""
+
+
+def kitti_blocks(res: KittiResult) -> dict[str, Any]:
+    """The kpis.json blocks of a `KittiResult`: `kitti`, `kitti_R11`, `kitti_loose`, `kitti_loose_R11` (each
+    `[Class][metric][difficulty]`, fractions) and `kitti_info` (overlaps, counted ground truth, AOS)."""
+    tables = res.tables()
+    out: dict[str, Any] = {key: tables[rec][ov] for key, (rec, ov) in KPI_KEYS.items()}
+    out["kitti_info"] = {
+        "definition": "KITTI object devkit evaluate_object, as kitti-object-eval-python computes it (docs/KPIS.md)",
+        "overlaps": {
+            ov: {c: dict(zip(METRICS, OVERLAPS[ov][c])) for c in res.classes} for ov in ("strict", "loose")
+        },
+        "num_gt": {c: {d: res.num_gt[c, d] for d in DIFFICULTIES} for c in res.classes},
+        "aos": res.compute_aos,
+    }
+    return out
+
+
+def kitti_value(doc: Mapping[str, Any], name: str) -> float | None:
+    """One KITTI AP of a kpis.json by its MLflow name, e.g. `kitti/Car/3d/moderate`; None when absent."""
+    parts = name.split("/")
+    if len(parts) != 4 or parts[0] not in KPI_KEYS:
+        raise ValueError(
+            f"a KITTI metric name KEY/Class/metric/difficulty with KEY one of {list(KPI_KEYS)}, got {name!r}"
+        )
+    key, c, m, d = parts
+    v = ((((doc.get(key) or {}).get(c) or {}).get(m)) or {}).get(d)
+    return None if v is None else float(v)
+
+
+def format_kitti_table(doc: Mapping[str, Any]) -> list[str]:
+    """Plain-text lines: per class and metric, AP (R40, strict overlaps) easy / moderate / hard, in %."""
+    t = doc.get("kitti") or {}
+    lines = [f"KITTI AP R40 (%), strict overlaps   {'easy':>8}{'moderate':>10}{'hard':>8}"]
+    for c, by_m in t.items():
+        for m in TABLE_METRICS:
+            vals = [by_m[m][d] for d in DIFFICULTIES]
+            cells = "".join(
+                f"{'-' if v is None else f'{100 * v:.2f}':>{w}}" for v, w in zip(vals, (8, 10, 8))
+            )
+            lines.append(f"  {c:<12}{m:<22}{cells}")
+    return lines
+
+
+def evaluate_kitti_files(
+    gt_files: Mapping[str, Path], pred_files: Mapping[str, Path], classes: Sequence[str] = CLASSES
+) -> dict[str, Any]:
+    """`kitti_blocks` of result files `{frame_id: path}` against label files (same ids or a subset)."""
+    gt = read_kitti_dir(gt_files, with_score=False)
+    dt = read_kitti_dir(pred_files, with_score=True)
+    return kitti_blocks(evaluate_kitti(gt, dt, classes))
+
+
+def has_2d_boxes(gt_files: Mapping[str, Path], sample: int = 20) -> bool:
+    """Whether the first `sample` non-empty label files hold a 2D box taller than 0 px (real KITTI labels do;
+    the evaluate stage's calibration-free `report/kitti/ground_truth` files write `0 0 0 0`)."""
+    seen = 0
+    for path in gt_files.values():
+        text = Path(path).read_text(errors="replace")
+        for line in text.splitlines():
+            cols = line.split()
+            if len(cols) >= 8:
+                try:
+                    if float(cols[7]) - float(cols[5]) > 0:
+                        return True
+                except ValueError:
+                    return False  # the KPI reader names the bad field
+        seen += bool(text.strip())
+        if seen >= sample:
+            break
+    return False

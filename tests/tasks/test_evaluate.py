@@ -48,6 +48,7 @@ def baseline(setup, tmp_path_factory) -> dict:
             root / "eval",
             "local:2",
             track=True,
+            raw=setup["raw"],
         )
     return {"metrics": metrics, "out": root / "eval", "mlflow_uri": f"sqlite:///{root / 'mlflow.db'}"}
 
@@ -307,3 +308,43 @@ def test_a_unit_failing_on_a_worker_exits_1_names_the_unit_and_writes_nothing(
     err = capsys.readouterr().err
     assert "pytorch/eager on val/shard-" in err and "row groups [" in err and "state_dict" in err, err[-2000:]
     assert not out.exists() and not list(tmp_path.glob(".eval.*"))
+
+
+def test_kitti_metric_and_result_files_the_benchmark_accepts(setup, baseline) -> None:
+    """KITTI data: kpis.json carries KITTI's official metric, scored from result files with real 2D boxes; the
+    same files re-scored by `factory kpi` against the dataset's own label_2 give the same numbers."""
+    import mlflow
+
+    from pfactory.metrics.kpi_cli import run_kpi
+
+    out = baseline["out"]
+    doc = json.loads((out / "kpis.json").read_text())
+    assert doc["kitti_results"] == "kitti_results"
+    t = doc["kitti"]
+    assert set(t) == {"Car", "Pedestrian", "Cyclist"}
+    assert {m: set(v) for m, v in t["Car"].items()} == {m: {"easy", "moderate", "hard"} for m in ("bbox", "bev", "3d", "aos")}
+    assert all(0.0 <= v <= 1.0 for c in t.values() for m in c.values() for v in m.values() if v is not None)
+    assert {"kitti_R11", "kitti_loose", "kitti_loose_R11", "kitti_info"} <= set(doc)
+    info = doc["kitti_info"]
+    frames = (out / "kitti_frames.txt").read_text().split()
+    assert len(frames) == doc["data"]["frames"]
+    files = sorted((out / "kitti_results").glob("*.txt"))
+    assert [p.stem for p in files] == sorted(frames)
+    lines = [line.split() for p in files for line in p.read_text().splitlines()]
+    assert len(lines) == info["results"]["written"]
+    for cols in lines:  # 16 columns; a real 2D box inside the 208 x 64 image; -1 -1 for trunc / occ
+        assert len(cols) == 16 and cols[1:3] == ["-1", "-1"]
+        x1, y1, x2, y2 = map(float, cols[4:8])
+        assert 0 <= x1 < x2 <= 207 and 0 <= y1 < y2 <= 63
+    assert lines, "the tiny detector made no detection at all"
+    # Re-scoring the stage's files against the dataset's own labels: identical numbers.
+    label_2 = setup["raw"] / "training" / "label_2"
+    again = run_kpi(label_2, out / "kitti_results", frames=out / "kitti_frames.txt", metrics="kitti")
+    for key in ("kitti", "kitti_R11", "kitti_loose", "kitti_loose_R11"):
+        assert again[key] == doc[key], key
+    # MLflow: kitti/<Class>/<metric>/<difficulty> on the stage's run.
+    mlflow.set_tracking_uri(baseline["mlflow_uri"])
+    run = mlflow.get_run(baseline["metrics"]["mlflow_run_id"])
+    if t["Car"]["3d"]["moderate"] is not None:
+        assert run.data.metrics["kitti/Car/3d/moderate"] == pytest.approx(t["Car"]["3d"]["moderate"])
+    assert any(k.startswith("kitti/") for k in run.data.metrics)
