@@ -36,7 +36,9 @@ RESULTS_DIR = "kitti_results"
 FRAMES_FILE = "kitti_frames.txt"
 NEAR_M = 0.1  # projective depth (m) where box edges are cut before projecting
 # The 12 edges of a box by corner index (`box_corners_rect`: 0-3 bottom, 4-7 top, same order).
-_EDGES = np.array([[0, 1], [1, 2], [2, 3], [3, 0], [4, 5], [5, 6], [6, 7], [7, 4], [0, 4], [1, 5], [2, 6], [3, 7]])
+_EDGES = np.array(
+    [[0, 1], [1, 2], [2, 3], [3, 0], [4, 5], [5, 6], [6, 7], [7, 4], [0, 4], [1, 5], [2, 6], [3, 7]]
+)
 
 
 def kitti_split(raw: Path | None) -> Path | None:
@@ -135,7 +137,9 @@ def write_kitti_results(out: Path, split: Path, preds: list[FrameDetections]) ->
     for f in preds:
         label = split / "label_2" / f"{f.frame_id}.txt"
         if not label.is_file():
-            raise DatasetError(label, "label_2", f"the label file of evaluated frame {f.frame_id} (KITTI metric)")
+            raise DatasetError(
+                label, "label_2", f"the label file of evaluated frame {f.frame_id} (KITTI metric)"
+            )
         calib = parse_calib(split / "calib" / f"{f.frame_id}{KITTI_PARTS['calib']}")
         w, h = image_size(split / "image_2" / f"{f.frame_id}{KITTI_PARTS['image_2']}")
         text, n_out = result_lines(f, calib, w, h)
@@ -146,7 +150,9 @@ def write_kitti_results(out: Path, split: Path, preds: list[FrameDetections]) ->
     return {"folder": RESULTS_DIR, "frames_file": FRAMES_FILE, "written": written, "outside_view": dropped}
 
 
-def kitti_evaluation(out: Path, raw: Path | None, preds: list[FrameDetections], layout: str) -> dict[str, Any]:
+def kitti_evaluation(
+    out: Path, raw: Path | None, preds: list[FrameDetections], layout: str
+) -> dict[str, Any]:
     """The kpis.json KITTI entries of an evaluation built in `out`: `kitti`, `kitti_R11`, `kitti_loose`,
     `kitti_loose_R11`, `kitti_info` and `kitti_results` (the folder, relative to the eval directory); {} when
     the data is not KITTI (the prepared manifest's `source.layout`) or `raw` holds no KITTI labels."""

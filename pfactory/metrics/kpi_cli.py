@@ -57,7 +57,8 @@ def run_kpi(
     evaluation; by default the classes are the class map's targets. `metrics`: "nuscenes" (the
     nuScenes-definition KPIs), "kitti" (KITTI's official metric: the `kitti*` blocks of
     `pfactory.metrics.kitti_eval`), "all", or "auto" (nuScenes, plus KITTI when the labels have 2D boxes).
-    `frames`: a file of frame ids, one a line (KITTI's ImageSets/val.txt): only those frames are scored.
+    `frames`: a file of frame ids, one a line (KITTI's ImageSets/val.txt): only those frames are scored
+    (ground truth and results of other frames are left out).
     Raises `DatasetError`.
     """
     if metrics not in ("auto", "nuscenes", "kitti", "all"):
@@ -72,8 +73,9 @@ def run_kpi(
 
     gt_files = _label_files(Path(gt_dir), "ground-truth", required=True)
     pred_files = _label_files(Path(pred_dir), "result", required=False)
-    if frames is not None:
+    if frames is not None:  # only the listed frames, on both sides
         gt_files = _listed_frames(Path(frames), gt_files, Path(gt_dir))
+        pred_files = {k: v for k, v in pred_files.items() if k in gt_files}
     orphans = sorted(set(pred_files) - set(gt_files))
     if orphans:
         raise DatasetError(

@@ -397,3 +397,44 @@ def test_random_scenes_against_slow_implementation(tmp_path: Path, seed: int, fr
                     want = _slow(gt, dt, cls, diff, metric, OVERLAPS[ov][cls][mi])
                     got = res.precision[ov, cls, metric, DIFFICULTIES[diff]]
                     np.testing.assert_allclose(got, want, atol=1e-12, err_msg=f"{cls} {metric} {ov} {diff}")
+
+
+# --- through factory kpi -------------------------------------------------------------------------------
+
+
+def test_factory_kpi_kitti_blocks_frames_and_auto(tmp_path: Path) -> None:
+    from pfactory.metrics.kpi_cli import format_kpi_table, run_kpi
+    from pfactory.sensors.errors import DatasetError
+
+    gt, dt = make_scenes(21, frames=12)
+    labels, results = write_scenes(tmp_path, gt, dt)
+    auto = run_kpi(labels, results, out=tmp_path / "kpis.json")  # real 2D boxes: nuScenes + KITTI
+    assert {"mAP", "kitti", "kitti_R11", "kitti_loose", "kitti_loose_R11", "kitti_info"} <= set(auto)
+    assert auto["inputs"]["metrics"] == ["nuscenes", "kitti"]
+    assert json.loads((tmp_path / "kpis.json").read_text())["kitti"] == auto["kitti"]
+    direct = evaluate_kitti(
+        read_kitti_dir({p.stem: p for p in sorted(labels.glob("*.txt"))}, False),
+        read_kitti_dir({p.stem: p for p in sorted(results.glob("*.txt"))}, True),
+    ).tables()
+    assert auto["kitti"] == direct["R40"]["strict"] and auto["kitti_loose_R11"] == direct["R11"]["loose"]
+    assert "KITTI AP R40" in format_kpi_table(auto) and "mAP" in format_kpi_table(auto)
+    only = run_kpi(labels, results, metrics="kitti")
+    assert "mAP" not in only and only["kitti"] == auto["kitti"]
+    assert format_kpi_table(only).startswith("KITTI AP R40")
+    assert "kitti" not in run_kpi(labels, results, metrics="nuscenes")
+    # --frames: only the listed frames are scored (KITTI's ImageSets/val.txt).
+    (tmp_path / "val.txt").write_text("000003\n000001\n\n")
+    part = run_kpi(labels, results, metrics="kitti", frames=tmp_path / "val.txt")
+    sub = tmp_path / "sub"
+    write_scenes(sub, {k: gt[k] for k in ("000001", "000003")}, {k: dt[k] for k in ("000001", "000003")})
+    assert part["kitti"] == run_kpi(sub / "label_2", sub / "results", metrics="kitti")["kitti"]
+    (tmp_path / "bad.txt").write_text("000001\n999999\n")
+    with pytest.raises(DatasetError, match="999999"):
+        run_kpi(labels, results, metrics="kitti", frames=tmp_path / "bad.txt")
+    # Labels without 2D boxes (0 0 0 0, the stage's calibration-free files): auto leaves KITTI out.
+    flat = {
+        f: [" ".join([*x.split()[:4], "0", "0", "0", "0", *x.split()[8:]]) for x in lines]
+        for f, lines in gt.items()
+    }
+    labels0, _ = write_scenes(tmp_path / "flat", flat, dt)
+    assert "kitti" not in run_kpi(labels0, results)

@@ -348,3 +348,4 @@ def test_kitti_metric_and_result_files_the_benchmark_accepts(setup, baseline) ->
     if t["Car"]["3d"]["moderate"] is not None:
         assert run.data.metrics["kitti/Car/3d/moderate"] == pytest.approx(t["Car"]["3d"]["moderate"])
     assert any(k.startswith("kitti/") for k in run.data.metrics)
+    assert '<section id="kitti">' in (out / "report" / "report.html").read_text()  # the run report's table
