@@ -401,9 +401,14 @@ def ap_r11(prec: np.ndarray) -> float:
     return float(np.sum(prec[0:N_SAMPLE_PTS:4]) / 11)
 
 
-def _gt_flags(gt: KittiObjects, cls: str, diff: int) -> np.ndarray:
-    """[G] 0 counted, 1 ignored (neighbouring class, or too hard), -1 not this class."""
-    name = np.char.lower(gt.name)
+def _lower(names: np.ndarray) -> np.ndarray:
+    """`names` lowercased (the handful of distinct names once, not every row)."""
+    uniq, inv = np.unique(names, return_inverse=True)
+    return np.char.lower(uniq)[inv] if len(uniq) else names
+
+
+def _gt_flags(gt: KittiObjects, cls: str, diff: int, name: np.ndarray) -> np.ndarray:
+    """[G] 0 counted, 1 ignored (neighbouring class, or too hard), -1 not this class (`name`: lowercased)."""
     valid = np.where(name == cls.lower(), 1, np.where(name == NEIGHBOUR.get(cls.lower(), "\0"), 0, -1))
     height = gt.bbox[:, 3] - gt.bbox[:, 1]
     hard = (
@@ -414,10 +419,10 @@ def _gt_flags(gt: KittiObjects, cls: str, diff: int) -> np.ndarray:
     return np.where((valid == 1) & ~hard, 0, np.where((valid == 0) | ((valid == 1) & hard), 1, -1))
 
 
-def _dt_flags(dt: KittiObjects, cls: str, diff: int) -> np.ndarray:
-    """[D] 0 counted, 1 ignored (2D box too small, any class), -1 another class."""
+def _dt_flags(dt: KittiObjects, cls: str, diff: int, name: np.ndarray) -> np.ndarray:
+    """[D] 0 counted, 1 ignored (2D box too small, any class), -1 another class (`name`: lowercased)."""
     height = np.abs(dt.bbox[:, 3] - dt.bbox[:, 1])
-    same = np.char.lower(dt.name) == cls.lower()
+    same = name == cls.lower()
     return np.where(height < MIN_HEIGHT_PX[diff], 1, np.where(same, 0, -1))
 
 
@@ -438,11 +443,11 @@ def evaluate_kitti(gt: KittiObjects, dt: KittiObjects, classes: Sequence[str] = 
     first = np.flatnonzero(dt.counts)
     compute_aos = bool(len(first)) and bool(dt.alpha[int(np.sum(dt.counts[: first[0]]))] != NO_ALPHA)
 
-    lower_gt = np.char.lower(gt.name)
+    lower_gt, lower_dt = _lower(gt.name), _lower(dt.name)
     names = {c.lower() for c in classes} | {NEIGHBOUR[c.lower()] for c in classes if c.lower() in NEIGHBOUR}
     gt_keep = np.isin(lower_gt, list(names))
     dt_small = np.abs(dt.bbox[:, 3] - dt.bbox[:, 1]) < max(MIN_HEIGHT_PX)
-    dt_keep = np.isin(np.char.lower(dt.name), [c.lower() for c in classes]) | dt_small
+    dt_keep = np.isin(lower_dt, [c.lower() for c in classes]) | dt_small
     ov = _overlaps(gt, dt, gt_keep, dt_keep)
 
     # DontCare regions (2D metric only): per detection, the largest intersection / detection area.
@@ -458,7 +463,7 @@ def evaluate_kitti(gt: KittiObjects, dt: KittiObjects, classes: Sequence[str] = 
     cache: dict[tuple, tuple[np.ndarray, np.ndarray | None]] = {}
     for c in classes:
         for di, dname in enumerate(DIFFICULTIES):
-            gflag, dflag = _gt_flags(gt, c, di), _dt_flags(dt, c, di)
+            gflag, dflag = _gt_flags(gt, c, di, lower_gt), _dt_flags(dt, c, di, lower_dt)
             num_gt[c, dname] = int(np.sum(gflag == 0))
             for ov_name, table in OVERLAPS.items():
                 for mi, metric in enumerate(METRICS):
@@ -517,9 +522,9 @@ def _curves(
     p = pick[gi, ti]
     vd = dflag[pd[p]] == 0
     is_tp = vd & (gflag[ug[gi]] == 0)
-    np.add.at(tp, ti[is_tp], 1)
+    tp += np.bincount(ti[is_tp], minlength=T)
     nodc = vd if dc_ov is None else vd & ~(dc_ov[pd[p]] > min_overlap)
-    np.add.at(assigned_nodc, ti[nodc], 1)
+    assigned_nodc += np.bincount(ti[nodc], minlength=T)
     # Valid detections above each threshold that no DontCare region swallows.
     cand = (dflag == 0) if dc_ov is None else (dflag == 0) & ~(dc_ov > min_overlap)
     s = np.sort(score[cand])
@@ -561,18 +566,6 @@ def kitti_blocks(res: KittiResult) -> dict[str, Any]:
         "aos": res.compute_aos,
     }
     return out
-
-
-def kitti_value(doc: Mapping[str, Any], name: str) -> float | None:
-    """One KITTI AP of a kpis.json by its MLflow name, e.g. `kitti/Car/3d/moderate`; None when absent."""
-    parts = name.split("/")
-    if len(parts) != 4 or parts[0] not in KPI_KEYS:
-        raise ValueError(
-            f"a KITTI metric name KEY/Class/metric/difficulty with KEY one of {list(KPI_KEYS)}, got {name!r}"
-        )
-    key, c, m, d = parts
-    v = ((((doc.get(key) or {}).get(c) or {}).get(m)) or {}).get(d)
-    return None if v is None else float(v)
 
 
 def format_kitti_table(doc: Mapping[str, Any]) -> list[str]:

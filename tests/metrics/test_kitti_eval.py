@@ -421,6 +421,15 @@ def test_factory_kpi_kitti_blocks_frames_and_auto(tmp_path: Path) -> None:
     only = run_kpi(labels, results, metrics="kitti")
     assert "mAP" not in only and only["kitti"] == auto["kitti"]
     assert format_kpi_table(only).startswith("KITTI AP R40")
+    from pfactory.artifacts import KITTI_KEYS, kitti_scalars
+    from pfactory.metrics.kitti_eval import KPI_KEYS
+
+    assert tuple(KPI_KEYS) == KITTI_KEYS  # the MLflow names' keys, declared twice to keep artifacts light
+    scalars = kitti_scalars(only)
+    assert scalars["kitti/Car/3d/moderate"] == only["kitti"]["Car"]["3d"]["moderate"]
+    assert len(scalars) == 4 * 3 * 4 * 3 - sum(
+        v is None for k in KITTI_KEYS for c in only[k].values() for m in c.values() for v in m.values()
+    )
     assert "kitti" not in run_kpi(labels, results, metrics="nuscenes")
     # --frames: only the listed frames are scored (KITTI's ImageSets/val.txt).
     (tmp_path / "val.txt").write_text("000003\n000001\n\n")
