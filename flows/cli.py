@@ -400,6 +400,7 @@ def evaluate_cmd(
         ),
     ] = None,
     no_track: Annotated[bool, typer.Option("--no-track", help="Do not open an MLflow run.")] = False,
+    raw: Annotated[Path | None, typer.Option(help="Raw dataset of --data (KITTI: KITTI's metric + result files). Default: paths.raw, if present.")] = None,
     set_param: SetOpt = None,
     params_file: ParamsOpt = None,
 ) -> None:
@@ -412,7 +413,7 @@ def evaluate_cmd(
 
     argv = _stage_argv(
         params_file, set_param, model=model, data=data, out=out, reference=reference, no_reference=no_reference,
-        dask=dask, no_track=no_track, summary=True,
+        dask=dask, no_track=no_track, raw=raw, summary=True,
     )  # fmt: skip
     tasks.evaluate.main(argv)
 

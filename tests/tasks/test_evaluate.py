@@ -178,7 +178,8 @@ def _tree(out: Path) -> dict[str, bytes]:
 
 def test_one_worker_and_a_killed_worker_reproduce_the_files(setup, baseline, tmp_path, monkeypatch) -> None:
     """1 worker (through `factory evaluate`), and 2 workers with one SIGKILLed while it runs a unit: the same
-    kpis.json, predictions and KITTI files as the undisturbed 2-worker run; the killed unit ran elsewhere."""
+    kpis.json, predictions and KITTI files (kitti_results/ too) as the undisturbed 2-worker run; the killed
+    unit ran elsewhere."""
     import yaml
     from typer.testing import CliRunner
 
@@ -193,7 +194,7 @@ def test_one_worker_and_a_killed_worker_reproduce_the_files(setup, baseline, tmp
     params_file.write_text(yaml.safe_dump({"evaluate": _params().evaluate.model_dump(mode="json")}))
     args = ["evaluate", "--model", str(setup["optimized"]), "--data", str(setup["prepared"]), "--out",
             str(tmp_path / "one"), "--reference", str(setup["model"]), "--dask", "local:1", "--no-track",
-            "--params", str(params_file)]  # fmt: skip
+            "--params", str(params_file), "--raw", str(setup["raw"])]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert '"mAP"' in res.output
@@ -207,7 +208,7 @@ def test_one_worker_and_a_killed_worker_reproduce_the_files(setup, baseline, tmp
     ):
         tasks.evaluate.run(
             _params(), setup["optimized"], setup["model"], setup["prepared"], tmp_path / "killed",
-            dask_address=cluster.scheduler_address, track=False,
+            dask_address=cluster.scheduler_address, track=False, raw=setup["raw"],
         )  # fmt: skip
     assert killed.get("keys"), "the victim never ran a unit: the kill did not happen mid-run"
     assert _tree(tmp_path / "killed") == expected
