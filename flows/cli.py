@@ -403,6 +403,7 @@ def evaluate_cmd(
         ),
     ] = None,
     no_track: Annotated[bool, typer.Option("--no-track", help="Do not open an MLflow run.")] = False,
+    raw: Annotated[Path | None, typer.Option(help="Raw dataset of --data (KITTI: KITTI's metric + result files). Default: paths.raw, if present.")] = None,
     set_param: SetOpt = None,
     params_file: ParamsOpt = None,
 ) -> None:
@@ -415,7 +416,7 @@ def evaluate_cmd(
 
     argv = _stage_argv(
         params_file, set_param, model=model, data=data, out=out, reference=reference, no_reference=no_reference,
-        dask=dask, no_track=no_track, summary=True,
+        dask=dask, no_track=no_track, raw=raw, summary=True,
     )  # fmt: skip
     tasks.evaluate.main(argv)
 
@@ -434,15 +435,21 @@ def kpi_cmd(
             "(evaluate.frame_score_threshold; default 0.3).",
         ),
     ] = None,
+    metrics: Annotated[
+        str, typer.Option(help="nuscenes | kitti (KITTI's official AP) | all | auto: nuscenes, + kitti when the labels have 2D boxes.")
+    ] = "auto",
+    frames: Annotated[Path | None, typer.Option(help="Score only the frame ids listed here (one a line, like KITTI's val.txt).")] = None,
     set_param: SetOpt = None,
     params_file: ParamsOpt = None,
 ) -> None:
     """Detection KPIs (nuScenes AP at 0.5/1/2/4 m, ATE/ASE/AOE, per class and range) and the error
-    breakdown (tp, duplicate, classification, localization, both, background, missed) from KITTI files.
+    breakdown (tp, duplicate, classification, localization, both, background, missed) from KITTI files;
+    KITTI's official metric (3D / BEV / 2D AP and AOS, R40 and R11, easy / moderate / hard: docs/KPIS.md).
 
     Scored as the evaluate stage scores: its range buckets (evaluate.range_edges_m) and frame score threshold,
     from params.yaml when -S or --params is given (else their defaults, without loading params).
     Example: factory kpi --gt data/label_2 --pred results/ --out kpis.json --frame-score-threshold 0.5
+    Example: factory kpi --gt raw/training/label_2 --pred artifacts/eval/kitti_results --frames artifacts/eval/kitti_frames.txt --metrics kitti
     """
     from pfactory.metrics.kpi_cli import format_kpi_table, run_kpi
     from pfactory.sensors.errors import DatasetError
@@ -454,7 +461,7 @@ def kpi_cmd(
     if frame_score_threshold is not None:
         scoring["score_threshold"] = frame_score_threshold
     try:
-        result = run_kpi(gt, pred, out, **scoring)
+        result = run_kpi(gt, pred, out, **scoring, metrics=metrics, frames=frames)
     except DatasetError as e:
         _fail(str(e))
     except ValueError as e:  # bad KpiParams (e.g. a non-finite threshold)

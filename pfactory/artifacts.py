@@ -157,7 +157,25 @@ def headline_scalars(kpis: dict[str, Any], prefix: str = "eval/") -> dict[str, f
     out[f"{prefix}delta/mAP"] = h["delta_mAP"]
     out[f"{prefix}reference/mAP"] = h["reference_mAP"]
     out.update(error_scalars(kpis, prefix))
+    out.update(kitti_scalars(kpis, keys=("kitti",)))  # kitti/Car/3d/moderate, ... (R40, strict)
     return {k: float(v) for k, v in out.items() if v is not None}
+
+
+KITTI_KEYS = ("kitti", "kitti_R11", "kitti_loose", "kitti_loose_R11")
+"""kpis.json's KITTI tables (`pfactory.metrics.kitti_eval.KPI_KEYS`), each `[Class][metric][difficulty]`."""
+
+
+def kitti_scalars(kpis: dict[str, Any], keys: tuple[str, ...] = KITTI_KEYS) -> dict[str, float]:
+    """MLflow metrics of kpis.json's KITTI tables (docs/KPIS.md): `kitti/Car/3d/moderate` (R40, strict
+    overlaps), `kitti_R11/...`, `kitti_loose/...`, `kitti_loose_R11/...`; undefined values left out."""
+    out: dict[str, float] = {}
+    for key in keys:
+        for c, by_m in (kpis.get(key) or {}).items():
+            for m, by_d in by_m.items():
+                for d, v in by_d.items():
+                    if v is not None:
+                        out[f"{key}/{c}/{m}/{d}"] = float(v)
+    return out
 
 
 ERROR_COUNTS = ("tp", "duplicate", "classification", "localization", "both", "background", "missed", "heading_flip")

@@ -6,7 +6,9 @@ Files out (`out` = `paths.eval`, built in a temporary sibling and renamed into p
     kpis.json                     DVC metrics: mAP, NDS, per class / range, latency, reference, delta, lineage
     pr/<class>.csv                DVC plots: precision-recall at the 2 m threshold (101 points)
     report/predictions.parquet    every GT / optimized / reference box, sorted (pfactory.evaluate.predictions)
-    report/kitti/{ground_truth,optimized,reference}/<frame_id>.txt   KITTI label / result files
+    report/kitti/{ground_truth,optimized,reference}/<frame_id>.txt   KITTI label / result files (calibration-free)
+    kitti_results/<frame_id>.txt, kitti_frames.txt   KITTI data (paths.raw / --raw): result files the KITTI
+                                  evaluator accepts, in the frame's own camera frame (pfactory.evaluate.kitti_results)
     report/per_frame.json         TP/FP/FN per frame and class (error analysis), both models
     report/pr_curves.json         PR curves of every class and distance threshold, both models
     report/pr.png                 PR curves
@@ -45,12 +47,14 @@ def run(
     dask_address: str | None = None,
     track: bool = True,
     progress: bool | None = None,
+    raw: Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate `optimized` (and `model`, the PyTorch reference, unless None) on `data`; build `out`.
 
     `dask_address`: None -> `evaluate.dask_address` -> a LocalCluster of `evaluate.workers`; "local:N"; or a
     scheduler address. `track`: one MLflow run (`pfactory.tracking.stage_run`). `progress`: a rich bar on
-    stderr (None = when stderr is a terminal). Raises `EvaluateInputError` on a bad input (before any
+    stderr (None = when stderr is a terminal). `raw`: the raw dataset of `data`; KITTI data also gets KITTI
+    result files and KITTI's official metric (pfactory.evaluate.kitti_results). Raises `EvaluateInputError` on a bad input (before any
     work starts), `EvaluateTaskError` when a unit fails on a worker.
     """
     from pfactory.evaluate.evaluation import evaluate
@@ -63,23 +67,15 @@ def run(
     address = dask_address or ev.dask_address
     if progress is None:
         progress = sys.stderr.isatty()
-    args = (
-        ev,
-        Path(optimized),
-        None if model is None else Path(model),
-        Path(data),
-        Path(out),
-        address,
-        progress,
-    )
+    args = (ev, Path(optimized), None if model is None else Path(model), Path(data), Path(out), address, progress)
     from pfactory.report.stage import log_report, write_stage_report
 
     if not track:
-        return evaluate(*args, None, write_stage_report)
+        return evaluate(*args, None, write_stage_report, raw=raw)
     from pfactory.tracking import stage_run
 
     with stage_run(STAGE, ev.model_dump(mode="json")) as active:
-        metrics = evaluate(*args, active, write_stage_report)
+        metrics = evaluate(*args, active, write_stage_report, raw=raw)
         if not os.environ.get("PFACTORY_PARENT_RUN_ID"):  # a lone evaluation: its own run shows the report
             log_report(Path(out) / af.REPORT_DIR)  # (under a pipeline the flow logs it to the parent run)
         return metrics
@@ -107,15 +103,18 @@ def main(argv: list[str] | None = None) -> None:
             "--dask", default=None, help="scheduler address or local:N (default: evaluate.dask_address)"
         )
         parser.add_argument("--no-track", action="store_true", help="do not open an MLflow run")
+        parser.add_argument("--raw", type=Path, default=None,
+                            help="raw dataset of --data (default: paths.raw, if it exists); KITTI: KITTI metric + result files")  # fmt: skip
         parser.add_argument("--summary", action="store_true", help="print the KPI table on stderr")
 
     def body(p: Any, args: argparse.Namespace) -> dict:
         ref = None if args.no_reference else args.reference or Path(p.paths.model)
         if ref is not None and args.reference is None and not (ref / af.WEIGHTS).is_file():
             ref = None  # the default reference is optional; an explicit --reference must exist
+        raw = args.raw or (Path(p.paths.raw) if Path(p.paths.raw).is_dir() else None)
         metrics = run(
             p, args.model or Path(p.paths.optimized), ref, args.data or Path(p.paths.prepared),
-            args.out or Path(p.paths.eval), dask_address=args.dask, track=not args.no_track,
+            args.out or Path(p.paths.eval), dask_address=args.dask, track=not args.no_track, raw=raw,
         )  # fmt: skip
         if args.summary:
             import json

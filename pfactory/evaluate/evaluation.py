@@ -56,13 +56,16 @@ def evaluate(
     progress: bool,
     active: Any,
     write_report: Callable[..., Any] | None = None,
+    raw: Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate `optimized` (and `model`, the PyTorch reference, unless None) on `data`; build `out`.
 
     `address`: a scheduler address, "local:N", or None (a LocalCluster of `ev.workers`). `progress`: a
     rich bar per model on stderr. `active`: the MLflow run to log to (None: no tracking). `write_report`:
     `(report_dir, doc, gt, pred, optimized, data, worst_n)` writes the run report (the task passes
-    `pfactory.report.stage.write_stage_report`; None: no report page, e.g. a champion's re-evaluation). Raises
+    `pfactory.report.stage.write_stage_report`; None: no report page, e.g. a champion's re-evaluation). `raw`: the raw dataset
+    the prepared data came from; when it is KITTI, the stage also writes KITTI result files and scores
+    KITTI's official metric against its label_2 (`pfactory.evaluate.kitti_results`). Raises
     `EvaluateInputError` on a bad input (before any work starts), `EvaluateTaskError` when a unit
     fails on a worker.
     """
@@ -108,6 +111,7 @@ def evaluate(
                     timings[f"{spec.kind}_s"] = stats.wall_s
         t0 = time.perf_counter()
         doc, kpis, ref_kpis, gt, preds = score(ev, inputs, results)
+        doc.update(_kitti(tmp, raw, preds["optimized"], inputs))
         timings["kpi_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         write_reports(ev, inputs, tmp, doc, kpis, ref_kpis)
@@ -141,6 +145,18 @@ def evaluate(
         log_mlflow(out, scalars, inputs)
         metrics["mlflow_run_id"] = active.info.run_id
     return metrics
+
+
+def _kitti(tmp: Path, raw: Path | None, preds: list, inputs: Any) -> dict[str, Any]:
+    """kpis.json's KITTI entries (pfactory.evaluate.kitti_results) when the prepared data is KITTI's."""
+    if raw is None:
+        return {}
+    import json
+
+    from pfactory.evaluate.kitti_results import kitti_evaluation
+
+    manifest = json.loads((Path(inputs.data.root) / af.PREPARED_MANIFEST).read_text())
+    return kitti_evaluation(tmp, Path(raw), preds, manifest.get("source", {}).get("layout", ""))
 
 
 class _Slim:

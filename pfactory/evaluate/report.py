@@ -123,10 +123,11 @@ def mlflow_scalars(
     document: dict[str, Any], timings: dict[str, float], runs: dict[str, Any]
 ) -> dict[str, float]:
     """MLflow metrics of the stage (names in docs/EVALUATE.md)."""
-    from pfactory.artifacts import error_scalars, kpi_scalars
+    from pfactory.artifacts import error_scalars, kitti_scalars, kpi_scalars
 
     out = kpi_scalars(document, prefix="eval/")
     out.update(error_scalars(document, prefix="eval/"))
+    out.update(kitti_scalars(document))  # kitti/Car/3d/moderate, ... (KITTI data only)
     if document.get("reference") is not None:
         out.update(kpi_scalars(document["reference"], prefix="eval/reference/"))
         delta = document["delta"]

@@ -46,14 +46,23 @@ def run_kpi(
     class_map: Mapping[str, str] | None = None,
     latency: Mapping[str, Any] | None = None,
     params: KpiParams | None = None,
+    metrics: str = "auto",
+    frames: Path | None = None,
     **param_overrides: Any,
 ) -> dict[str, Any]:
     """KPIs of the KITTI result files in `pred_dir` against the labels in `gt_dir`.
 
     `class_map` maps KITTI types to evaluated classes (default `DEFAULT_KITTI_CLASS_MAP`);
     `params` (or keyword overrides of `KpiParams` fields, e.g. `score_threshold=0.5`) set the
-    evaluation; by default the classes are the class map's targets. Raises `DatasetError`.
+    evaluation; by default the classes are the class map's targets. `metrics`: "nuscenes" (the
+    nuScenes-definition KPIs), "kitti" (KITTI's official metric: the `kitti*` blocks of
+    `pfactory.metrics.kitti_eval`), "all", or "auto" (nuScenes, plus KITTI when the labels have 2D boxes).
+    `frames`: a file of frame ids, one a line (KITTI's ImageSets/val.txt): only those frames are scored
+    (ground truth and results of other frames are left out).
+    Raises `DatasetError`.
     """
+    if metrics not in ("auto", "nuscenes", "kitti", "all"):
+        raise ValueError(f"metrics: one of auto, nuscenes, kitti, all; got {metrics!r}")
     class_map = dict(DEFAULT_KITTI_CLASS_MAP if class_map is None else class_map)
     if params is None:
         targets = tuple(dict.fromkeys(class_map.values()))  # first-seen order, unique
@@ -64,6 +73,9 @@ def run_kpi(
 
     gt_files = _label_files(Path(gt_dir), "ground-truth", required=True)
     pred_files = _label_files(Path(pred_dir), "result", required=False)
+    if frames is not None:  # only the listed frames, on both sides
+        gt_files = _listed_frames(Path(frames), gt_files, Path(gt_dir))
+        pred_files = {k: v for k, v in pred_files.items() if k in gt_files}
     orphans = sorted(set(pred_files) - set(gt_files))
     if orphans:
         raise DatasetError(
@@ -74,15 +86,24 @@ def run_kpi(
             frame_id=orphans[0],
         )
 
-    gts, preds = load_kitti_frames(gt_files, pred_files, class_map)
-    kpis = evaluate_detections(gts, preds, params, latency=latency)
-    result = kpis.to_dict(per_frame=True, pr_curves=True)
+    from pfactory.metrics import kitti_eval
+
+    kitti = metrics in ("kitti", "all") or (metrics == "auto" and kitti_eval.has_2d_boxes(gt_files))
+    result: dict[str, Any] = {}
+    if metrics != "kitti":
+        gts, preds = load_kitti_frames(gt_files, pred_files, class_map)
+        kpis = evaluate_detections(gts, preds, params, latency=latency)
+        result = kpis.to_dict(per_frame=True, pr_curves=True)
+    if kitti:
+        result.update(kitti_eval.evaluate_kitti_files(gt_files, pred_files))
     result["inputs"] = {
         "gt_dir": str(gt_dir),
         "pred_dir": str(pred_dir),
         "num_frames": len(gt_files),
         "num_result_files": len(pred_files),
         "class_map": class_map,
+        "frames_file": None if frames is None else str(frames),
+        "metrics": ["nuscenes"] * (metrics != "kitti") + ["kitti"] * kitti,
     }
     if out is not None:
         atomic_write_json(out, result, indent=None)  # one line: the C encoder, ~6x faster than indent=2
@@ -187,7 +208,17 @@ def camera_to_lidar(hwl: np.ndarray, loc: np.ndarray, ry: np.ndarray) -> np.ndar
 
 
 def format_kpi_table(metrics: Mapping[str, Any]) -> str:
-    """A plain-text table of a KPI dict: per class AP at each threshold and the TP errors."""
+    """A plain-text table of a KPI dict: per class AP at each threshold and the TP errors (and the KITTI
+    table when the dict has one)."""
+    from pfactory.metrics.kitti_eval import format_kitti_table
+
+    kitti = format_kitti_table(metrics) if metrics.get("kitti") else []
+    if "classes" not in metrics:
+        return "\n".join(kitti)
+    return "\n".join([_format_nuscenes_table(metrics), *(["", *kitti] if kitti else [])])
+
+
+def _format_nuscenes_table(metrics: Mapping[str, Any]) -> str:
     classes = metrics["classes"]
     ths = list(next(iter(classes.values()))["ap"]) if classes else []
     head = (
@@ -238,6 +269,23 @@ def _label_files(folder: Path, what: str, required: bool) -> dict[str, Path]:
     if required and not files:
         raise DatasetError(folder, "directory", f"at least one KITTI {what} file <frame_id>.txt")
     return {p.stem: p for p in files}
+
+
+def _listed_frames(frames: Path, gt_files: dict[str, Path], gt_dir: Path) -> dict[str, Path]:
+    """The ground-truth files of the frame ids listed in `frames` (one a line, blank lines skipped)."""
+    try:
+        ids = [line.strip() for line in frames.read_text().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise DatasetError(frames, "frames", f"a readable text file of frame ids, one a line ({e})") from e
+    missing = [i for i in ids if i not in gt_files]
+    if missing:
+        raise DatasetError(
+            frames, "frame id", f"a ground-truth file {gt_dir / (missing[0] + '.txt')} for each listed frame "
+            f"({len(missing)} listed frame(s) have none)", frame_id=missing[0],
+        )  # fmt: skip
+    if not ids:
+        raise DatasetError(frames, "frames", "at least one frame id")
+    return {i: gt_files[i] for i in sorted(set(ids))}
 
 
 def _line_of(path: Path, k: int) -> int:

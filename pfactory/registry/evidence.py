@@ -100,6 +100,8 @@ def kpi_summary(kpis: Mapping[str, Any], source: str) -> dict[str, Any]:
         summary["by_range_num_gt"] = support  # ground-truth objects per range bucket and class
     if "NDS" in kpis:
         summary["NDS"] = _number(kpis, "NDS", source)
+    if isinstance(kpis.get("kitti"), Mapping):
+        summary["kitti"] = kpis["kitti"]  # KITTI's AP R40 (strict) [Class][metric][difficulty]: gate metrics
     return summary
 
 

@@ -27,6 +27,8 @@ ONE flipped detection, at most what its class actually moved (`_allowance`; the 
 not ~0): a tiny evaluation (a quick-look run: 2 cars in the 0-20 m bucket) cannot refuse an artifact on
 one flipped detection, while on a full evaluation (hundreds of objects per class) the allowance is a
 fraction of the tolerance, and a loss spread over several objects or classes is never forgiven.
+- `kitti/<C>/<metric>/<diff>`  per entry of min_kitti: KITTI's AP (R40, strict; kpis.json `kitti`) >= its value
+                              (absolute; fails, saying so, when the candidate has no KITTI metric)
 - `map_regression`            champion mAP - candidate mAP <= max_map_regression     (vs champion)
 - `class_ap_regression/<C>`   per class, champion AP - candidate AP <= max_class_ap_regression (vs champion)
 """
@@ -119,6 +121,7 @@ def apply_gates(
             )
         )  # fmt: skip
     gates += _parity_gates(params, candidate)
+    gates += _kitti_gates(params, candidate)
     if champion_kpis is not None:
         gates.append(
             _upper(
@@ -143,6 +146,22 @@ def apply_gates(
                     f"{name} AP drop vs champion ({champ['mean_ap']:.4g} -> {cand['mean_ap']:.4g})",
                 )
             )  # fmt: skip
+    return gates
+
+
+def _kitti_gates(params: PromoteParams, candidate: Evidence) -> list[Gate]:
+    """`min_kitti`: each named KITTI AP (R40, strict) of the candidate at least its value."""
+    gates: list[Gate] = []
+    table = candidate.kpis.get("kitti") or {}
+    for name, limit in params.min_kitti.items():
+        _, cls, metric, diff = name.split("/")
+        value = ((table.get(cls) or {}).get(metric) or {}).get(diff)
+        what = f"KITTI {cls} {metric} AP R40 ({diff})"
+        if value is None:
+            why = "kpis.json has no KITTI metric for it (not KITTI data, or AOS without alphas)"
+            gates.append(_unverifiable(name, limit, what, why))
+        else:
+            gates.append(_lower(name, float(value), limit, what))
     return gates
 
 

@@ -53,6 +53,10 @@ class PromoteParams(Section):
     metrics.agreement.match_rate, score >= optimize.parity.agreement_score_threshold)."""
     max_parity_scores_p99: NonNegFloat = 0.06
     """Absolute gate: the 99th percentile of |score diff| over those matched detections."""
+    min_kitti: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
+    """Absolute gates on KITTI's official metric (KITTI data only): `{"kitti/Car/3d/moderate": 0.5, ...}`, the
+    kpis.json `kitti` table (AP R40, strict overlaps; docs/KPIS.md) by its MLflow name; each must be at least
+    its value. Empty: none. A candidate evaluated on other data fails such a gate (it cannot be verified)."""
     lock_timeout_s: PositiveFloat = 600.0
     """How long a promotion waits for the registry lock held by another promotion before giving up."""
     intended_use: str = (
@@ -60,6 +64,18 @@ class PromoteParams(Section):
         "for offline evaluation and research; not validated for safety-critical use."
     )
     """Written into the model card's "Intended use" section."""
+
+    @field_validator("min_kitti")
+    @classmethod
+    def _kitti_names(cls, v: dict[str, float]) -> dict[str, float]:
+        import re
+
+        # kitti/<Class>/<metric>/<difficulty> (pfactory.metrics.kitti_eval; not imported: params load light)
+        pattern = r"kitti/(Car|Pedestrian|Cyclist)/(bbox|bev|3d|aos)/(easy|moderate|hard)"
+        bad = [k for k in v if not re.fullmatch(pattern, k)]
+        if bad:
+            raise ValueError(f"KITTI gate names like kitti/Car/3d/moderate (class, metric, difficulty), got {bad}")
+        return v
 
     @field_validator("model_name", "alias")
     @classmethod

@@ -201,6 +201,36 @@ def _errors_section(m: dict[str, Any]) -> str:
     )
 
 
+def _kitti_section(doc: dict[str, Any]) -> str:
+    """KITTI's official metric (kpis.json `kitti`: AP R40, strict overlaps; R11 and loose beside it), when the
+    data is KITTI; empty otherwise."""
+    if not doc.get("kitti"):
+        return ""
+    from pfactory.metrics.kitti_eval import DIFFICULTIES, TABLE_METRICS
+
+    def pct(v: Any) -> str:
+        return "–" if v is None else f"{100 * float(v):.2f}"
+
+    blocks = []
+    for key, title in (("kitti", "AP R40, strict overlaps (the benchmark's headline)"), ("kitti_R11", "AP R11, strict"),
+                       ("kitti_loose", "AP R40, loose overlaps (bev/3d 0.5 / 0.25 / 0.25)")):  # fmt: skip
+        rows = [
+            [escape(c), m, *(pct(by_m[m][d]) for d in DIFFICULTIES)]
+            for c, by_m in (doc.get(key) or {}).items()
+            for m in TABLE_METRICS
+        ]
+        if rows:
+            blocks.append(f"<h3>{title}</h3>" + _table(["class", "metric", *DIFFICULTIES], rows, "kitti"))
+    info = doc.get("kitti_info") or {}
+    res = info.get("results") or {}
+    note = (
+        f"<p>KITTI's official metric (docs/KPIS.md) in %, scored from <code>{escape(str(doc.get('kitti_results', '')))}/</code> "
+        f"against the dataset's label_2: {res.get('written', '?')} detections written, "
+        f"{res.get('outside_view', '?')} outside the camera's view left out.</p>"
+    )
+    return '<section id="kitti"><h2>KITTI benchmark</h2>' + note + "".join(blocks) + "</section>"
+
+
 def _pr_section(kpis: DetectionKpis) -> str:
     charts = []
     aps = kpis.metrics["classes"]
@@ -434,6 +464,7 @@ def build_report(inputs: ReportInputs, worst_n: int = 6) -> Report:
     body = [
         _headline(m, inputs),
         _range_tables(m),
+        _kitti_section(inputs.kpis),
         _errors_section(m),
         _pr_section(kpis),
         _worst_section(worst, panels, params.score_threshold),

@@ -13,7 +13,7 @@ from tests.inference import helpers
 
 
 def build_eval_setup(root: Path, frames: int = 16) -> dict[str, Path]:
-    """`{"prepared", "model", "optimized"}` under `root` (module docstring)."""
+    """`{"prepared", "model", "optimized", "raw"}` under `root` (module docstring; raw: KITTI layout)."""
     import tasks.optimize
     from pfactory.data.params import PrepareParams
     from pfactory.data.prepare import prepare_dataset
@@ -44,4 +44,4 @@ def build_eval_setup(root: Path, frames: int = 16) -> dict[str, Path]:
     tasks.optimize.run(
         opt, root / "model", root / "prepared", root / "optimized", "onnxruntime", "fp32", track=False
     )
-    return {"prepared": root / "prepared", "model": root / "model", "optimized": root / "optimized"}
+    return {"prepared": root / "prepared", "model": root / "model", "optimized": root / "optimized", "raw": root / "raw"}

@@ -186,3 +186,26 @@ def test_one_flipped_detection_on_a_tiny_evaluation_is_within_one_objects_worth(
     ev = read_evidence(optimized, tmp_path / "eval" / "kpis.json")
     bad = {g.name for g in failed(apply_gates(promote_params(parity_map_tolerance=0.0), ev, None))}
     assert "parity_map_delta" in bad
+
+
+def test_kitti_metrics_gate_promotion(evidence_dirs) -> None:
+    """min_kitti: KITTI's AP (kpis.json `kitti`, R40 strict) as absolute gates; no KITTI metric: FAILED."""
+    optimized, kpis_file, kpis = evidence_dirs
+    params = promote_params(min_kitti={"kitti/Car/3d/moderate": 0.5, "kitti/Cyclist/bev/hard": 0.2})
+    gates = {g.name: g for g in apply_gates(params, read_evidence(optimized, kpis_file), None)}
+    assert not gates["kitti/Car/3d/moderate"].passed and gates["kitti/Car/3d/moderate"].value is None
+    assert "cannot verify" in gates["kitti/Car/3d/moderate"].detail
+    table = {c: {m: {d: 0.4 for d in ("easy", "moderate", "hard")} for m in ("bbox", "bev", "3d", "aos")}
+             for c in ("Car", "Pedestrian", "Cyclist")}  # fmt: skip
+    table["Car"]["3d"]["moderate"] = 0.62
+    kpis_file.write_text(json.dumps({**kpis, "kitti": table}))
+    gates = {g.name: g for g in apply_gates(params, read_evidence(optimized, kpis_file), None)}
+    car, cyc = gates["kitti/Car/3d/moderate"], gates["kitti/Cyclist/bev/hard"]
+    assert car.passed and car.value == 0.62 and car.margin == pytest.approx(0.12)
+    assert cyc.passed and cyc.margin == pytest.approx(0.2)
+    gates = {g.name: g for g in apply_gates(promote_params(min_kitti={"kitti/Pedestrian/aos/easy": 0.5}),
+                                            read_evidence(optimized, kpis_file), None)}  # fmt: skip
+    assert not gates["kitti/Pedestrian/aos/easy"].passed
+    assert "FAILED by 0.1" in gates["kitti/Pedestrian/aos/easy"].detail
+    with pytest.raises(ValueError, match="kitti/Car/3d/moderate"):
+        promote_params(min_kitti={"kitti/Truck/3d/moderate": 0.5})

@@ -48,6 +48,7 @@ def baseline(setup, tmp_path_factory) -> dict:
             root / "eval",
             "local:2",
             track=True,
+            raw=setup["raw"],
         )
     return {"metrics": metrics, "out": root / "eval", "mlflow_uri": f"sqlite:///{root / 'mlflow.db'}"}
 
@@ -177,7 +178,8 @@ def _tree(out: Path) -> dict[str, bytes]:
 
 def test_one_worker_and_a_killed_worker_reproduce_the_files(setup, baseline, tmp_path, monkeypatch) -> None:
     """1 worker (through `factory evaluate`), and 2 workers with one SIGKILLed while it runs a unit: the same
-    kpis.json, predictions and KITTI files as the undisturbed 2-worker run; the killed unit ran elsewhere."""
+    kpis.json, predictions and KITTI files (kitti_results/ too) as the undisturbed 2-worker run; the killed
+    unit ran elsewhere."""
     import yaml
     from typer.testing import CliRunner
 
@@ -192,7 +194,7 @@ def test_one_worker_and_a_killed_worker_reproduce_the_files(setup, baseline, tmp
     params_file.write_text(yaml.safe_dump({"evaluate": _params().evaluate.model_dump(mode="json")}))
     args = ["evaluate", "--model", str(setup["optimized"]), "--data", str(setup["prepared"]), "--out",
             str(tmp_path / "one"), "--reference", str(setup["model"]), "--dask", "local:1", "--no-track",
-            "--params", str(params_file)]  # fmt: skip
+            "--params", str(params_file), "--raw", str(setup["raw"])]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert '"mAP"' in res.output
@@ -206,7 +208,7 @@ def test_one_worker_and_a_killed_worker_reproduce_the_files(setup, baseline, tmp
     ):
         tasks.evaluate.run(
             _params(), setup["optimized"], setup["model"], setup["prepared"], tmp_path / "killed",
-            dask_address=cluster.scheduler_address, track=False,
+            dask_address=cluster.scheduler_address, track=False, raw=setup["raw"],
         )  # fmt: skip
     assert killed.get("keys"), "the victim never ran a unit: the kill did not happen mid-run"
     assert _tree(tmp_path / "killed") == expected
@@ -307,3 +309,44 @@ def test_a_unit_failing_on_a_worker_exits_1_names_the_unit_and_writes_nothing(
     err = capsys.readouterr().err
     assert "pytorch/eager on val/shard-" in err and "row groups [" in err and "state_dict" in err, err[-2000:]
     assert not out.exists() and not list(tmp_path.glob(".eval.*"))
+
+
+def test_kitti_metric_and_result_files_the_benchmark_accepts(setup, baseline) -> None:
+    """KITTI data: kpis.json carries KITTI's official metric, scored from result files with real 2D boxes; the
+    same files re-scored by `factory kpi` against the dataset's own label_2 give the same numbers."""
+    import mlflow
+
+    from pfactory.metrics.kpi_cli import run_kpi
+
+    out = baseline["out"]
+    doc = json.loads((out / "kpis.json").read_text())
+    assert doc["kitti_results"] == "kitti_results"
+    t = doc["kitti"]
+    assert set(t) == {"Car", "Pedestrian", "Cyclist"}
+    assert {m: set(v) for m, v in t["Car"].items()} == {m: {"easy", "moderate", "hard"} for m in ("bbox", "bev", "3d", "aos")}
+    assert all(0.0 <= v <= 1.0 for c in t.values() for m in c.values() for v in m.values() if v is not None)
+    assert {"kitti_R11", "kitti_loose", "kitti_loose_R11", "kitti_info"} <= set(doc)
+    info = doc["kitti_info"]
+    frames = (out / "kitti_frames.txt").read_text().split()
+    assert len(frames) == doc["data"]["frames"]
+    files = sorted((out / "kitti_results").glob("*.txt"))
+    assert [p.stem for p in files] == sorted(frames)
+    lines = [line.split() for p in files for line in p.read_text().splitlines()]
+    assert len(lines) == info["results"]["written"]
+    for cols in lines:  # 16 columns; a real 2D box inside the 208 x 64 image; -1 -1 for trunc / occ
+        assert len(cols) == 16 and cols[1:3] == ["-1", "-1"]
+        x1, y1, x2, y2 = map(float, cols[4:8])
+        assert 0 <= x1 < x2 <= 207 and 0 <= y1 < y2 <= 63
+    assert lines, "the tiny detector made no detection at all"
+    # Re-scoring the stage's files against the dataset's own labels: identical numbers.
+    label_2 = setup["raw"] / "training" / "label_2"
+    again = run_kpi(label_2, out / "kitti_results", frames=out / "kitti_frames.txt", metrics="kitti")
+    for key in ("kitti", "kitti_R11", "kitti_loose", "kitti_loose_R11"):
+        assert again[key] == doc[key], key
+    # MLflow: kitti/<Class>/<metric>/<difficulty> on the stage's run.
+    mlflow.set_tracking_uri(baseline["mlflow_uri"])
+    run = mlflow.get_run(baseline["metrics"]["mlflow_run_id"])
+    if t["Car"]["3d"]["moderate"] is not None:
+        assert run.data.metrics["kitti/Car/3d/moderate"] == pytest.approx(t["Car"]["3d"]["moderate"])
+    assert any(k.startswith("kitti/") for k in run.data.metrics)
+    assert '<section id="kitti">' in (out / "report" / "report.html").read_text()  # the run report's table
