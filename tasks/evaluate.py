@@ -7,6 +7,8 @@ Files out (`out` = `paths.eval`, built in a temporary sibling and renamed into p
     pr/<class>.csv                DVC plots: precision-recall at the 2 m threshold (101 points)
     report/predictions.parquet    every GT / optimized / reference box, sorted (pfactory.evaluate.predictions)
     report/kitti/{ground_truth,optimized,reference}/<frame_id>.txt   KITTI label / result files
+    report/results_nusc.json      nuScenes data only: the optimized model's detections as a nuScenes detection
+                                  submission (pfactory.evaluate.nusc_submission), global frame from `raw`'s tables
     report/per_frame.json         TP/FP/FN per frame and class (error analysis), both models
     report/pr_curves.json         PR curves of every class and distance threshold, both models
     report/pr.png                 PR curves
@@ -42,13 +44,16 @@ def run(
     dask_address: str | None = None,
     track: bool = True,
     progress: bool | None = None,
+    raw: Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate `optimized` (and `model`, the PyTorch reference, unless None) on `data`; build `out`.
 
     `dask_address`: None -> `evaluate.dask_address` -> a LocalCluster of `evaluate.workers`; "local:N"; or a
     scheduler address. `track`: one MLflow run (`pfactory.tracking.stage_run`). `progress`: a rich bar on
-    stderr (None = when stderr is a terminal). Raises `EvaluateInputError` on a bad input (before any
-    work starts), `EvaluateTaskError` when a unit fails on a worker.
+    stderr (None = when stderr is a terminal). `raw`: the raw dataset `data` was prepared from (default
+    `paths.raw`); for nuScenes data its tables place `report/results_nusc.json` in the global frame.
+    Raises `EvaluateInputError` on a bad input (before any work starts), `EvaluateTaskError` when a unit
+    fails on a worker.
     """
     from pfactory.evaluate.evaluation import evaluate
     from pfactory.fsutil import check_output_dir
@@ -71,12 +76,14 @@ def run(
         address,
         progress,
     )
+    if raw is None and getattr(params, "paths", None) is not None:
+        raw = Path(params.paths.raw)
     if not track:
-        return evaluate(*args, None)
+        return evaluate(*args, None, raw=raw)
     from pfactory.tracking import stage_run
 
     with stage_run(STAGE, ev.model_dump(mode="json")) as active:
-        return evaluate(*args, active, champion=champion)
+        return evaluate(*args, active, champion=champion, raw=raw)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
             "--dask", default=None, help="scheduler address or local:N (default: evaluate.dask_address)"
         )
         parser.add_argument("--no-track", action="store_true", help="do not open an MLflow run")
+        parser.add_argument("--raw", type=Path, default=None,
+                            help="raw dataset DATA was prepared from (default: paths.raw; nuScenes: results_nusc.json)")  # fmt: skip
         parser.add_argument("--summary", action="store_true", help="print the KPI table on stderr")
 
     def body(p: Any, args: argparse.Namespace) -> dict:
@@ -111,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
             ref = None  # the default reference is optional; an explicit --reference must exist
         metrics = run(
             p, args.model or Path(p.paths.optimized), ref, args.data or Path(p.paths.prepared),
-            args.out or Path(p.paths.eval), dask_address=args.dask, track=not args.no_track,
+            args.out or Path(p.paths.eval), dask_address=args.dask, track=not args.no_track, raw=args.raw,
         )  # fmt: skip
         if args.summary:
             import json

@@ -57,12 +57,15 @@ def evaluate(
     progress: bool,
     active: Any,
     champion: tuple[str, str] | None = None,
+    raw: Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate `optimized` (and `model`, the PyTorch reference, unless None) on `data`; build `out`.
 
     `address`: a scheduler address, "local:N", or None (a LocalCluster of `ev.workers`). `progress`: a
     rich bar per model on stderr. `active`: the MLflow run to log to (None: no tracking). `champion`:
-    (registered model, alias) the run report compares against (pfactory.report). Raises
+    (registered model, alias) the run report compares against (pfactory.report). `raw`: the raw dataset
+    the data was prepared from; when it is nuScenes, `report/results_nusc.json` is written too
+    (`nusc_submission`; kpis.json `nusc_results`). Raises
     `EvaluateInputError` on a bad input (before any work starts), `EvaluateTaskError` when a unit
     fails on a worker.
     """
@@ -78,6 +81,9 @@ def evaluate(
         optimized, model if ev.reference else None, data, ev.split, ev.backend, ev.precision, ev.device,
         ev.slice_frames, ev.batch_size, ev.score_threshold,
     )  # fmt: skip
+    from pfactory.evaluate.nusc_submission import plan_submission
+
+    nusc_poses = plan_submission(data, ev.split, raw)  # None unless nuScenes data and its raw tables
     timings["plan_s"] = time.perf_counter() - t_start
     results: dict[str, dict[int, Any]] = {k: {} for k in KINDS}
     runs: dict[str, dict[str, Any]] = {}
@@ -108,6 +114,11 @@ def evaluate(
                     timings[f"{spec.kind}_s"] = stats.wall_s
         t0 = time.perf_counter()
         doc, kpis, ref_kpis, gt, preds = score(ev, inputs, results)
+        if nusc_poses is not None:
+            from pfactory.evaluate.nusc_submission import RESULTS_FILE, write_submission
+
+            doc["nusc_results"] = write_submission(report / RESULTS_FILE, preds["optimized"], nusc_poses)
+            doc["nusc_results"]["file"] = f"report/{RESULTS_FILE}"
         timings["kpi_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         write_reports(ev, inputs, tmp, doc, kpis, ref_kpis)
