@@ -774,10 +774,27 @@ def bench_cmd(
     raise typer.Exit(subprocess.call([sys.executable, str(script), *ctx.args], cwd=root))
 
 
+def _kpi_plain(argv: list[str]) -> None:
+    """`factory kpi` with plain options (`kpi_cli.plain_kpi_options`) runs `kpi_cmd` without Typer's option
+    parsing (pydantic: ~0.15 s of the command's ~0.5 s); same body, output and exit codes."""
+    from pfactory.metrics.kpi_cli import plain_kpi_options
+
+    options = plain_kpi_options(argv)
+    if options is None:
+        return
+    try:
+        kpi_cmd(**options)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    sys.exit(0)
+
+
 def main() -> None:
     """Console-script entry point: an error the user can act on (a bad input, parameter or output path, a
     full disk: `pfactory.failures.explain`) is one red line and its exit code, not a traceback."""
     try:
+        if sys.argv[1:2] == ["kpi"]:
+            _kpi_plain(sys.argv[2:])  # returns only when Typer has to parse the options
         app()
     except KeyboardInterrupt:
         sys.exit(130)

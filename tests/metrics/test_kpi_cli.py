@@ -242,3 +242,47 @@ def test_columnar_frames_equal_the_per_file_frames(tmp_path: Path) -> None:
             a.frame_id == b.frame_id and np.array_equal(a.boxes, b.boxes) and list(a.names) == list(b.names)
         )
         assert (a.scores is None and b.scores is None) or np.array_equal(a.scores, b.scores)
+
+
+def test_plain_kpi_options() -> None:
+    from pfactory.metrics.kpi_cli import plain_kpi_options
+
+    got = plain_kpi_options(["--gt", "g", "--pred=p", "--out", "o.json", "--score-threshold", "5e-1"])
+    assert got == {"gt": Path("g"), "pred": Path("p"), "out": Path("o.json"), "score_threshold": 0.5,
+                   "set_param": None, "params_file": None}  # fmt: skip
+    assert plain_kpi_options(["--pred", "p", "--gt", "g"])["out"] is None
+    for argv in (
+        ["--gt", "g"], ["--gt", "g", "--pred", "p", "--help"], ["--gt", "g", "--pred", "p", "-S", "a.b=1"],
+        ["--gt", "g", "--pred", "p", "--params", "x.yaml"], ["--gt", "g", "--gt", "h", "--pred", "p"],
+        ["--gt", "g", "--pred", "p", "--score-threshold", "nan"], ["--gt", "g", "--pred", "p", "--score-threshold", "-1"],
+        ["--gt", "g", "--pred"], ["--gt=", "--pred", "p"], ["--gt", "g", "--pred", "p", "extra"],
+    ):  # fmt: skip
+        assert plain_kpi_options(argv) is None, argv
+
+
+def test_factory_kpi_without_typer_parsing_answers_as_typer_does(tmp_path: Path) -> None:
+    """The same stdout, stderr, exit code and JSON whether Typer parses the options (`--params` sends the
+    command through Typer; kpi reads it only with -S) or not, and pydantic is not imported without it."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    gts, preds = random_detections(n_frames=5, gt_per_frame=6, pred_per_frame=12, seed=4)
+    gt, pred = write_dir(tmp_path / "gt", gts), write_dir(tmp_path / "pred", preds)
+    probe = "import atexit, sys; atexit.register(lambda: print('pydantic:', 'pydantic' in sys.modules, file=sys.stderr)); "
+    probe += "from flows.cli import main; sys.argv = ['factory', *sys.argv[1:]]; main()"
+
+    def run(*extra: str, out: str) -> subprocess.CompletedProcess:
+        args = ["kpi", "--gt", str(gt), "--pred", str(pred), "--out", str(tmp_path / out), *extra]
+        return subprocess.run([sys.executable, "-c", probe, *args], cwd=root, capture_output=True, text=True)
+
+    plain, typed = run(out="a.json"), run("--params", str(root / "params.yaml"), out="b.json")
+    assert plain.returncode == typed.returncode == 0, plain.stderr + typed.stderr
+    assert plain.stdout == typed.stdout and "mAP" in plain.stdout
+    assert "pydantic: False" in plain.stderr and "pydantic: True" in typed.stderr
+    a, b = (json.loads((tmp_path / n).read_text()) for n in ("a.json", "b.json"))
+    assert a == b
+    (pred / f"{preds[0].frame_id}.txt").write_text(CAR + " -0.5\n")  # a bad result file: exit 1, one red line
+    plain, typed = run(out="c.json"), run("--params", str(root / "params.yaml"), out="d.json")
+    assert plain.returncode == typed.returncode == 1
+    assert plain.stderr.splitlines()[0] == typed.stderr.splitlines()[0] and "score" in plain.stderr
