@@ -191,13 +191,14 @@ def camera_to_lidar(hwl: np.ndarray, loc: np.ndarray, ry: np.ndarray) -> np.ndar
 
 def plain_kpi_options(argv: list[str]) -> dict[str, Any] | None:
     """The options of `factory kpi ARGV` as `flows.cli.kpi_cmd` keywords when they are the plain ones
-    (`--gt`, `--pred`, `--out`, `--score-threshold`, each once, `--opt VALUE` or `--opt=VALUE`, values
-    that parse as Typer would parse them); None for anything else (`--help`, `-S`, `--params`, a missing,
-    unknown or repeated option, a bad value), which then goes through Typer and its messages.
+    (`--gt`, `--pred`, `--out`, `--score-threshold`, `--params` (read only with `-S`), each once, `--opt
+    VALUE` or `--opt=VALUE`, values that parse as Typer would parse them); None for anything else (`--help`,
+    `-S`, a missing, unknown or repeated option, a bad value), which then goes through Typer and its messages.
 
     Why: Typer (0.29) coerces every option through a pydantic TypeAdapter; importing pydantic and building
     the adapters is ~0.15 s of a ~0.5 s `factory kpi` on 2,000 KITTI frames (docs/KPIS.md)."""
-    names = {"--gt": "gt", "--pred": "pred", "--out": "out", "--score-threshold": "score_threshold"}
+    names = {"--gt": "gt", "--pred": "pred", "--out": "out", "--score-threshold": "score_threshold",
+             "--params": "params_file"}  # fmt: skip
     got: dict[str, str] = {}
     i = 0
     while i < len(argv):
@@ -226,7 +227,7 @@ def plain_kpi_options(argv: list[str]) -> dict[str, Any] | None:
         "out": None if out is None else Path(out),
         "score_threshold": float(threshold),
         "set_param": None,
-        "params_file": None,
+        "params_file": Path(got["params_file"]) if "params_file" in got else None,
     }
 
 
@@ -276,12 +277,24 @@ def _label_files(folder: Path, what: str, required: bool) -> dict[str, Path]:
     """`<frame_id>.txt` files of a folder (or of its `label_2/` subfolder), sorted by frame id."""
     if not folder.is_dir():
         raise DatasetError(folder, "directory", f"an existing directory of KITTI {what} files")
-    files = sorted(folder.glob("*.txt"))
+    files = _txt_files(folder)
     if not files and (folder / "label_2").is_dir():
-        files = sorted((folder / "label_2").glob("*.txt"))
+        files = _txt_files(folder / "label_2")
     if required and not files:
         raise DatasetError(folder, "directory", f"at least one KITTI {what} file <frame_id>.txt")
-    return {p.stem: p for p in files}
+    return files
+
+
+def _txt_files(folder: Path) -> dict[str, Path]:
+    """`{stem: path}` of the `*.txt` entries of `folder` (as `Path.glob`: dot files included, any entry
+    type), sorted by name. Names are sorted as strings: the order of sorting the paths (one folder), without
+    `Path.__lt__`'s cost (~0.1 s for 4,000 files, measured)."""
+    import os
+
+    with os.scandir(folder) as it:
+        names = sorted(e.name for e in it if e.name.endswith(".txt"))
+    paths = [folder / n for n in names]
+    return {p.stem: p for p in paths}
 
 
 def _line_of(path: Path, k: int) -> int:

@@ -25,6 +25,7 @@ The values and the errors are those of `kitti.parse_label_file` on each file in 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -118,7 +119,7 @@ def read_label_table(paths: Sequence[str | Path], with_score: bool) -> LabelTabl
     Same values and same `DatasetError` as `parse_label_file(path, with_score)` on each path in order."""
     paths = [p if isinstance(p, Path) else Path(p) for p in paths]
     try:
-        datas = [p.read_bytes() for p in paths]
+        datas = [_read_bytes(os.fspath(p)) for p in paths]
     except OSError:
         return _one_by_one(paths, with_score)  # the unreadable file raises its error there, in order
     # One scan of the joined bytes (which the CSV reader reads too), file by file only when something is found.
@@ -151,6 +152,18 @@ def read_label_table(paths: Sequence[str | Path], with_score: bool) -> LabelTabl
     out_types[~src], out_values[~src] = types, values
     out_types[src], out_values[src] = other.type, other.values
     return LabelTable(paths, all_counts, out_types, out_values)
+
+
+def _read_bytes(path: str) -> bytes:
+    """A whole file, as `Path.read_bytes` at about half its per-file cost (thousands of small files)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _joined(datas: list[bytes]) -> bytes:

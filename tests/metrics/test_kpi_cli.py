@@ -251,9 +251,10 @@ def test_plain_kpi_options() -> None:
     assert got == {"gt": Path("g"), "pred": Path("p"), "out": Path("o.json"), "score_threshold": 0.5,
                    "set_param": None, "params_file": None}  # fmt: skip
     assert plain_kpi_options(["--pred", "p", "--gt", "g"])["out"] is None
+    assert plain_kpi_options(["--pred", "p", "--gt", "g", "--params", "x.yaml"])["params_file"] == Path("x.yaml")
     for argv in (
         ["--gt", "g"], ["--gt", "g", "--pred", "p", "--help"], ["--gt", "g", "--pred", "p", "-S", "a.b=1"],
-        ["--gt", "g", "--pred", "p", "--params", "x.yaml"], ["--gt", "g", "--gt", "h", "--pred", "p"],
+        ["--gt", "g", "--gt", "h", "--pred", "p"],
         ["--gt", "g", "--pred", "p", "--score-threshold", "nan"], ["--gt", "g", "--pred", "p", "--score-threshold", "-1"],
         ["--gt", "g", "--pred"], ["--gt=", "--pred", "p"], ["--gt", "g", "--pred", "p", "extra"],
     ):  # fmt: skip
@@ -261,8 +262,8 @@ def test_plain_kpi_options() -> None:
 
 
 def test_factory_kpi_without_typer_parsing_answers_as_typer_does(tmp_path: Path) -> None:
-    """The same stdout, stderr, exit code and JSON whether Typer parses the options (`--params` sends the
-    command through Typer; kpi reads it only with -S) or not, and pydantic is not imported without it."""
+    """The same stdout, stderr, exit code and JSON whether Typer parses the options (`-S` with a no-op
+    override sends the command through Typer) or not, and pydantic is not imported without it."""
     import subprocess
     import sys
 
@@ -276,13 +277,14 @@ def test_factory_kpi_without_typer_parsing_answers_as_typer_does(tmp_path: Path)
         args = ["kpi", "--gt", str(gt), "--pred", str(pred), "--out", str(tmp_path / out), *extra]
         return subprocess.run([sys.executable, "-c", probe, *args], cwd=root, capture_output=True, text=True)
 
-    plain, typed = run(out="a.json"), run("--params", str(root / "params.yaml"), out="b.json")
+    params = ["--params", str(root / "params.yaml")]
+    plain, typed = run(*params, out="a.json"), run(*params, "-S", "evaluate.workers=2", out="b.json")
     assert plain.returncode == typed.returncode == 0, plain.stderr + typed.stderr
     assert plain.stdout == typed.stdout and "mAP" in plain.stdout
     assert "pydantic: False" in plain.stderr and "pydantic: True" in typed.stderr
     a, b = (json.loads((tmp_path / n).read_text()) for n in ("a.json", "b.json"))
     assert a == b
     (pred / f"{preds[0].frame_id}.txt").write_text(CAR + " -0.5\n")  # a bad result file: exit 1, one red line
-    plain, typed = run(out="c.json"), run("--params", str(root / "params.yaml"), out="d.json")
+    plain, typed = run(out="c.json"), run(*params, "-S", "evaluate.workers=2", out="d.json")
     assert plain.returncode == typed.returncode == 1
     assert plain.stderr.splitlines()[0] == typed.stderr.splitlines()[0] and "score" in plain.stderr
