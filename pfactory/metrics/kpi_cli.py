@@ -118,7 +118,9 @@ def _columnar(
     files: Mapping[str, Path], class_map: Mapping[str, str], with_score: bool
 ) -> list[FrameDetections]:
     t = read_label_table(list(files.values()), with_score)
-    keep = np.isin(t.type, list(class_map))  # [N] an evaluated type
+    keep = np.zeros(len(t.type), dtype=bool)  # [N] an evaluated type (not np.isin: it imports numpy.ma)
+    for kitti_type in class_map:
+        keep |= t.type == kitti_type
     kept_types = t.type[keep]
     names = np.empty(
         len(kept_types), dtype=np.result_type(*(np.array(v) for v in class_map.values()), np.str_)

@@ -146,7 +146,9 @@ def read_label_table(paths: Sequence[str | Path], with_score: bool) -> LabelTabl
     other = LabelTable.from_objects([paths[i] for i in slow], [parsed[i] for i in slow], with_score)
     all_counts = np.zeros(len(paths), dtype=np.int64)
     all_counts[fast], all_counts[slow] = counts, other.counts
-    src = np.repeat(np.isin(np.arange(len(paths)), slow), all_counts)  # [N] row comes from the slow files
+    is_slow = np.zeros(len(paths), dtype=bool)
+    is_slow[slow] = True
+    src = np.repeat(is_slow, all_counts)  # [N] row comes from the slow files
     out_types = np.empty(int(all_counts.sum()), dtype=np.result_type(types, other.type))
     out_values = np.empty((len(out_types), values.shape[1]))
     out_types[~src], out_values[~src] = types, values
