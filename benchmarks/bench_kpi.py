@@ -18,9 +18,14 @@ process running the devkit's algorithm on the same files (a plain-Python KITTI r
 `accumulate` / `calc_ap` / `calc_tp` for every class and threshold, overall and per range bucket, as
 `filter_eval_boxes` would cut them). Default 2,000 frames, ~27 GT and ~50 detections each. Prints both
 wall times (median of `--repeats` for ours), the ratio, and the largest difference of any AP / TP error.
+`--label-set` picks the files (`write_label_set`): `bench` (the default: `random_detections` as the evaluate
+stage writes them), `kitti` (KITTI's own label format and type mix, OpenPCDet-style results, ~6 evaluated
+objects a frame), `crowd` (pedestrian-heavy, heavy-tailed object counts, up to 300 detections a frame) or
+`crlf` (the `bench` boxes with Windows line ends and trailing spaces).
 
 Run: `python benchmarks/bench_kpi.py [--frames 6019] [--json out.json]`
-     `python benchmarks/bench_kpi.py --whole-process [--frames 2000] [--repeats 5] [--devkit-repeats 1]`
+     `python benchmarks/bench_kpi.py --whole-process [--label-set bench|kitti|crowd|crlf] [--frames 2000]
+     [--repeats 5] [--devkit-repeats 1]`
 (needs the devkit: `pip install --no-deps -r requirements/devkit.txt`).
 """
 
