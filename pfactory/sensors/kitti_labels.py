@@ -6,7 +6,8 @@ Out: `LabelTable`: one row per object line, files in the order given and lines i
 
 The values and the errors are those of `kitti.parse_label_file` on each file in order, by construction:
 - Files holding printable ASCII and whitespace only (tabs, CR LF line ends, trailing or repeated spaces, a
-  UTF-8 byte-order mark: what other tools write) are first rewritten to their canonical form (`_canonical`:
+  UTF-8 byte-order mark: what other tools write) are rewritten to their canonical form when the reader
+  refuses them as they are (`_canonical`:
   each line's `str.split()` tokens joined by one space, `str.splitlines()` line breaks as newlines, blank
   lines dropped; the tokens the line parser sees are unchanged). Canonical files, only printable ASCII,
   spaces and newlines, are concatenated and read by Arrow's CSV reader
@@ -122,20 +123,28 @@ def read_label_table(paths: Sequence[str | Path], with_score: bool) -> LabelTabl
         datas = [_read_bytes(os.fspath(p)) for p in paths]
     except OSError:
         return _one_by_one(paths, with_score)  # the unreadable file raises its error there, in order
-    # One scan of the joined bytes (which the CSV reader reads too), file by file only when something is found.
+    # The common case: every file canonical. One scan of the joined bytes for the byte set, then the CSV
+    # reader, which refuses any other whitespace layout (an empty field is not a double, a blank line is a
+    # one-field row): no separate scan for those.
     joined = _joined(datas)
+    if _plain(joined):
+        table = _arrow_table(datas, with_score, joined)
+        if table is not None:
+            return LabelTable(paths, *table)
+    # Something is off: files in canonical form where they can be, the others through the line parser.
     slow: list[int] = []
-    if not _is_canonical(joined):
-        for i, d in enumerate(datas):
-            if not _is_canonical(d):
-                c = _canonical(d)
-                if c is None:
-                    slow.append(i)
-                else:
-                    datas[i] = c
-        joined = None
+    rewritten = False
+    for i, d in enumerate(datas):
+        if not _is_canonical(d):
+            c = _canonical(d)
+            if c is None:
+                slow.append(i)
+            else:
+                datas[i], rewritten = c, True
+    if not rewritten and not slow:
+        return _one_by_one(paths, with_score)  # canonical files the reader refused: a bad field or token
     fast = [i for i in range(len(paths)) if i not in set(slow)] if slow else list(range(len(paths)))
-    table = _arrow_table([datas[i] for i in fast], with_score, joined)
+    table = _arrow_table([datas[i] for i in fast], with_score)
     if table is None:
         return _one_by_one(paths, with_score)
     counts, types, values = table
