@@ -18,9 +18,14 @@ process running the devkit's algorithm on the same files (a plain-Python KITTI r
 `accumulate` / `calc_ap` / `calc_tp` for every class and threshold, overall and per range bucket, as
 `filter_eval_boxes` would cut them). Default 2,000 frames, ~27 GT and ~50 detections each. Prints both
 wall times (median of `--repeats` for ours), the ratio, and the largest difference of any AP / TP error.
+`--label-set` picks the files (`write_label_set`): `bench` (the default: `random_detections` as the evaluate
+stage writes them), `kitti` (KITTI's own label format and type mix, OpenPCDet-style results, ~6 evaluated
+objects a frame), `crowd` (pedestrian-heavy, heavy-tailed object counts, up to 300 detections a frame) or
+`crlf` (the `bench` boxes with Windows line ends and trailing spaces).
 
 Run: `python benchmarks/bench_kpi.py [--frames 6019] [--json out.json]`
-     `python benchmarks/bench_kpi.py --whole-process [--frames 2000] [--repeats 5] [--devkit-repeats 1]`
+     `python benchmarks/bench_kpi.py --whole-process [--label-set bench|kitti|crowd|crlf] [--frames 2000]
+     [--repeats 5] [--devkit-repeats 1]`
 (needs the devkit: `pip install --no-deps -r requirements/devkit.txt`).
 """
 
@@ -37,6 +42,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for `tests.metrics` (the devkit reference lives with its test)
+
+import numpy as np  # noqa: E402
 
 from pfactory.metrics.detection import KpiParams, evaluate_detections  # noqa: E402
 from pfactory.metrics.synthetic import random_detections  # noqa: E402
@@ -124,6 +131,115 @@ def _read_kitti_plain(folder: Path, with_score: bool):
     return frames
 
 
+# Label sets of `--whole-process` other than the project's own (`bench`: random_detections written by the
+# evaluate stage's writer). Each is KITTI files as another tool writes them, with its own class mix and sizes.
+LABEL_SETS = ("bench", "kitti", "crowd", "crlf")
+
+# KITTI training labels' type frequencies (7,481 frames; DontCare regions included) and mean sizes (h, w, l).
+_KITTI_TYPES = {
+    "Car": (0.540, (1.53, 1.63, 3.88)), "DontCare": (0.190, None), "Pedestrian": (0.085, (1.76, 0.66, 0.84)),
+    "Van": (0.055, (2.21, 1.90, 5.08)), "Cyclist": (0.031, (1.74, 0.60, 1.76)), "Truck": (0.021, (3.25, 2.59, 10.1)),
+    "Misc": (0.019, (1.91, 1.51, 3.58)), "Tram": (0.009, (3.53, 2.54, 16.1)),
+    "Person_sitting": (0.004, (1.27, 0.59, 0.80)),
+}  # fmt: skip
+
+
+def write_label_set(name: str, root: Path, frames: int, seed: int) -> tuple[Path, Path, int, int]:
+    """Write label set `name` under `root` as `label_2/` and `results/`; returns (gt_dir, pred_dir, #GT, #pred).
+
+    - `kitti`: KITTI's own label format (2 decimals, DontCare regions with -1 / -1000 fields, its type mix,
+      ~8 objects a frame), result files as OpenPCDet writes them (4 decimals, `-1 -1` truncation /
+      occlusion, a detection per GT-like object plus low-scoring false positives, Car/Pedestrian/Cyclist;
+      frames with no detection get no file).
+    - `crowd`: dense urban frames, pedestrian-heavy, a heavy-tailed object count (median ~25, some frames
+      with 200+ objects), up to 300 detections a frame, scores with 3 decimals (many ties), `%.3f` values.
+    - `crlf`: the `bench` boxes written with Windows line ends and a trailing space on every line.
+    """
+    import math
+
+    rng = np.random.default_rng(seed)
+    gt_dir, pred_dir = root / "label_2", root / "results"
+    gt_dir.mkdir(parents=True)
+    pred_dir.mkdir(parents=True)
+    n_gt = n_pred = 0
+    if name in ("bench", "crlf"):
+        from pfactory.evaluate.predictions import kitti_lines
+
+        gts, preds = random_detections(frames, 27.0, 50.0, seed=seed)
+        for g, p in zip(gts, preds):
+            for folder, f in ((gt_dir, g), (pred_dir, p)):
+                text = kitti_lines(f)
+                if name == "crlf":
+                    text = text.replace("\n", " \r\n")
+                (folder / f"{f.frame_id}.txt").write_bytes(text.encode())
+            n_gt, n_pred = n_gt + len(g.boxes), n_pred + len(p.boxes)
+        return gt_dir, pred_dir, n_gt, n_pred
+    types = list(_KITTI_TYPES)
+    probs = np.array([v[0] for v in _KITTI_TYPES.values()])
+    probs /= probs.sum()
+    if name == "crowd":
+        types, probs = ["Pedestrian", "Car", "Cyclist", "Van", "Truck", "DontCare"], np.array(
+            [0.45, 0.30, 0.12, 0.05, 0.03, 0.05]
+        )
+    for i in range(frames):
+        fid = f"{i:06d}"
+        if name == "kitti":
+            m = int(rng.poisson(8.0))
+        else:  # negative binomial: median ~25, a long tail of crowded frames
+            m = min(int(rng.negative_binomial(1.2, 1.2 / (1.2 + 30.0))), 400)
+        kinds = rng.choice(len(types), size=m, p=probs)
+        gt_lines, det_lines = [], []
+        for k in kinds:
+            t = types[k]
+            if t == "DontCare":
+                x1, y1 = rng.uniform(0, 1100), rng.uniform(120, 250)
+                gt_lines.append(f"DontCare -1 -1 -10 {x1:.2f} {y1:.2f} {x1 + rng.uniform(5, 90):.2f} "
+                                f"{y1 + rng.uniform(5, 40):.2f} -1 -1 -1 -1000 -1000 -1000 -10")  # fmt: skip
+                continue
+            h, w, l = (np.array(_KITTI_TYPES[t][1]) * rng.lognormal(0, 0.08, 3)).tolist()
+            z = rng.uniform(4, 70) if name == "kitti" else rng.uniform(-50, 50)
+            x = rng.uniform(-0.45, 0.45) * max(z, 8) if name == "kitti" else rng.uniform(-50, 50)
+            y = 1.7 + rng.normal(0, 0.1)
+            ry = rng.uniform(-math.pi, math.pi)
+            alpha = (ry - math.atan2(x, z) + math.pi) % (2 * math.pi) - math.pi
+            u1, v1 = rng.uniform(0, 1200), rng.uniform(140, 200)
+            box2d = f"{u1:.2f} {v1:.2f} {u1 + rng.uniform(10, 200):.2f} {v1 + rng.uniform(20, 150):.2f}"
+            if name == "kitti":
+                gt_lines.append(f"{t} {rng.choice([0.0, 0.0, 0.3]):.2f} {int(rng.integers(0, 3))} {alpha:.2f} "
+                                f"{box2d} {h:.2f} {w:.2f} {l:.2f} {x:.2f} {y:.2f} {z:.2f} {ry:.2f}")  # fmt: skip
+            else:
+                gt_lines.append(f"{t} 0 0 {alpha:.3f} {box2d} {h:.3f} {w:.3f} {l:.3f} {x:.3f} {y:.3f} {z:.3f} {ry:.3f}")
+            if t in ("Car", "Pedestrian", "Cyclist", "Van") and rng.random() < 0.8:
+                dt = "Car" if t == "Van" and rng.random() < 0.3 else t
+                if dt == "Van":
+                    continue
+                j = rng.normal(0, 1, 3) * rng.choice([0.1, 0.4, 1.5])
+                det_lines.append((dt, x + j[0], y, z + j[1], h, w, l, ry + rng.normal(0, 0.2), alpha,
+                                  box2d, rng.beta(5, 2)))  # fmt: skip
+        n_fp = int(rng.poisson(12 if name == "kitti" else 4 + 0.8 * m))
+        for _ in range(n_fp):
+            dt = rng.choice(["Car", "Pedestrian", "Cyclist"], p=[0.6, 0.3, 0.1])
+            h, w, l = (np.array(_KITTI_TYPES[dt][1]) * rng.lognormal(0, 0.2, 3)).tolist()
+            z = rng.uniform(4, 70) if name == "kitti" else rng.uniform(-50, 50)
+            x = rng.uniform(-0.45, 0.45) * max(z, 8) if name == "kitti" else rng.uniform(-50, 50)
+            det_lines.append((dt, x, 1.7, z, h, w, l, rng.uniform(-3, 3), 0.0, "0.0 0.0 50.0 50.0",
+                              rng.beta(1.5, 6)))  # fmt: skip
+        det_lines = det_lines[:300]
+        n_gt += sum(not s.startswith("DontCare") for s in gt_lines)
+        n_pred += len(det_lines)
+        (gt_dir / f"{fid}.txt").write_text("".join(s + "\n" for s in gt_lines))
+        if not det_lines and name == "kitti":
+            continue  # OpenPCDet-style: a frame without detections may have no file
+        if name == "kitti":
+            out = [f"{d[0]} -1 -1 {d[8]:.4f} {d[9]} {d[4]:.4f} {d[5]:.4f} {d[6]:.4f} {d[1]:.4f} {d[2]:.4f} "
+                   f"{d[3]:.4f} {d[7]:.4f} {d[10]:.4f}" for d in det_lines]  # fmt: skip
+        else:
+            out = [f"{d[0]} -1 -1 {d[8]:.3f} {d[9]} {d[4]:.3f} {d[5]:.3f} {d[6]:.3f} {d[1]:.3f} {d[2]:.3f} "
+                   f"{d[3]:.3f} {d[7]:.3f} {round(d[10], 3)}" for d in det_lines]  # fmt: skip
+        (pred_dir / f"{fid}.txt").write_text("".join(s + "\n" for s in out))
+    return gt_dir, pred_dir, n_gt, n_pred
+
+
 def devkit_process(gt_dir: Path, pred_dir: Path, out: Path) -> None:
     """`--devkit-process`: read the files, run the devkit's algorithm overall and per range bucket, write JSON."""
     from tests.metrics.test_devkit_agreement import _SKIP_REASON, devkit_kpis, to_eval_boxes
@@ -168,16 +284,21 @@ def whole_process(args: argparse.Namespace) -> int:
 
     from pfactory.evaluate.predictions import write_kitti
 
-    gts, preds = random_detections(args.frames, args.gt_per_frame, args.pred_per_frame, seed=args.seed)
-    n_gt, n_pred = sum(len(f.boxes) for f in gts), sum(len(f.boxes) for f in preds)
-    print(
-        f"{args.frames} frames as KITTI files, {n_gt} GT boxes, {n_pred} detections; machine: {_cpu_name()}"
-    )
-    report: dict = {"frames": args.frames, "gt_boxes": n_gt, "pred_boxes": n_pred, "load_before": _loadavg()}
     with tempfile.TemporaryDirectory(prefix="bench-kpi-") as tmp:
-        gt_dir, pred_dir = Path(tmp) / "label_2", Path(tmp) / "results"
-        write_kitti(gt_dir, gts)
-        write_kitti(pred_dir, preds)
+        if args.label_set == "bench" and (args.gt_per_frame, args.pred_per_frame) != (27.0, 50.0):
+            gts, preds = random_detections(args.frames, args.gt_per_frame, args.pred_per_frame, seed=args.seed)
+            gt_dir, pred_dir = Path(tmp) / "label_2", Path(tmp) / "results"
+            write_kitti(gt_dir, gts)
+            write_kitti(pred_dir, preds)
+            n_gt, n_pred = sum(len(f.boxes) for f in gts), sum(len(f.boxes) for f in preds)
+        else:
+            gt_dir, pred_dir, n_gt, n_pred = write_label_set(args.label_set, Path(tmp), args.frames, args.seed)
+        print(
+            f"label set {args.label_set}: {args.frames} frames as KITTI files, {n_gt} GT boxes (evaluated "
+            f"types), {n_pred} detections; machine: {_cpu_name()}"
+        )
+        report: dict = {"label_set": args.label_set, "frames": args.frames, "gt_boxes": n_gt,
+                        "pred_boxes": n_pred, "load_before": _loadavg()}  # fmt: skip
         factory = Path(sys.executable).with_name("factory")
         ours_json, dk_json = Path(tmp) / "ours.json", Path(tmp) / "devkit.json"
         ours_cmd = [str(factory), "kpi", "--gt", str(gt_dir), "--pred", str(pred_dir), "--out", str(ours_json),
@@ -266,6 +387,8 @@ def main() -> int:
         "--whole-process", action="store_true", help="factory kpi vs the devkit as processes on files"
     )
     ap.add_argument("--devkit-repeats", type=int, default=1, help="--whole-process: timed devkit runs")
+    ap.add_argument("--label-set", choices=LABEL_SETS, default="bench",
+                    help="--whole-process: which label files (write_label_set)")  # fmt: skip
     ap.add_argument(
         "--before", type=Path, help="--whole-process: also time factory kpi from this source tree"
     )

@@ -9,6 +9,8 @@ Files out (`out` = `paths.eval`, built in a temporary sibling and renamed into p
     report/kitti/{ground_truth,optimized,reference}/<frame_id>.txt   KITTI label / result files (calibration-free)
     kitti_results/<frame_id>.txt, kitti_frames.txt   KITTI data (paths.raw / --raw): result files the KITTI
                                   evaluator accepts, in the frame's own camera frame (pfactory.evaluate.kitti_results)
+    report/results_nusc.json      nuScenes data only: the optimized model's detections as a nuScenes detection
+                                  submission (pfactory.evaluate.nusc_submission), global frame from `raw`'s tables
     report/per_frame.json         TP/FP/FN per frame and class (error analysis), both models
     report/pr_curves.json         PR curves of every class and distance threshold, both models
     report/pr.png                 PR curves
@@ -54,7 +56,8 @@ def run(
     `dask_address`: None -> `evaluate.dask_address` -> a LocalCluster of `evaluate.workers`; "local:N"; or a
     scheduler address. `track`: one MLflow run (`pfactory.tracking.stage_run`). `progress`: a rich bar on
     stderr (None = when stderr is a terminal). `raw`: the raw dataset of `data`; KITTI data also gets KITTI
-    result files and KITTI's official metric (pfactory.evaluate.kitti_results). Raises `EvaluateInputError` on a bad input (before any
+    result files and KITTI's official metric (pfactory.evaluate.kitti_results); for
+    nuScenes data its tables place `report/results_nusc.json` in the global frame. Raises `EvaluateInputError` on a bad input (before any
     work starts), `EvaluateTaskError` when a unit fails on a worker.
     """
     from pfactory.evaluate.evaluation import evaluate
@@ -104,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         parser.add_argument("--no-track", action="store_true", help="do not open an MLflow run")
         parser.add_argument("--raw", type=Path, default=None,
-                            help="raw dataset of --data (default: paths.raw, if it exists); KITTI: KITTI metric + result files")  # fmt: skip
+                            help="raw dataset of --data (default: paths.raw, if it exists); KITTI: KITTI metric + result files; nuScenes: results_nusc.json")  # fmt: skip
         parser.add_argument("--summary", action="store_true", help="print the KPI table on stderr")
 
     def body(p: Any, args: argparse.Namespace) -> dict:

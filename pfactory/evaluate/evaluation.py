@@ -65,7 +65,8 @@ def evaluate(
     `(report_dir, doc, gt, pred, optimized, data, worst_n)` writes the run report (the task passes
     `pfactory.report.stage.write_stage_report`; None: no report page, e.g. a champion's re-evaluation). `raw`: the raw dataset
     the prepared data came from; when it is KITTI, the stage also writes KITTI result files and scores
-    KITTI's official metric against its label_2 (`pfactory.evaluate.kitti_results`). Raises
+    KITTI's official metric against its label_2 (`pfactory.evaluate.kitti_results`). when it is nuScenes,
+    `report/results_nusc.json` is written too (`nusc_submission`; kpis.json `nusc_results`). Raises
     `EvaluateInputError` on a bad input (before any work starts), `EvaluateTaskError` when a unit
     fails on a worker.
     """
@@ -81,6 +82,9 @@ def evaluate(
         optimized, model if ev.reference else None, data, ev.split, ev.backend, ev.precision, ev.device,
         ev.slice_frames, ev.batch_size, ev.score_threshold,
     )  # fmt: skip
+    from pfactory.evaluate.nusc_submission import plan_submission
+
+    nusc_poses = plan_submission(data, ev.split, raw)  # None unless nuScenes data and its raw tables
     timings["plan_s"] = time.perf_counter() - t_start
     results: dict[str, dict[int, Any]] = {k: {} for k in KINDS}
     runs: dict[str, dict[str, Any]] = {}
@@ -112,6 +116,11 @@ def evaluate(
         t0 = time.perf_counter()
         doc, kpis, ref_kpis, gt, preds = score(ev, inputs, results)
         doc.update(_kitti(tmp, raw, preds["optimized"], inputs))
+        if nusc_poses is not None:
+            from pfactory.evaluate.nusc_submission import RESULTS_FILE, write_submission
+
+            doc["nusc_results"] = write_submission(report / RESULTS_FILE, preds["optimized"], nusc_poses)
+            doc["nusc_results"]["file"] = f"report/{RESULTS_FILE}"
         timings["kpi_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         write_reports(ev, inputs, tmp, doc, kpis, ref_kpis)

@@ -5,13 +5,18 @@ Out: `LabelTable`: one row per object line, files in the order given and lines i
      and `values [N, 14 | 15]` (the numeric columns `kitti.LABEL_FIELDS`, float64), `counts [F]` rows per file.
 
 The values and the errors are those of `kitti.parse_label_file` on each file in order, by construction:
-- Files holding only printable ASCII, spaces and newlines are concatenated and read by Arrow's CSV reader
+- Files holding printable ASCII and whitespace only (tabs, CR LF line ends, trailing or repeated spaces, a
+  UTF-8 byte-order mark: what other tools write) are rewritten to their canonical form when the reader
+  refuses them as they are (`_canonical`:
+  each line's `str.split()` tokens joined by one space, `str.splitlines()` line breaks as newlines, blank
+  lines dropped; the tokens the line parser sees are unchanged). Canonical files, only printable ASCII,
+  spaces and newlines, are concatenated and read by Arrow's CSV reader
   (C++, multithreaded) with the space as delimiter and quoting, null markers and type inference off: every
   row must have the file type's column count, the type column is text, every other column a double. There
   a line's fields are exactly its `str.split()` tokens, or the reader refuses the line: a double or trailing
   space makes an empty field (not a double), a blank line a one-field row; a leading space (an empty type)
   is refused here. Arrow and Python's `float` both round a decimal to the nearest double, so a value Arrow
-  accepts is the value `float` gives. Any other file (tabs, CR LF, non-ASCII) goes through `parse_label_file`.
+  accepts is the value `float` gives. Any other file (non-ASCII, control bytes) goes through `parse_label_file`.
 - Anything refused (a wrong field count, a token that is not a plain number, which includes what `float`
   accepts and Arrow does not, like `1_0` or `Infinity`), a non-finite value, or a file that cannot be read
   sends every file through `parse_label_file` in order: the first bad file raises the same `DatasetError`
@@ -21,6 +26,8 @@ The values and the errors are those of `kitti.parse_label_file` on each file in 
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +38,14 @@ from pfactory.sensors.kitti import LABEL_FIELDS, KittiObject, parse_label_file
 
 # The fast path reads files holding only these bytes: printable ASCII, the space and the newline.
 _PLAIN_BYTES = bytes(range(0x21, 0x7F)) + b" \n"
+# Other ASCII whitespace that `str.split()` (tab, CR, VT, FF) and `str.splitlines()` (CR, VT, FF) treat as
+# separators; files with these are made canonical first. (\x1c-\x1f also split in str: left to the parser.)
+_OTHER_SPACE = b"\t\r\x0b\x0c"
+_BOM = b"\xef\xbb\xbf"  # parse_label_file reads utf-8-sig: a leading byte-order mark is not text
+# tab -> space; CR, VT, FF -> newline (CR LF becomes a blank line, dropped with the others)
+_TO_SPACE_NEWLINE = bytes.maketrans(b"\t\r\x0b\x0c", b" \n\n\n")
+_SPACE_RUNS = re.compile(rb"  +")
+_NEWLINE_RUNS = re.compile(rb"\n\n+")
 
 
 @dataclass
@@ -76,20 +91,60 @@ def _plain(data: bytes) -> bool:
     return not data.translate(None, _PLAIN_BYTES)
 
 
+def _is_canonical(data: bytes) -> bool:
+    """Only printable ASCII, single spaces between tokens and newlines ending non-blank lines (module doc)."""
+    return _plain(data) and not (
+        b"  " in data or b" \n" in data or b"\n " in data or b"\n\n" in data
+        or data.startswith((b" ", b"\n")) or data.endswith(b" ")
+    )  # fmt: skip
+
+
+def _canonical(data: bytes) -> bytes | None:
+    """`data` in canonical form (module docstring), or None if it holds bytes other than printable ASCII and
+    ASCII whitespace. Its lines are the non-blank lines of `str.splitlines()`, each the `str.split()` tokens."""
+    if data.startswith(_BOM):
+        data = data[len(_BOM) :]
+    if data.translate(None, _PLAIN_BYTES + _OTHER_SPACE):
+        return None
+    data = _SPACE_RUNS.sub(b" ", data.translate(_TO_SPACE_NEWLINE))  # token separators: one space
+    data = data.replace(b" \n", b"\n").replace(b"\n ", b"\n")  # no space at a line's ends
+    data = _NEWLINE_RUNS.sub(b"\n", data).lstrip(b" \n")  # no blank line
+    if data.endswith(b" "):
+        data = data[:-1]  # a last line without a line break, ending in a space
+    return data + b"\n" if data and not data.endswith(b"\n") else data
+
+
 def read_label_table(paths: Sequence[str | Path], with_score: bool) -> LabelTable:
     """Parse label (`with_score=False`, 15 columns) or result files (16) into one `LabelTable`.
 
     Same values and same `DatasetError` as `parse_label_file(path, with_score)` on each path in order."""
     paths = [p if isinstance(p, Path) else Path(p) for p in paths]
     try:
-        datas = [p.read_bytes() for p in paths]
+        datas = [_read_bytes(os.fspath(p)) for p in paths]
     except OSError:
         return _one_by_one(paths, with_score)  # the unreadable file raises its error there, in order
-    # One scan of the joined bytes (which the CSV reader reads too), file by file only when something is found.
+    # The common case: every file canonical. One scan of the joined bytes for the byte set, then the CSV
+    # reader, which refuses any other whitespace layout (an empty field is not a double, a blank line is a
+    # one-field row): no separate scan for those.
     joined = _joined(datas)
-    slow = [] if _plain(joined) else [i for i, d in enumerate(datas) if not _plain(d)]
+    if _plain(joined):
+        table = _arrow_table(datas, with_score, joined)
+        if table is not None:
+            return LabelTable(paths, *table)
+    # Something is off: files in canonical form where they can be, the others through the line parser.
+    slow: list[int] = []
+    rewritten = False
+    for i, d in enumerate(datas):
+        if not _is_canonical(d):
+            c = _canonical(d)
+            if c is None:
+                slow.append(i)
+            else:
+                datas[i], rewritten = c, True
+    if not rewritten and not slow:
+        return _one_by_one(paths, with_score)  # canonical files the reader refused: a bad field or token
     fast = [i for i in range(len(paths)) if i not in set(slow)] if slow else list(range(len(paths)))
-    table = _arrow_table([datas[i] for i in fast], with_score, joined if not slow else None)
+    table = _arrow_table([datas[i] for i in fast], with_score)
     if table is None:
         return _one_by_one(paths, with_score)
     counts, types, values = table
@@ -100,12 +155,26 @@ def read_label_table(paths: Sequence[str | Path], with_score: bool) -> LabelTabl
     other = LabelTable.from_objects([paths[i] for i in slow], [parsed[i] for i in slow], with_score)
     all_counts = np.zeros(len(paths), dtype=np.int64)
     all_counts[fast], all_counts[slow] = counts, other.counts
-    src = np.repeat(np.isin(np.arange(len(paths)), slow), all_counts)  # [N] row comes from the slow files
+    is_slow = np.zeros(len(paths), dtype=bool)
+    is_slow[slow] = True
+    src = np.repeat(is_slow, all_counts)  # [N] row comes from the slow files
     out_types = np.empty(int(all_counts.sum()), dtype=np.result_type(types, other.type))
     out_values = np.empty((len(out_types), values.shape[1]))
     out_types[~src], out_values[~src] = types, values
     out_types[src], out_values[src] = other.type, other.values
     return LabelTable(paths, all_counts, out_types, out_values)
+
+
+def _read_bytes(path: str) -> bytes:
+    """A whole file, as `Path.read_bytes` at about half its per-file cost (thousands of small files)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _joined(datas: list[bytes]) -> bytes:

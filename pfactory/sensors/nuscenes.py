@@ -13,6 +13,8 @@ The Frame stays in the sensor's own frame: nuScenes mounts LIDAR_TOP x right, y 
 prepare rotates onto the ego axes (`prepare.reference_frame: ego_axes`). A yaw-only box drops
 the tilt of that frame against the global z the annotations stand on (~1 deg).
 Tokens used by more than one record are kept in `duplicates`; a sample touching one is refused.
+The reader needs only `TABLES`; `NuScenesWriter` also writes the tables the devkit's own `NuScenes`
+class loads (`DEVKIT_TABLES`: attribute, visibility, log, scene, map and a map mask PNG).
 """
 
 from __future__ import annotations
@@ -64,6 +66,47 @@ TABLES = (
     "instance",
     "category",
 )
+# Every table nuscenes-devkit 1.2.0's `NuScenes.__init__` loads (`table_names`), in its order.
+DEVKIT_TABLES = (
+    "category",
+    "attribute",
+    "visibility",
+    "instance",
+    "sensor",
+    "calibrated_sensor",
+    "ego_pose",
+    "log",
+    "scene",
+    "sample",
+    "sample_data",
+    "sample_annotation",
+    "map",
+)
+# nuScenes' attributes (v1.0 attribute.json: names and descriptions) and visibility levels (tokens "1".."4":
+# the fraction of the annotation visible in all camera images, binned).
+NUSCENES_ATTRIBUTES = {
+    "vehicle.moving": "Vehicle is moving.",
+    "vehicle.stopped": "Vehicle, with a driver/rider in/on it, is currently stationary but has an intent to move.",
+    "vehicle.parked": "Vehicle is stationary (usually for longer duration) with no immediate intent to move.",
+    "cycle.with_rider": "There is a rider on the bicycle or motorcycle.",
+    "cycle.without_rider": "There is NO rider on the bicycle or motorcycle.",
+    "pedestrian.sitting_lying_down": "The human is sitting or lying down.",
+    "pedestrian.standing": "The human is standing.",
+    "pedestrian.moving": "The human is moving.",
+}
+NUSCENES_VISIBILITY = (  # (token, level, lower bound of the visible fraction)
+    ("1", "v0-40", 0.0),
+    ("2", "v40-60", 0.4),
+    ("3", "v60-80", 0.6),
+    ("4", "v80-100", 0.8),
+)
+
+
+def visibility_token(fraction: float) -> str:
+    """nuScenes visibility token ("1".."4") of a visible fraction in [0, 1] (bins 0-40-60-80-100 %)."""
+    return [tok for tok, _, lo in NUSCENES_VISIBILITY if fraction >= lo][-1]
+
+
 CAMERA_CHANNELS = (
     "CAM_FRONT",
     "CAM_FRONT_RIGHT",
@@ -370,13 +413,25 @@ class NuScenesWriter:
 
     Ego frame = lidar frame shifted by `T_ego_from_lidar`; the ego pose is the identity (the
     global frame is the ego frame of each sample). Files are written atomically as frames are
-    added; the tables are written by `close()`.
+    added; the tables are written by `close()`: every table of `DEVKIT_TABLES`, so that
+    nuscenes-devkit's `NuScenes(version, dataroot)` opens the dataset.
+
+    What the devkit tables hold here: each sample is its own scene (`scene-<frame id>`: the frames
+    are independent, nothing links one to the next, so `prev`/`next` are empty everywhere and every
+    instance has one annotation); one log (`location`); the attribute table is nuScenes' 8
+    attributes, an annotation carries the ones given to `add_frame` (none when unknown); the
+    visibility table is nuScenes' 4 levels, an annotation's level comes from the visible fraction
+    given to `add_frame` (`visibility_token`; "1" when none is given). The map table holds one
+    record for the log with an all-background mask `maps/<token>.png`: the global frame is each
+    sample's own ego frame, so there is no shared map to draw (the devkit's `NuScenes` needs the
+    table and opens the file only when a map is rendered).
     """
 
     root: Path
     version: str = "v1.0-synth"
     T_ego_from_lidar: np.ndarray = field(default_factory=lambda: make_transform(np.eye(3), [0.94, 0.0, 1.84]))
-    _rows: dict[str, list[dict]] = field(default_factory=lambda: {t: [] for t in TABLES})
+    location: str = "synthetic"
+    _rows: dict[str, list[dict]] = field(default_factory=lambda: {t: [] for t in DEVKIT_TABLES})
     _sensors: dict[str, str] = field(default_factory=dict)
     _categories: dict[str, str] = field(default_factory=dict)
 
@@ -400,6 +455,13 @@ class NuScenesWriter:
             self._categories[name] = tok
         return self._categories[name]
 
+    def _attribute(self, name: str) -> str:
+        if name not in NUSCENES_ATTRIBUTES:
+            raise ValueError(
+                f"attribute {name!r} is not a nuScenes attribute ({sorted(NUSCENES_ATTRIBUTES)})"
+            )
+        return self._token("attribute", name)
+
     def _calibrated(self, key: str, channel: str, T_ego_from_sensor: np.ndarray, K: np.ndarray | None) -> str:
         tok = self._token("cs", key, channel)
         self._rows["calibrated_sensor"].append(
@@ -422,15 +484,20 @@ class NuScenesWriter:
         boxes: np.ndarray,
         category_names: list[str],
         num_lidar_pts: list[int] | None = None,
+        visibility: list[float] | None = None,
+        attributes: list[list[str]] | None = None,
     ) -> None:
-        """Add one sample.
+        """Add one sample (and its scene).
 
         `points [N, 4]` lidar frame (intensity in [0, 1], written as 0..255 with ring 0);
         `cameras`: `(channel, jpeg_bytes, K [3, 3], T_cam_from_lidar [4, 4], (width, height))`;
-        `boxes [M, 7]` lidar frame with nuScenes `category_names [M]`.
+        `boxes [M, 7]` lidar frame with nuScenes `category_names [M]`; optional per box:
+        `num_lidar_pts [M]`, `visibility [M]` (visible fraction in [0, 1] over all cameras) and
+        `attributes [M]` (nuScenes attribute names, at most one per box as in nuScenes).
         """
         sample_tok = self._token("sample", frame_id)
         ego_tok = self._token("ego", frame_id)
+        scene_tok = self._token("scene", frame_id)
         self._rows["ego_pose"].append(
             {
                 "token": ego_tok,
@@ -440,12 +507,17 @@ class NuScenesWriter:
             }
         )
         self._rows["sample"].append(
+            {"token": sample_tok, "timestamp": timestamp_us, "scene_token": scene_tok, "prev": "", "next": ""}
+        )
+        self._rows["scene"].append(
             {
-                "token": sample_tok,
-                "timestamp": timestamp_us,
-                "scene_token": self._token("scene"),
-                "prev": "",
-                "next": "",
+                "token": scene_tok,
+                "log_token": self._token("log", self.location),
+                "nbr_samples": 1,
+                "first_sample_token": sample_tok,
+                "last_sample_token": sample_tok,
+                "name": f"scene-{frame_id}",
+                "description": f"synthetic frame {frame_id}",
             }
         )
         pts = np.asarray(points, dtype=np.float32).reshape(-1, 4)
@@ -479,12 +551,24 @@ class NuScenesWriter:
                 [x, y, z],
             )
             inst = self._token("instance", frame_id, i)
+            ann = self._token("ann", frame_id, i)
+            attrs = list(attributes[i]) if attributes is not None else []
+            if len(attrs) > 1:
+                raise ValueError(
+                    f"box {i} of {frame_id}: at most one attribute per box (nuScenes), got {attrs}"
+                )
             self._rows["instance"].append(
-                {"token": inst, "category_token": self._category(cat), "nbr_annotations": 1}
+                {
+                    "token": inst,
+                    "category_token": self._category(cat),
+                    "nbr_annotations": 1,
+                    "first_annotation_token": ann,
+                    "last_annotation_token": ann,
+                }
             )
             self._rows["sample_annotation"].append(
                 {
-                    "token": self._token("ann", frame_id, i),
+                    "token": ann,
                     "sample_token": sample_tok,
                     "instance_token": inst,
                     "translation": T[:3, 3].tolist(),
@@ -492,8 +576,10 @@ class NuScenesWriter:
                     "rotation": matrix_to_quaternion(T[:3, :3]).tolist(),
                     "num_lidar_pts": int(num_lidar_pts[i]) if num_lidar_pts is not None else -1,
                     "num_radar_pts": 0,
-                    "attribute_tokens": [],
-                    "visibility_token": "",
+                    "attribute_tokens": [self._attribute(a) for a in attrs],
+                    "visibility_token": visibility_token(float(visibility[i]))
+                    if visibility is not None
+                    else "1",
                     "prev": "",
                     "next": "",
                 }
@@ -514,16 +600,59 @@ class NuScenesWriter:
             "prev": "",
             "next": "",
         }
-        if size is not None:
-            rec["width"], rec["height"] = int(size[0]), int(size[1])
+        # nuScenes gives every sample_data a width and height (0 for lidar).
+        rec["width"], rec["height"] = (int(size[0]), int(size[1])) if size is not None else (0, 0)
         self._rows["sample_data"].append(rec)
+
+    def _static_tables(self) -> None:
+        """attribute, visibility, log and map records (one log, one map; see the class docstring)."""
+        self._rows["attribute"] = [
+            {"token": self._token("attribute", n), "name": n, "description": d}
+            for n, d in NUSCENES_ATTRIBUTES.items()
+        ]
+        self._rows["visibility"] = [
+            {
+                "token": tok,
+                "level": level,
+                "description": f"visibility of whole object is between {level[1:].replace('-', ' and ')}%",
+            }
+            for tok, level, _ in NUSCENES_VISIBILITY
+        ]
+        log_tok = self._token("log", self.location)
+        self._rows["log"] = [
+            {
+                "token": log_tok,
+                "logfile": f"{self.location}-{self.version}",
+                "vehicle": "synthetic",
+                "date_captured": "2018-08-01",
+                "location": self.location,
+            }
+        ]
+        map_tok = self._token("map", self.location)
+        filename = f"maps/{map_tok}.png"
+        self._rows["map"] = [
+            {"token": map_tok, "log_tokens": [log_tok], "category": "semantic_prior", "filename": filename}
+        ]
+        atomic_write_bytes(self.root / filename, _blank_png(8, 8))
 
     def close(self) -> None:
         """Write every table (sorted by token for byte-identical output)."""
+        self._static_tables()
         for name, rows in self._rows.items():
             atomic_write_json(
                 self.root / self.version / f"{name}.json", sorted(rows, key=lambda r: r["token"])
             )
+
+
+def _blank_png(width: int, height: int) -> bytes:
+    """An all-background (0) 8-bit grey PNG, deterministic bytes."""
+    import io
+
+    from PIL import Image
+
+    bio = io.BytesIO()
+    Image.new("L", (width, height), 0).save(bio, format="PNG")
+    return bio.getvalue()
 
 
 # --- strict validation (`factory data check`, prepare's per-frame check): every problem, not the first

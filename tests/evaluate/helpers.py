@@ -12,8 +12,9 @@ from pathlib import Path
 from tests.inference import helpers
 
 
-def build_eval_setup(root: Path, frames: int = 16) -> dict[str, Path]:
-    """`{"prepared", "model", "optimized", "raw"}` under `root` (module docstring; raw: KITTI layout)."""
+def build_eval_setup(root: Path, frames: int = 16, cameras: int = 1) -> dict[str, Path]:
+    """`{"raw", "prepared", "model", "optimized"}` under `root` (module docstring); `cameras > 1`: the
+    synthetic nuScenes layout (96x54 px images, an ROI around the car) and a model with those cameras."""
     import tasks.optimize
     from pfactory.data.params import PrepareParams
     from pfactory.data.prepare import prepare_dataset
@@ -21,16 +22,20 @@ def build_eval_setup(root: Path, frames: int = 16) -> dict[str, Path]:
     from pfactory.model.io import save_model
     from pfactory.sensors.synth.dataset import generate_dataset
 
-    generate_dataset(root / "raw", frames=frames, seed=5, cameras=1, image_size=(208, 64))
-    prepare_dataset(
+    nus = cameras > 1
+    generate_dataset(
+        root / "raw", frames=frames, seed=5, cameras=cameras, image_size=(96, 54) if nus else (208, 64)
+    )
+    pc_range = [-8.0, -8.0, -3.0, 8.0, 8.0, 1.0] if nus else [0.0, -8.0, -3.0, 16.0, 8.0, 1.0]
+    result = prepare_dataset(
         root / "raw",
         root / "prepared",
         PrepareParams(
             image_size=list(helpers.IMAGE_SIZE), batch_size=2, shard_max_frames=4, val_fraction=0.5,
-            max_reject_fraction=0.5, pc_range=[0.0, -8.0, -3.0, 16.0, 8.0, 1.0],
+            max_reject_fraction=0.5, pc_range=pc_range,
         ),
     )  # fmt: skip
-    save_model(root / "model", helpers.make_model(), helpers.IMAGE_SIZE, ["image_2"])
+    save_model(root / "model", helpers.make_model(), helpers.IMAGE_SIZE, result.manifest["cameras"])
     opt = OptimizeParams.model_validate(
         {
             "precision": "fp32",
@@ -44,4 +49,9 @@ def build_eval_setup(root: Path, frames: int = 16) -> dict[str, Path]:
     tasks.optimize.run(
         opt, root / "model", root / "prepared", root / "optimized", "onnxruntime", "fp32", track=False
     )
-    return {"prepared": root / "prepared", "model": root / "model", "optimized": root / "optimized", "raw": root / "raw"}
+    return {
+        "raw": root / "raw",
+        "prepared": root / "prepared",
+        "model": root / "model",
+        "optimized": root / "optimized",
+    }

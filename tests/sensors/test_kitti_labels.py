@@ -42,6 +42,13 @@ CASES = [
     ("14 fields", " ".join(GOOD.split()[:-1]) + "\n"),
     ("one more field", GOOD + " 7 7\n"),
     ("numeric type", GOOD.replace("Car", "1") + "\n"),
+    ("CR only", f"{GOOD}\r{GOOD}\r"),
+    ("form feed", f"{GOOD}\x0c{GOOD}\n"),
+    ("byte-order mark", f"\ufeff{GOOD}\n"),
+    ("blank CR LF lines, tabs, spaces", f" \t\r\n{GOOD} \t\r\n \r\n\t{GOOD.replace(' ', '  ')}  \r\n\r\n"),
+    ("spaces at the end, no newline", f"{GOOD}\n{GOOD}   "),
+    ("whitespace only", " \t\r\n \x0b\n"),
+    ("CR LF and a bad number", f"{GOOD}\r\n{GOOD.replace('4.20', 'four')}\r\n"),
     ("DontCare sentinels", "DontCare -1 -1 -10 503.89 169.71 590.61 190.13 -1 -1 -1 -1000 -1000 -1000 -10\n"),
 ]
 
@@ -113,3 +120,28 @@ def test_many_files_and_columns(tmp_path: Path) -> None:
     assert np.array_equal(got.values, want.values) and np.array_equal(got.counts, want.counts)
     assert got.column("score").tolist() == want.values[:, 14].tolist()
     assert got.file.tolist() == np.repeat(np.arange(40), want.counts).tolist()
+
+
+# Files other tools write (CR LF, tabs, trailing spaces, a byte-order mark): read on the fast path, as
+# canonical text, with the line parser's values (the test above); here: the line parser is never called.
+WHITESPACE_CASES = [c for c in CASES if c[0] in (
+    "CR LF", "tabs", "trailing space", "leading space", "double space", "CR only", "form feed",
+    "byte-order mark", "blank CR LF lines, tabs, spaces", "spaces at the end, no newline", "whitespace only",
+)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,middle", WHITESPACE_CASES, ids=[c[0] for c in WHITESPACE_CASES])
+def test_odd_whitespace_stays_on_the_columnar_path(tmp_path: Path, monkeypatch, name: str, middle: str) -> None:
+    import pfactory.sensors.kitti_labels as kl
+
+    paths = _write(tmp_path, middle, False)
+    want = _reference(paths, False)
+
+    def refuse(*a, **k):
+        raise AssertionError("the line parser was called")
+
+    monkeypatch.setattr(kl, "parse_label_file", refuse)
+    got = read_label_table(paths, False)
+    np.testing.assert_array_equal(got.counts, want.counts)
+    np.testing.assert_array_equal(got.type, want.type)
+    assert np.array_equal(got.values, want.values)

@@ -222,6 +222,46 @@ def test_nuscenes_layout_reads_back(nus_ds):
     assert summary["category_map"] == KITTI_TO_NUSCENES
 
 
+def test_nuscenes_layout_opens_in_the_devkit(nus_ds):
+    """The devkit's own NuScenes class loads every table, its reverse index resolves every token, and
+    its boxes in the lidar frame are the factory reader's (the same tables read two ways)."""
+    pytest.importorskip("nuscenes", reason="nuscenes-devkit not installed (requirements/devkit.txt)")
+    from nuscenes.eval.detection.utils import category_to_detection_name
+    from nuscenes.nuscenes import NuScenes
+
+    out, _ = nus_ds
+    nusc = NuScenes(version="v1.0-synth", dataroot=str(out), verbose=False)
+    ds = NuScenesDataset(out, "v1.0-synth")
+    assert len(nusc.sample) == 3 and len(nusc.scene) == 3 and nusc.log[0]["map_token"] == nusc.map[0]["token"]
+    assert {v["token"] for v in nusc.visibility} == {"1", "2", "3", "4"} and len(nusc.attribute) == 8
+    for sample in nusc.sample:
+        scene = nusc.get("scene", sample["scene_token"])
+        assert scene["first_sample_token"] == scene["last_sample_token"] == sample["token"]
+        assert set(sample["data"]) == {"LIDAR_TOP", *CAMERA_CHANNELS}
+        # Every annotation's category is a nuScenes one that the detection task knows.
+        names = [nusc.get("sample_annotation", a)["category_name"] for a in sample["anns"]]
+        assert all(category_to_detection_name(n) in ("car", "pedestrian", "bicycle", "truck") for n in names)
+        for a in sample["anns"]:
+            ann = nusc.get("sample_annotation", a)
+            nusc.get("visibility", ann["visibility_token"])
+            attrs = [nusc.get("attribute", t)["name"] for t in ann["attribute_tokens"]]
+            assert attrs == (["cycle.with_rider"] if ann["category_name"] == "vehicle.bicycle" else [])
+            inst = nusc.get("instance", ann["instance_token"])
+            assert inst["first_annotation_token"] == inst["last_annotation_token"] == a
+        # The devkit's boxes in the lidar frame = the factory reader's, box by box (both ordered by token).
+        _, boxes, _ = nusc.get_sample_data(sample["data"]["LIDAR_TOP"])
+        boxes = sorted(boxes, key=lambda b: b.token)
+        ours = ds.read(sample["token"]).boxes
+        assert len(boxes) == len(ours.boxes) == len(sample["anns"])
+        for b, mine, name in zip(boxes, ours.boxes, ours.names):
+            w, length, h = b.wlh
+            np.testing.assert_allclose([*b.center, length, w, h], mine[:6], atol=1e-6)
+            assert abs((b.orientation.yaw_pitch_roll[0] - mine[6] + np.pi) % (2 * np.pi) - np.pi) < 1e-6
+            assert b.name == name
+    vis = [nusc.get("visibility", a["visibility_token"])["level"] for a in nusc.sample_annotation]
+    assert len(set(vis)) > 1, "visibility levels come from the renders, not a constant"
+
+
 # --- ray casting: exactness against implicit surfaces and brute force --------------------------
 
 

@@ -26,7 +26,10 @@ Output (`generate_dataset`):
   (`KITTI_TO_NUSCENES`): Car -> vehicle.car, Pedestrian -> human.pedestrian.adult, Cyclist ->
   vehicle.bicycle (nuScenes boxes a bicycle together with its rider), Van and Truck ->
   vehicle.truck (our vans are windowless cargo vans, which nuScenes' "designed to haul cargo"
-  puts with trucks; it also keeps them out of the Car class).
+  puts with trucks; it also keeps them out of the Car class). The tables are the ones the nuScenes
+  devkit's `NuScenes` class loads (`NuScenesWriter`): each frame its own scene, visibility levels
+  from the objects' visible pixel fraction over all cameras, attribute `cycle.with_rider` on
+  cyclists (`NUSCENES_ATTRIBUTES`), no other attribute (the scenes do not say what moves).
 - Both: an object no sensor shows (no pixel in any camera, < 5 returns of its own) stays in
   the scene but is not labelled, as an annotator could not have seen it.
 - `DIR/synth.json`: generator version, arguments and deterministic statistics.
@@ -73,6 +76,9 @@ KITTI_TO_NUSCENES = {
     "Pedestrian": "human.pedestrian.adult",
     "Cyclist": "vehicle.bicycle",
 }
+# nuScenes attributes the generator knows for sure: every synthetic cyclist has its rider. Cars are not
+# marked parked or moving (the scenes are still: nothing says which), pedestrians not standing or moving.
+NUSCENES_ATTRIBUTES = {"Cyclist": ("cycle.with_rider",)}
 KITTI_IMAGE_SIZE = (1242, 375)
 NUSCENES_IMAGE_SIZE = (800, 450)  # half of nuScenes' 1600x900: 6 renders stay cheap
 # KITTI's P2 intrinsics at 1242x375 (see ../shared/data/real/kitti/training/calib).
@@ -144,6 +150,8 @@ class SynthFrame:
     ground/clutter); `cameras` and `images [H, W, 3]` uint8 per camera; `boxes [M, 7]` lidar
     frame with KITTI `names [M]`; `num_points [M]` lidar points from each object's surface.
     KITTI mode (one camera) also has `box2d [M, 4]`, `truncation [M]`, `occlusion [M]` int.
+    `visibility [M]`: visible / unoccluded pixels of each object summed over the cameras, in [0, 1]
+    (0 when no camera sees it; nuScenes' visibility levels).
     `scene` is the full scene; `scene_index [M]` maps labels to `scene.boxes` (objects no
     sensor shows are left unlabelled, see `generate_frame`).
     """
@@ -161,6 +169,7 @@ class SynthFrame:
     occlusion: np.ndarray | None = None
     scene: Scene | None = None
     scene_index: np.ndarray | None = None
+    visibility: np.ndarray | None = None
 
 
 def _image_rect(box: np.ndarray, cam: CameraSpec) -> tuple[np.ndarray, np.ndarray, float] | None:
@@ -216,7 +225,9 @@ def generate_frame(
     sweep = simulate_lidar(scene, lidar_rng, hdl64())
     m = len(scene.boxes)
     num_points = np.bincount(sweep.owner[sweep.owner >= 0], minlength=m)[:m]
-    renders = [render_camera(scene, cam, camera_rng, track_objects=kitti) for cam in cams]
+    # Pixel counts per object (visible and unoccluded) are tracked in both layouts: KITTI's occlusion
+    # levels and nuScenes' visibility levels come from them (the images do not depend on it).
+    renders = [render_camera(scene, cam, camera_rng, track_objects=True) for cam in cams]
     # An annotator cannot label what no sensor shows: objects with no pixel in any camera and
     # fewer than MIN_EVIDENCE_POINTS returns of their own stay in the scene, unlabelled, and
     # their stray returns are dropped (as a sensor dropout would). Never below MIN_LABELS labels.
@@ -233,6 +244,11 @@ def generate_frame(
         index, sweep.points[point_keep], owner, cams, [r.rgb for r in renders], boxes, names, num_points[keep],
         scene=scene, scene_index=np.flatnonzero(keep),
     )  # fmt: skip
+    if m:
+        silhouette = np.sum([r.silhouette for r in renders], axis=0)
+        frame.visibility = (visible / np.maximum(silhouette, 1))[keep]
+    else:
+        frame.visibility = np.zeros(0)
     if kitti:
         mk = len(boxes)
         box2d, trunc = np.zeros((mk, 4)), np.zeros(mk)
@@ -316,6 +332,8 @@ def _nuscenes_job(args: tuple[int, int, int, tuple[int, int] | None]) -> tuple[d
         "categories": [KITTI_TO_NUSCENES[n] for n in frame.names],
         # nuScenes counts every point inside the box (ground included), not only the object's.
         "num_lidar_pts": points_in_boxes(frame.points, frame.boxes).sum(1).tolist(),
+        "visibility": [float(v) for v in frame.visibility],
+        "attributes": [list(NUSCENES_ATTRIBUTES.get(n, ())) for n in frame.names],
     }
     return payload, _frame_stats(frame)
 
@@ -425,6 +443,7 @@ def generate_dataset(
                 writer.add_frame(
                     f"synth-{seed}-{i:06d}", 1_533_000_000_000_000 + 500_000 * i, payload["points"],
                     payload["cameras"], payload["boxes"], payload["categories"], payload["num_lidar_pts"],
+                    payload["visibility"], payload["attributes"],
                 )  # fmt: skip
                 stats.append(s)
                 if progress:
