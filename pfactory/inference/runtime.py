@@ -14,7 +14,8 @@ K is fixed (`max_detections`), sorted by descending score; score 0 = padding ent
 peaks), its box/label meaningless. Keep `scores >= threshold` (threshold > 0): `valid_detections`.
 
 `load_runner` picks the artifact from `backend.json` (backend "auto": TensorRT when the directory has
-an engine, `tensorrt` imports and CUDA is present; ONNX Runtime otherwise) and checks its sha256.
+an engine, `tensorrt` imports and CUDA is present; ONNX Runtime otherwise) after checking the sha256 of
+every file backend.json lists (a replaced `model.onnx` or artifact is refused).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 
 from pfactory.inference.errors import ArtifactError, BackendUnavailable
 from pfactory.inference.export import INPUT_NAMES, OUTPUT_NAMES
-from pfactory.inference.manifest import find_artifact, read_manifest, verify_file
+from pfactory.inference.manifest import find_artifact, read_manifest, verify_directory
 from pfactory.inference.runner import Outputs, Runner, as_feed, split_run, valid_detections
 
 __all__ = ["OrtRunner", "Outputs", "Runner", "TorchRunner", "as_feed", "load_runner", "open_runner",
@@ -148,7 +149,8 @@ def load_runner(
 
     backend "auto" = TensorRT when the directory holds an engine and TensorRT + CUDA are usable (and
     `device` is not "cpu"), else ONNX Runtime. precision None = the manifest's primary precision for that
-    backend. `verify` checks the artifact's sha256 against backend.json before loading it.
+    backend. `verify` checks every file of the directory (the artifact, `model.onnx`, the evidence) against
+    backend.json's sha256 before loading (`manifest.verify_directory`): a replaced file is refused.
     """
     optimized_dir = Path(optimized_dir)
     manifest = read_manifest(optimized_dir)
@@ -160,7 +162,7 @@ def load_runner(
     artifact = find_artifact(manifest, backend, precision)
     path = optimized_dir / artifact["file"]
     if verify:
-        path = verify_file(optimized_dir, artifact["file"], artifact["sha256"])
+        verify_directory(optimized_dir, manifest)
     elif not path.is_file():
         raise ArtifactError(f"{path}: listed in backend.json but missing")
     trt_device = "cuda" if device in ("auto", "cpu") else device
