@@ -377,7 +377,10 @@ def _previous_selection(
         report = json.loads((prev / REPORT).read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    if report.get("selection_key") != selection_key or [r.get("name") for r in report.get("layers", [])] != names:
+    if (
+        report.get("selection_key") != selection_key
+        or [r.get("name") for r in report.get("layers", [])] != names
+    ):
         return None
     caches = [prev / str(c.get("cache", "")) for c in report["calibration"]["compared"]]
     if not all(c.is_file() and c.name.startswith("calibration.") for c in caches):
