@@ -124,7 +124,7 @@ def _optimized_spec(
 ) -> tuple[RunnerSpec, dict]:
     from pfactory.inference.errors import ArtifactError
     from pfactory.inference.manifest import MANIFEST, find_artifact, read_manifest, verify_directory
-    from pfactory.inference.runtime import tensorrt_usable
+    from pfactory.inference.runtime import auto_backend
 
     if not optimized.is_dir():
         raise EvaluateInputError(
@@ -139,11 +139,8 @@ def _optimized_spec(
             raise EvaluateInputError(
                 f"{optimized / MANIFEST}: field {key!r}: required (written by `factory optimize`)"
             )
-    built = {a["backend"] for a in manifest["artifacts"]}
     if backend == "auto":
-        backend = (
-            "tensorrt" if "tensorrt" in built and device != "cpu" and tensorrt_usable() else "onnxruntime"
-        )
+        backend = auto_backend(manifest, device)
     try:
         artifact = find_artifact(manifest, backend, precision)
     except ArtifactError as e:

@@ -26,6 +26,11 @@ ORT_PRECISIONS = ("fp32", "int8")
 
 
 def check_combination(backend: str, precision: str) -> None:
+    if backend == "aoti" and precision != "fp32":
+        raise BackendUnavailable(
+            f"precision {precision!r} is not built for AOTInductor (fp32 only): use --precision fp32, or backend "
+            "auto with optimize.aoti.enabled to weigh it against the ONNX Runtime INT8 artifact"
+        )
     if backend == "onnxruntime" and precision not in ORT_PRECISIONS:
         raise BackendUnavailable(
             f"precision {precision!r} is not built for ONNX Runtime (fp32 | int8): its CPU kernels have no fast "
@@ -117,9 +122,13 @@ def optimize(
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
     device = opt.device
-    backend = resolve_backend(backend if backend not in (None, "auto") else opt.backend, device)
+    requested = backend if backend not in (None, "auto") else opt.backend
+    backend = resolve_backend(requested, device)
     precision = precision or opt.precision
     check_combination(backend, precision)
+    # auto on a CPU machine: every CPU artifact built is a candidate, the fastest passing parity is primary.
+    choose_fastest = requested == "auto" and backend == "onnxruntime"
+    build_aoti = backend == "aoti" or (choose_fastest and opt.aoti.enabled)
     threads = _threads(opt)
     torch_device = "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"
     ort_device = "cpu" if device == "cpu" else "auto"
@@ -191,6 +200,20 @@ def optimize(
                 (tmp / mf.ORT_DIR / "model.int8.onnx").unlink()
         ort_src.unlink()  # not an artifact: model.fp32.onnx / model.int8.onnx are built from it
 
+        # 2b. AOTInductor package (CPU): the same export path traced by torch.export, compiled ahead of time
+        if build_aoti:
+            from pfactory.inference.aoti_backend import AOTI_DIR, BACKEND, build_aoti
+
+            emit_progress("optimize", phase="AOTInductor FP32 package")
+            aoti_file = f"{AOTI_DIR}/model.fp32.pt2"
+            info = build_aoti(
+                model, tmp / aoti_file, cameras=cameras, export_points=opt.export_points,
+                dynamic_batch=exported.dynamic_batch, threads=threads,
+                cache_dir=out.parent / ".cache" / "inductor",
+            )  # fmt: skip
+            timings["aoti_export_s"], timings["aoti_compile_s"] = info["export_s"], info["compile_s"]
+            artifacts.append({"backend": BACKEND, "precision": "fp32", "file": aoti_file, "aoti": info})
+
         # 3. TensorRT engine (GPU machines)
         trt_meta = None
         if backend == "tensorrt":
@@ -257,6 +280,9 @@ def optimize(
         timings["latency_s"] = time.perf_counter() - t0
         atomic_write_json(tmp / mf.LATENCY, latency)
 
+        # 5b. the primary artifact: the one asked for, or (auto on a CPU machine) the fastest that passed parity
+        primary, selection = _choose_primary(backend, precision, artifacts, latency, choose_fastest)
+
         # 6. manifest with the sha256 of every file
         hashes = mf.file_hashes(tmp)
         for a in artifacts:
@@ -265,7 +291,8 @@ def optimize(
         timings["total_s"] = time.perf_counter() - t_start
         manifest = {
             "format": mf.FORMAT,
-            "primary": {"backend": backend, "precision": precision},
+            "primary": primary,
+            "selection": selection,
             "artifacts": artifacts,
             "onnx": {**exported.to_json(), "file": mf.ONNX_FILE, "sha256": hashes[mf.ONNX_FILE]},
             "model": {
@@ -289,6 +316,40 @@ def optimize(
         log_mlflow(out, metrics, {**hashes, mf.MANIFEST: sha256_file(out / mf.MANIFEST)})
         metrics["mlflow_run_id"] = active.info.run_id
     return metrics
+
+
+def _choose_primary(
+    backend: str,
+    precision: str,
+    artifacts: list[dict[str, Any]],
+    latency: dict[str, Any],
+    choose_fastest: bool,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The primary {backend, precision} and why (`backend.json` "selection").
+
+    `choose_fastest` (backend auto on a CPU machine): every artifact built passed parity (else the stage
+    stopped before), so the primary is the one with the lowest p50 at the smallest batch timed; ties keep
+    build order (ONNX Runtime FP32, INT8, AOTInductor). Otherwise the asked backend and precision."""
+    if not choose_fastest:
+        return {"backend": backend, "precision": precision}, {"rule": f"asked: {backend}/{precision}"}
+    batches = sorted(int(k.removeprefix("batch_")) for k in latency if k.startswith("batch_"))
+    key = f"batch_{batches[0]}"
+    p50 = {f"{a['backend']}/{a['precision']}": latency[key][f"{a['backend']}/{a['precision']}"]["p50_ms"]
+           for a in artifacts}  # fmt: skip
+    chosen = min(p50, key=lambda n: (p50[n], list(p50).index(n)))
+    b, p = chosen.split("/")
+    eager = latency[key].get("pytorch/eager", {}).get("p50_ms")
+    why = (
+        f"fastest p50 at batch {batches[0]} of the artifacts that passed parity: {chosen} {p50[chosen]:.2f} ms"
+        + (f" ({eager / p50[chosen]:.2f}x eager)" if eager else "")
+    )
+    return {"backend": b, "precision": p}, {
+        "rule": "auto: fastest p50 at the smallest batch timed, among the artifacts that passed parity",
+        "batch": batches[0],
+        "p50_ms": p50,
+        "chosen": chosen,
+        "why": why,
+    }
 
 
 def _build_tensorrt(

@@ -258,11 +258,23 @@ class TensorRTParams(Section):
         return self
 
 
+class AotiParams(Section):
+    """AOTInductor, the second CPU backend (`pfactory/inference/aoti_backend.py`): the detector compiled
+    ahead of time to `aoti/model.fp32.pt2`, gated and timed like the ONNX Runtime artifacts."""
+
+    enabled: bool = False
+    """Build it when the backend is `auto` (a candidate of the fastest-artifact choice) or `aoti`. Off by
+    default: its compile costs ~45 CPU-seconds per build (docs/OPTIMIZE.md, "AOTInductor")."""
+
+
 class OptimizeParams(Section):
     """Trained PyTorch detector -> ONNX + backend artifacts, with parity and latency evidence (`factory optimize`)."""
 
-    backend: Literal["auto", "onnxruntime", "tensorrt"] = "auto"
-    """auto = TensorRT when `tensorrt` imports and CUDA is present, else ONNX Runtime."""
+    backend: Literal["auto", "onnxruntime", "tensorrt", "aoti"] = "auto"
+    """auto = TensorRT when `tensorrt` imports and CUDA is present; else every CPU artifact built (ONNX
+    Runtime FP32, INT8 when `precision` is int8, AOTInductor when `aoti.enabled`) is gated, timed, and the
+    fastest at the smallest `latency.batch_sizes` becomes the primary (`backend.json` "selection" says
+    why). onnxruntime / aoti: that backend's artifact is the primary (aoti: FP32)."""
     precision: Literal["fp32", "fp16", "int8"] = "int8"
     """Precision of the primary artifact (what `load_runner(..., precision=None)` serves). FP32 is always
     built as well (it is the parity baseline of the export itself). ONNX Runtime: fp32 | int8."""
@@ -286,3 +298,5 @@ class OptimizeParams(Section):
     """INT8 quantization and calibration."""
     tensorrt: TensorRTParams = Field(default_factory=TensorRTParams)
     """TensorRT engine building."""
+    aoti: AotiParams = Field(default_factory=AotiParams)
+    """AOTInductor package building (CPU)."""
