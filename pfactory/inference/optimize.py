@@ -2,11 +2,13 @@
 optimize stage, `tasks/optimize.py`, which lists the files).
 
 `optimize(opt, model_dir, data, out, backend, precision, active)`: 1. export one ONNX graph (points +
-images -> boxes); 2. ONNX Runtime FP32 and (precision int8) static INT8 from the rewritten graph;
-3. a TensorRT engine (backend tensorrt); 4. parity of every artifact vs PyTorch on held-out frames
-(`ParityError` on a failed gate: nothing is written to `out`, the report is kept as
-`<out>.parity-failed.json`); 5. latency, PyTorch eager interleaved; 6. backend.json with the sha256 of
-every file. `out` is built in a temporary sibling and renamed into place on success.
+images -> boxes); 2. ONNX Runtime FP32 and (precision int8) static INT8 from the rewritten graph, and
+(`optimize.aoti.enabled`) the AOTInductor package; 3. a TensorRT engine (backend tensorrt); 4. parity
+of every artifact vs PyTorch on held-out frames (`ParityError` on a failed gate: nothing is written to
+`out`, the report is kept as `<out>.parity-failed.json`); 5. latency, PyTorch eager interleaved, and
+the primary (backend auto on CPU: the fastest artifact, `_choose_primary`); 6. backend.json with the
+sha256 of every file and the stage's time split (`timings_s`, also printed). `out` is built in a
+temporary sibling and renamed into place on success.
 """
 
 from __future__ import annotations
@@ -191,6 +193,7 @@ def optimize(
             atomic_write_json(tmp / mf.ORT_DIR / SENSITIVITY, sensitivity)
             print(format_report(sensitivity), file=sys.stderr)
             timings["quantize_s"] = q.quantize_s
+            timings.update({f"int8_{k}_s": v for k, v in sensitivity.get("timings_s", {}).items()})
             if backend == "onnxruntime":
                 artifacts.append({"backend": "onnxruntime", "precision": "int8", "file": f"{mf.ORT_DIR}/model.int8.onnx",
                                   "graph_rewrites": rewrites, "quantization": q.to_json(),
@@ -311,6 +314,9 @@ def optimize(
         }
         atomic_write_json(tmp / mf.MANIFEST, manifest)
 
+    split = ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in timings.items() if k != "total_s")
+    print(f"optimize: {timings['total_s']:.1f} s ({split}); primary {primary['backend']}/{primary['precision']}"
+          + (f": {selection['why']}" if "why" in selection else ""), file=sys.stderr)  # fmt: skip
     metrics: dict[str, Any] = _flat_metrics(report, latency, timings)
     if active is not None:
         log_mlflow(out, metrics, {**hashes, mf.MANIFEST: sha256_file(out / mf.MANIFEST)})
