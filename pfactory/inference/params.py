@@ -171,6 +171,11 @@ class SensitivityParams(Section):
     sensitive first (the plain recipe). Measured on the default model, both met the target; by sensitivity
     kept the 243-MMAC `head.shared` conv float and cost 19-25 % INT8 latency, per MAC 0-8 % for the same
     accuracy on the held-out frames (docs/OPTIMIZE.md, "Sensitivity")."""
+    profile_frames: PositiveInt | None = None
+    """Frames of the per-layer profile (the first ones of the calibration frames; None: all). The profile
+    only orders the layers; every greedy step, which decides whether the target holds, uses all
+    calibration frames, so fewer profile frames can change which layers go float, never whether the
+    target was met."""
     max_excluded: NonNegInt | None = None
     """At most this many layers kept float by the greedy step (None: as many as the target needs; the
     stage records whether the target was met)."""

@@ -95,6 +95,7 @@ def greedy_select(
     trial: Callable[[list[str]], dict[str, Any]],
     params: Int8Params,
     all_quantized: dict[str, Any] | None = None,
+    profile_trial: Callable[[list[str]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The sensitivity profile and the greedy choice; `trial(quantized node names) -> _summary(...)`.
 
@@ -103,6 +104,8 @@ def greedy_select(
     with every layer quantized when already measured (the calibration comparison measures it): it is the
     greedy's first step, not run again, and when it meets the target no layer can be kept float, so the
     per-layer profile (one trial per layer, only the greedy's order) is skipped: the same choice, fewer trials.
+    `profile_trial`: the trial of the per-layer profile when it differs (fewer frames,
+    `sensitivity.profile_frames`); the greedy's steps, which decide whether the target holds, use `trial`.
     """
     sp = params.sensitivity
     names = [layer.name for layer in layers]
@@ -116,7 +119,7 @@ def greedy_select(
         }
     profile = []
     for layer in layers:
-        s = trial([layer.name])
+        s = (profile_trial or trial)([layer.name])
         profile.append({**layer.to_json(), "sensitivity": s["error"], "alone": s})
     known = sorted(r["macs"] for r in profile if r.get("macs"))
     typical = known[len(known) // 2] if known else 1  # a layer of unknown cost counts as the median one
@@ -161,13 +164,15 @@ class _Trials:
         self.cache: Path | None = None
         self.method = ""
 
-    def __call__(self, quantized: list[str]) -> dict[str, Any]:
+    def __call__(self, quantized: list[str], frames: int | None = None) -> dict[str, Any]:
+        """The error of the model with `quantized` layers quantized, on the first `frames` frames (all: None)."""
         assert self.cache is not None
         quantize_layers(self.base, self.path, self.cache, self.method, self.params, quantized)
-        outs = run_feeds(self.path, self.feeds, self.threads)
+        n = len(self.feeds) if frames is None else min(frames, len(self.feeds))
+        outs = run_feeds(self.path, self.feeds[:n], self.threads)
         self.count += 1
         return _summary(
-            detection_agreement(self.reference, outs, self.score_threshold, self.match_distance_m)
+            detection_agreement(self.reference[:n], outs, self.score_threshold, self.match_distance_m)
         )
 
 
@@ -264,7 +269,15 @@ def build_int8(
         trials.cache, trials.method = cache_dir / f"calibration.{method}.json", method
         all_quantized = compared[best]["all_layers"]
         if sp.enabled and names:
-            selection = greedy_select(layers, trials, params, all_quantized=all_quantized)
+            profile_trial = None
+            if sp.profile_frames is not None and sp.profile_frames < len(feeds):
+
+                def profile_trial(quantized: list[str]) -> dict[str, Any]:
+                    return trials(quantized, sp.profile_frames)
+
+            selection = greedy_select(
+                layers, trials, params, all_quantized=all_quantized, profile_trial=profile_trial
+            )
         else:
             ok = meets(all_quantized, sp.target_agreement, sp.target_scores_p99)
             selection = {

@@ -70,6 +70,21 @@ def test_greedy_skips_the_profile_when_every_layer_quantized_meets_the_target() 
     assert sel["kept_float"] == ["n1"] and len(calls) == 5 + 1
 
 
+def test_the_profile_may_use_its_own_trial_the_greedy_steps_never_do() -> None:
+    costs = {"n0": 0.001, "n1": 0.05, "n2": 0.002, "n3": 0.03, "n4": 0.004}
+    full: list[list[str]] = []
+    small: list[list[str]] = []
+    params = Int8Params(sensitivity={"target_agreement": 0.99, "target_scores_p99": 0.01})
+    sel = greedy_select(
+        LAYERS, _additive_trial(costs, full), params, profile_trial=_additive_trial(costs, small)
+    )
+    assert small == [[f"n{i}"] for i in range(5)]  # the profile: one trial per layer, on the small trial
+    assert all(len(q) > 1 for q in full) and len(full) == len(
+        sel["greedy"]
+    )  # every greedy step: the full one
+    assert sel["kept_float"] == ["n1", "n3"] and sel["met"]
+
+
 def test_greedy_stops_at_max_excluded_and_says_the_target_is_not_met() -> None:
     costs = {f"n{i}": 0.05 for i in range(5)}
     params = Int8Params(sensitivity={"target_scores_p99": 0.0, "max_excluded": 2})
