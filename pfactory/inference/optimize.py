@@ -167,10 +167,16 @@ def optimize(
         t0 = time.perf_counter()
         ort_src = tmp / ".model.ort-rewritten.onnx"  # intermediate, removed below
         rewrites = write_rewritten(tmp / mf.ONNX_FILE, ort_src)
-        fp32_path = save_optimized_fp32(ort_src, tmp / mf.ORT_DIR / "model.fp32.onnx")
+        fp32_src, fp32_rewrites = ort_src, rewrites
+        if opt.ort.affine_conv:  # FP32 only: INT8 would profile each new depthwise conv as a candidate
+            fp32_src = tmp / ".model.ort-affine.onnx"
+            fp32_rewrites = write_rewritten(tmp / mf.ONNX_FILE, fp32_src, affine_conv=True)
+        fp32_path = save_optimized_fp32(fp32_src, tmp / mf.ORT_DIR / "model.fp32.onnx")
+        if fp32_src != ort_src:
+            fp32_src.unlink()
         timings["ort_optimize_s"] = time.perf_counter() - t0
         artifacts.append({"backend": "onnxruntime", "precision": "fp32", "file": f"{mf.ORT_DIR}/{fp32_path.name}",
-                          "graph_rewrites": rewrites,
+                          "graph_rewrites": fp32_rewrites,
                           "graph_optimization": "ORT_ENABLE_EXTENDED (saved); ORT_ENABLE_ALL at load"})  # fmt: skip
         calib = None
         sensitivity = None

@@ -263,6 +263,14 @@ class TensorRTParams(Section):
         return self
 
 
+class OrtParams(Section):
+    """Graph rewrites of the ONNX Runtime FP32 artifact beyond the exact ones (`graph_rewrite.py`)."""
+
+    affine_conv: bool = False
+    """GroupNorm's per-channel affine (Mul + Add after InstanceNormalization) as a depthwise 1x1 Conv, which
+    ORT fuses with the following Relu (one pass instead of three); within 1 ulp (an FMA). FP32 only."""
+
+
 class AotiParams(Section):
     """AOTInductor, the second CPU backend (`pfactory/inference/aoti_backend.py`): the detector compiled
     ahead of time to `aoti/model.fp32.pt2`, gated and timed like the ONNX Runtime artifacts."""
@@ -303,5 +311,7 @@ class OptimizeParams(Section):
     """INT8 quantization and calibration."""
     tensorrt: TensorRTParams = Field(default_factory=TensorRTParams)
     """TensorRT engine building."""
+    ort: OrtParams = Field(default_factory=OrtParams)
+    """ONNX Runtime FP32 graph rewrites."""
     aoti: AotiParams = Field(default_factory=AotiParams)
     """AOTInductor package building (CPU)."""
