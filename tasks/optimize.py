@@ -6,6 +6,7 @@ Files out (`out` = `paths.optimized`, built in a temporary sibling and renamed i
     model.onnx                    whole detector, padded points -> decoded boxes (scatter + decode inside)
     onnxruntime/model.fp32.onnx   graph-optimized FP32
     onnxruntime/model.int8.onnx   static INT8 QDQ (precision int8), + onnxruntime/calibration.json
+    aoti/model.fp32.pt2           AOTInductor package (optimize.aoti.enabled, backend auto | aoti)
     tensorrt/model.<prec>.plan    TensorRT engine (backend tensorrt), + timing.cache, calibration.cache
     parity.json                   every artifact vs PyTorch on held-out frames; the gate verdicts
     latency.json                  p50/p95/p99 + throughput at each batch size, PyTorch eager included
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             "--data", type=Path, default=None, help="prepared shards (default: paths.prepared)"
         )
         parser.add_argument("--out", type=Path, default=None, help="output (default: paths.optimized)")
-        parser.add_argument("--backend", default="auto", help="auto | onnxruntime | tensorrt")
+        parser.add_argument("--backend", default="auto", help="auto | onnxruntime | tensorrt | aoti")
         parser.add_argument(
             "--precision", default=None, help="fp32 | fp16 | int8 (default: optimize.precision)"
         )

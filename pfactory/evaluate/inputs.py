@@ -126,8 +126,8 @@ def _optimized_spec(
     optimized: Path, backend: str, precision: str | None, device: str
 ) -> tuple[RunnerSpec, dict]:
     from pfactory.inference.errors import ArtifactError
-    from pfactory.inference.manifest import MANIFEST, find_artifact, read_manifest
-    from pfactory.inference.runtime import tensorrt_usable
+    from pfactory.inference.manifest import MANIFEST, find_artifact, read_manifest, verify_directory
+    from pfactory.inference.runtime import auto_backend
 
     if not optimized.is_dir():
         raise EvaluateInputError(
@@ -142,18 +142,19 @@ def _optimized_spec(
             raise EvaluateInputError(
                 f"{optimized / MANIFEST}: field {key!r}: required (written by `factory optimize`)"
             )
-    built = {a["backend"] for a in manifest["artifacts"]}
     if backend == "auto":
-        backend = (
-            "tensorrt" if "tensorrt" in built and device != "cpu" and tensorrt_usable() else "onnxruntime"
-        )
+        backend = auto_backend(manifest, device)
     try:
         artifact = find_artifact(manifest, backend, precision)
     except ArtifactError as e:
         raise EvaluateInputError(f"{optimized / MANIFEST}: artifacts: {e}") from e
-    path = optimized / artifact["file"]
-    # The sha256 is checked once here; each worker checks it again when it loads the file (load_runner).
-    got = _checked_file(path, artifact["sha256"], f"{MANIFEST} (artifacts)", f"{MANIFEST} artifacts", "")
+    # Every file backend.json lists (the artifact, model.onnx, the evidence) is checked once here; each
+    # worker checks the directory again when it loads the artifact (load_runner).
+    try:
+        verify_directory(optimized, manifest)
+    except ArtifactError as e:
+        raise EvaluateInputError(str(e)) from e
+    got = str(artifact["sha256"])
     spec = RunnerSpec("optimized", str(optimized.resolve()), got, backend, artifact["precision"], device)
     return spec, manifest
 

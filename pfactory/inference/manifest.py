@@ -88,8 +88,42 @@ def find_artifact(manifest: dict[str, Any], backend: str, precision: str | None)
     )
 
 
+GATED_HINT = ": not the file the optimize stage gated (re-run `factory optimize`)"
+
+
+def verify_directory(optimized_dir: str | Path, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest of `optimized_dir` after checking every file it lists against its sha256.
+
+    Checked: `files` {relative path: sha256} (every file optimize wrote: `model.onnx`, each artifact, the
+    evidence), each artifact's own `sha256` and `onnx.sha256`. A missing or replaced file (other bytes,
+    same name) raises `ArtifactError` with one line naming the file: what runs is what was gated.
+    `manifest`: backend.json already read (else it is read here).
+    """
+    root = Path(optimized_dir)
+    manifest = read_manifest(root) if manifest is None else manifest
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ArtifactError(
+            f"{root / MANIFEST}: field 'files': a {{path: sha256}} map of the directory (written by "
+            "`factory optimize`); cannot check what would run"
+        )
+    expected: dict[str, str] = {str(k): str(v) for k, v in files.items()}
+    for a in manifest.get("artifacts") or []:
+        expected.setdefault(str(a["file"]), str(a["sha256"]))
+        if expected[str(a["file"])] != str(a["sha256"]):
+            raise ArtifactError(
+                f"{root / MANIFEST}: artifact {a['file']}: sha256 differs between 'artifacts' and 'files'"
+            )
+    onnx_sha = (manifest.get("onnx") or {}).get("sha256")
+    if onnx_sha is not None:
+        expected.setdefault(ONNX_FILE, str(onnx_sha))
+    for rel, sha in expected.items():
+        check_listed_file(root / rel, sha, MANIFEST, ArtifactError, hint=GATED_HINT)
+    return manifest
+
+
 def verify_file(optimized_dir: str | Path, relpath: str, expected_sha256: str) -> Path:
     """The path of `relpath`, after checking its sha256 against the manifest (corrupt/swapped files)."""
     path = Path(optimized_dir) / relpath
-    check_listed_file(path, expected_sha256, MANIFEST, ArtifactError)
+    check_listed_file(path, expected_sha256, MANIFEST, ArtifactError, hint=GATED_HINT)
     return path

@@ -2,11 +2,13 @@
 optimize stage, `tasks/optimize.py`, which lists the files).
 
 `optimize(opt, model_dir, data, out, backend, precision, active)`: 1. export one ONNX graph (points +
-images -> boxes); 2. ONNX Runtime FP32 and (precision int8) static INT8 from the rewritten graph;
-3. a TensorRT engine (backend tensorrt); 4. parity of every artifact vs PyTorch on held-out frames
-(`ParityError` on a failed gate: nothing is written to `out`, the report is kept as
-`<out>.parity-failed.json`); 5. latency, PyTorch eager interleaved; 6. backend.json with the sha256 of
-every file. `out` is built in a temporary sibling and renamed into place on success.
+images -> boxes); 2. ONNX Runtime FP32 and (precision int8) static INT8 from the rewritten graph, and
+(`optimize.aoti.enabled`) the AOTInductor package; 3. a TensorRT engine (backend tensorrt); 4. parity
+of every artifact vs PyTorch on held-out frames (`ParityError` on a failed gate: nothing is written to
+`out`, the report is kept as `<out>.parity-failed.json`); 5. latency, PyTorch eager interleaved, and
+the primary (backend auto on CPU: the fastest artifact, `_choose_primary`); 6. backend.json with the
+sha256 of every file and the stage's time split (`timings_s`, also printed). `out` is built in a
+temporary sibling and renamed into place on success.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ ORT_PRECISIONS = ("fp32", "int8")
 
 
 def check_combination(backend: str, precision: str) -> None:
+    if backend == "aoti" and precision != "fp32":
+        raise BackendUnavailable(
+            f"precision {precision!r} is not built for AOTInductor (fp32 only): use --precision fp32, or backend "
+            "auto with optimize.aoti.enabled to weigh it against the ONNX Runtime INT8 artifact"
+        )
     if backend == "onnxruntime" and precision not in ORT_PRECISIONS:
         raise BackendUnavailable(
             f"precision {precision!r} is not built for ONNX Runtime (fp32 | int8): its CPU kernels have no fast "
@@ -117,9 +124,13 @@ def optimize(
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
     device = opt.device
-    backend = resolve_backend(backend if backend not in (None, "auto") else opt.backend, device)
+    requested = backend if backend not in (None, "auto") else opt.backend
+    backend = resolve_backend(requested, device)
     precision = precision or opt.precision
     check_combination(backend, precision)
+    # auto on a CPU machine: every CPU artifact built is a candidate, the fastest passing parity is primary.
+    choose_fastest = requested == "auto" and backend == "onnxruntime"
+    build_aoti = backend == "aoti" or (choose_fastest and opt.aoti.enabled)
     threads = _threads(opt)
     torch_device = "cuda" if device != "cpu" and torch.cuda.is_available() else "cpu"
     ort_device = "cpu" if device == "cpu" else "auto"
@@ -156,10 +167,16 @@ def optimize(
         t0 = time.perf_counter()
         ort_src = tmp / ".model.ort-rewritten.onnx"  # intermediate, removed below
         rewrites = write_rewritten(tmp / mf.ONNX_FILE, ort_src)
-        fp32_path = save_optimized_fp32(ort_src, tmp / mf.ORT_DIR / "model.fp32.onnx")
+        fp32_src, fp32_rewrites = ort_src, rewrites
+        if opt.ort.affine_conv:  # FP32 only: INT8 would profile each new depthwise conv as a candidate
+            fp32_src = tmp / ".model.ort-affine.onnx"
+            fp32_rewrites = write_rewritten(tmp / mf.ONNX_FILE, fp32_src, affine_conv=True)
+        fp32_path = save_optimized_fp32(fp32_src, tmp / mf.ORT_DIR / "model.fp32.onnx")
+        if fp32_src != ort_src:
+            fp32_src.unlink()
         timings["ort_optimize_s"] = time.perf_counter() - t0
         artifacts.append({"backend": "onnxruntime", "precision": "fp32", "file": f"{mf.ORT_DIR}/{fp32_path.name}",
-                          "graph_rewrites": rewrites,
+                          "graph_rewrites": fp32_rewrites,
                           "graph_optimization": "ORT_ENABLE_EXTENDED (saved); ORT_ENABLE_ALL at load"})  # fmt: skip
         calib = None
         sensitivity = None
@@ -182,6 +199,7 @@ def optimize(
             atomic_write_json(tmp / mf.ORT_DIR / SENSITIVITY, sensitivity)
             print(format_report(sensitivity), file=sys.stderr)
             timings["quantize_s"] = q.quantize_s
+            timings.update({f"int8_{k}_s": v for k, v in sensitivity.get("timings_s", {}).items()})
             if backend == "onnxruntime":
                 artifacts.append({"backend": "onnxruntime", "precision": "int8", "file": f"{mf.ORT_DIR}/model.int8.onnx",
                                   "graph_rewrites": rewrites, "quantization": q.to_json(),
@@ -190,6 +208,20 @@ def optimize(
             else:  # the engine is the INT8 artifact; the ORT model was only the profile's by-product
                 (tmp / mf.ORT_DIR / "model.int8.onnx").unlink()
         ort_src.unlink()  # not an artifact: model.fp32.onnx / model.int8.onnx are built from it
+
+        # 2b. AOTInductor package (CPU): the same export path traced by torch.export, compiled ahead of time
+        if build_aoti:
+            from pfactory.inference.aoti_backend import AOTI_DIR, BACKEND, build_aoti
+
+            emit_progress("optimize", phase="AOTInductor FP32 package")
+            aoti_file = f"{AOTI_DIR}/model.fp32.pt2"
+            info = build_aoti(
+                model, tmp / aoti_file, cameras=cameras, export_points=opt.export_points,
+                dynamic_batch=exported.dynamic_batch, threads=threads,
+                cache_dir=out.parent / ".cache" / "inductor",
+            )  # fmt: skip
+            timings["aoti_export_s"], timings["aoti_compile_s"] = info["export_s"], info["compile_s"]
+            artifacts.append({"backend": BACKEND, "precision": "fp32", "file": aoti_file, "aoti": info})
 
         # 3. TensorRT engine (GPU machines)
         trt_meta = None
@@ -257,6 +289,9 @@ def optimize(
         timings["latency_s"] = time.perf_counter() - t0
         atomic_write_json(tmp / mf.LATENCY, latency)
 
+        # 5b. the primary artifact: the one asked for, or (auto on a CPU machine) the fastest that passed parity
+        primary, selection = _choose_primary(backend, precision, artifacts, latency, choose_fastest)
+
         # 6. manifest with the sha256 of every file
         hashes = mf.file_hashes(tmp)
         for a in artifacts:
@@ -265,7 +300,8 @@ def optimize(
         timings["total_s"] = time.perf_counter() - t_start
         manifest = {
             "format": mf.FORMAT,
-            "primary": {"backend": backend, "precision": precision},
+            "primary": primary,
+            "selection": selection,
             "artifacts": artifacts,
             "onnx": {**exported.to_json(), "file": mf.ONNX_FILE, "sha256": hashes[mf.ONNX_FILE]},
             "model": {
@@ -284,11 +320,48 @@ def optimize(
         }
         atomic_write_json(tmp / mf.MANIFEST, manifest)
 
+    split = ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in timings.items() if k != "total_s")
+    print(f"optimize: {timings['total_s']:.1f} s ({split}); primary {primary['backend']}/{primary['precision']}"
+          + (f": {selection['why']}" if "why" in selection else ""), file=sys.stderr)  # fmt: skip
     metrics: dict[str, Any] = _flat_metrics(report, latency, timings)
     if active is not None:
         log_mlflow(out, metrics, {**hashes, mf.MANIFEST: sha256_file(out / mf.MANIFEST)})
         metrics["mlflow_run_id"] = active.info.run_id
     return metrics
+
+
+def _choose_primary(
+    backend: str,
+    precision: str,
+    artifacts: list[dict[str, Any]],
+    latency: dict[str, Any],
+    choose_fastest: bool,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The primary {backend, precision} and why (`backend.json` "selection").
+
+    `choose_fastest` (backend auto on a CPU machine): every artifact built passed parity (else the stage
+    stopped before), so the primary is the one with the lowest p50 at the smallest batch timed; ties keep
+    build order (ONNX Runtime FP32, INT8, AOTInductor). Otherwise the asked backend and precision."""
+    if not choose_fastest:
+        return {"backend": backend, "precision": precision}, {"rule": f"asked: {backend}/{precision}"}
+    batches = sorted(int(k.removeprefix("batch_")) for k in latency if k.startswith("batch_"))
+    key = f"batch_{batches[0]}"
+    p50 = {f"{a['backend']}/{a['precision']}": latency[key][f"{a['backend']}/{a['precision']}"]["p50_ms"]
+           for a in artifacts}  # fmt: skip
+    chosen = min(p50, key=lambda n: (p50[n], list(p50).index(n)))
+    b, p = chosen.split("/")
+    eager = latency[key].get("pytorch/eager", {}).get("p50_ms")
+    why = (
+        f"fastest p50 at batch {batches[0]} of the artifacts that passed parity: {chosen} {p50[chosen]:.2f} ms"
+        + (f" ({eager / p50[chosen]:.2f}x eager)" if eager else "")
+    )
+    return {"backend": b, "precision": p}, {
+        "rule": "auto: fastest p50 at the smallest batch timed, among the artifacts that passed parity",
+        "batch": batches[0],
+        "p50_ms": p50,
+        "chosen": chosen,
+        "why": why,
+    }
 
 
 def _build_tensorrt(

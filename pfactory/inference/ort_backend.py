@@ -122,13 +122,14 @@ def needs_exact_u8s8(session: Any) -> bool:
     return meta.get(X86_EXACT_KEY) != "true"
 
 
-def write_rewritten(src: str | Path, dst: str | Path) -> dict[str, Any]:
-    """`src` through `graph_rewrite.rewrite_for_ort` (exact, faster ORT ops) saved to `dst`; returns the report."""
+def write_rewritten(src: str | Path, dst: str | Path, affine_conv: bool = False) -> dict[str, Any]:
+    """`src` through `graph_rewrite.rewrite_for_ort` (exact, faster ORT ops; `affine_conv`: GroupNorm affines
+    as depthwise convs) saved to `dst`; returns the report."""
     import onnx
 
     from pfactory.inference.graph_rewrite import rewrite_for_ort
 
-    model, report = rewrite_for_ort(onnx.load(str(src)))
+    model, report = rewrite_for_ort(onnx.load(str(src)), affine_conv=affine_conv)
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(dst))
     return report

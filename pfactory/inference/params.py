@@ -171,6 +171,11 @@ class SensitivityParams(Section):
     sensitive first (the plain recipe). Measured on the default model, both met the target; by sensitivity
     kept the 243-MMAC `head.shared` conv float and cost 19-25 % INT8 latency, per MAC 0-8 % for the same
     accuracy on the held-out frames (docs/OPTIMIZE.md, "Sensitivity")."""
+    profile_frames: PositiveInt | None = None
+    """Frames of the per-layer profile (the first ones of the calibration frames; None: all). The profile
+    only orders the layers; every greedy step, which decides whether the target holds, uses all
+    calibration frames, so fewer profile frames can change which layers go float, never whether the
+    target was met."""
     max_excluded: NonNegInt | None = None
     """At most this many layers kept float by the greedy step (None: as many as the target needs; the
     stage records whether the target was met)."""
@@ -258,11 +263,31 @@ class TensorRTParams(Section):
         return self
 
 
+class OrtParams(Section):
+    """Graph rewrites of the ONNX Runtime FP32 artifact beyond the exact ones (`graph_rewrite.py`)."""
+
+    affine_conv: bool = False
+    """GroupNorm's per-channel affine (Mul + Add after InstanceNormalization) as a depthwise 1x1 Conv, which
+    ORT fuses with the following Relu (one pass instead of three); within 1 ulp (an FMA). FP32 only."""
+
+
+class AotiParams(Section):
+    """AOTInductor, the second CPU backend (`pfactory/inference/aoti_backend.py`): the detector compiled
+    ahead of time to `aoti/model.fp32.pt2`, gated and timed like the ONNX Runtime artifacts."""
+
+    enabled: bool = False
+    """Build it when the backend is `auto` (a candidate of the fastest-artifact choice) or `aoti`. Off by
+    default: its compile costs ~45 CPU-seconds per build (docs/OPTIMIZE.md, "AOTInductor")."""
+
+
 class OptimizeParams(Section):
     """Trained PyTorch detector -> ONNX + backend artifacts, with parity and latency evidence (`factory optimize`)."""
 
-    backend: Literal["auto", "onnxruntime", "tensorrt"] = "auto"
-    """auto = TensorRT when `tensorrt` imports and CUDA is present, else ONNX Runtime."""
+    backend: Literal["auto", "onnxruntime", "tensorrt", "aoti"] = "auto"
+    """auto = TensorRT when `tensorrt` imports and CUDA is present; else every CPU artifact built (ONNX
+    Runtime FP32, INT8 when `precision` is int8, AOTInductor when `aoti.enabled`) is gated, timed, and the
+    fastest at the smallest `latency.batch_sizes` becomes the primary (`backend.json` "selection" says
+    why). onnxruntime / aoti: that backend's artifact is the primary (aoti: FP32)."""
     precision: Literal["fp32", "fp16", "int8"] = "int8"
     """Precision of the primary artifact (what `load_runner(..., precision=None)` serves). FP32 is always
     built as well (it is the parity baseline of the export itself). ONNX Runtime: fp32 | int8."""
@@ -286,3 +311,7 @@ class OptimizeParams(Section):
     """INT8 quantization and calibration."""
     tensorrt: TensorRTParams = Field(default_factory=TensorRTParams)
     """TensorRT engine building."""
+    ort: OrtParams = Field(default_factory=OrtParams)
+    """ONNX Runtime FP32 graph rewrites."""
+    aoti: AotiParams = Field(default_factory=AotiParams)
+    """AOTInductor package building (CPU)."""

@@ -14,7 +14,9 @@ K is fixed (`max_detections`), sorted by descending score; score 0 = padding ent
 peaks), its box/label meaningless. Keep `scores >= threshold` (threshold > 0): `valid_detections`.
 
 `load_runner` picks the artifact from `backend.json` (backend "auto": TensorRT when the directory has
-an engine, `tensorrt` imports and CUDA is present; ONNX Runtime otherwise) and checks its sha256.
+an engine, `tensorrt` imports and CUDA is present; else the primary's CPU backend, ONNX Runtime or
+AOTInductor) after checking the sha256 of
+every file backend.json lists (a replaced `model.onnx` or artifact is refused).
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ import numpy as np
 
 from pfactory.inference.errors import ArtifactError, BackendUnavailable
 from pfactory.inference.export import INPUT_NAMES, OUTPUT_NAMES
-from pfactory.inference.manifest import find_artifact, read_manifest, verify_file
+from pfactory.inference.manifest import find_artifact, read_manifest, verify_directory
 from pfactory.inference.runner import Outputs, Runner, as_feed, split_run, valid_detections
 
-__all__ = ["OrtRunner", "Outputs", "Runner", "TorchRunner", "as_feed", "load_runner", "open_runner",
-           "resolve_backend", "tensorrt_usable", "valid_detections"]  # fmt: skip
+__all__ = ["OrtRunner", "Outputs", "Runner", "TorchRunner", "as_feed", "auto_backend", "load_runner",
+           "open_runner", "resolve_backend", "tensorrt_usable", "valid_detections"]  # fmt: skip
 
 
 class OrtRunner(Runner):
@@ -122,18 +124,35 @@ def tensorrt_usable() -> bool:
     return bool(torch.cuda.is_available())
 
 
+CPU_BACKENDS = ("onnxruntime", "aoti")
+
+
 def resolve_backend(backend: str, device: str = "auto") -> str:
-    """ "auto" -> "tensorrt" when usable and `device` is not "cpu", else "onnxruntime"; checks explicit asks."""
+    """ "auto" -> "tensorrt" when usable and `device` is not "cpu", else "onnxruntime" (the optimize stage then
+    also weighs the other CPU artifacts, `optimize.backend`); checks explicit asks."""
     if backend == "auto":
         return "tensorrt" if device != "cpu" and tensorrt_usable() else "onnxruntime"
+    if backend == "aoti":
+        return backend
     if backend == "tensorrt" and not tensorrt_usable():
         raise BackendUnavailable(
             "backend 'tensorrt' needs `import tensorrt` and a CUDA GPU (pip install '.[tensorrt]' on a GPU "
             "machine); use backend 'onnxruntime' or 'auto' here"
         )
     if backend not in ("onnxruntime", "tensorrt"):
-        raise ValueError(f"unknown backend {backend!r} (auto | onnxruntime | tensorrt)")
+        raise ValueError(f"unknown backend {backend!r} (auto | onnxruntime | tensorrt | aoti)")
     return backend
+
+
+def auto_backend(manifest: dict[str, Any], device: str = "cpu") -> str:
+    """What backend "auto" serves from an optimized directory: TensorRT when it holds an engine, TensorRT + CUDA
+    are usable and `device` is not "cpu"; else the primary's backend when it is a CPU one (ONNX Runtime or
+    AOTInductor: the stage picked the fastest), else ONNX Runtime."""
+    built = {a["backend"] for a in manifest["artifacts"]}
+    if "tensorrt" in built and device != "cpu" and tensorrt_usable():
+        return "tensorrt"
+    primary = (manifest.get("primary") or {}).get("backend")
+    return primary if primary in CPU_BACKENDS and primary in built else "onnxruntime"
 
 
 def load_runner(
@@ -146,21 +165,18 @@ def load_runner(
 ) -> Runner:
     """A runner for an artifact of `optimized_dir` (see the module docstring).
 
-    backend "auto" = TensorRT when the directory holds an engine and TensorRT + CUDA are usable (and
-    `device` is not "cpu"), else ONNX Runtime. precision None = the manifest's primary precision for that
-    backend. `verify` checks the artifact's sha256 against backend.json before loading it.
+    backend "auto" = `auto_backend` (TensorRT on a GPU machine with an engine, else the primary's CPU backend). precision None = the manifest's primary precision for that
+    backend. `verify` checks every file of the directory (the artifact, `model.onnx`, the evidence) against
+    backend.json's sha256 before loading (`manifest.verify_directory`): a replaced file is refused.
     """
     optimized_dir = Path(optimized_dir)
     manifest = read_manifest(optimized_dir)
-    built = {a["backend"] for a in manifest["artifacts"]}
     if backend == "auto":
-        backend = (
-            "tensorrt" if "tensorrt" in built and device != "cpu" and tensorrt_usable() else "onnxruntime"
-        )
+        backend = auto_backend(manifest, device)
     artifact = find_artifact(manifest, backend, precision)
     path = optimized_dir / artifact["file"]
     if verify:
-        path = verify_file(optimized_dir, artifact["file"], artifact["sha256"])
+        verify_directory(optimized_dir, manifest)
     elif not path.is_file():
         raise ArtifactError(f"{path}: listed in backend.json but missing")
     trt_device = "cuda" if device in ("auto", "cpu") else device
@@ -176,12 +192,16 @@ def open_runner(
     spin: bool = True,
     trt_device: str = "cuda",
 ) -> Runner:
-    """The runner of one artifact file: ONNX Runtime (`device`, `threads` intra-op, `spin`) or a TensorRT
-    engine (on `trt_device`). No manifest or hash check: `load_runner` does those for a directory."""
+    """The runner of one artifact file: ONNX Runtime (`device`, `threads` intra-op, `spin`), an AOTInductor
+    package (CPU, `threads`) or a TensorRT engine (on `trt_device`). No manifest or hash check: `load_runner` does those for a directory."""
     if backend == "onnxruntime":
         return OrtRunner(path, precision, device, threads, spin=spin)
     if backend == "tensorrt":
         from pfactory.inference.tensorrt_backend import TensorRTRunner
 
         return TensorRTRunner(path, precision, device=trt_device)
+    if backend == "aoti":
+        from pfactory.inference.aoti_backend import AotiRunner
+
+        return AotiRunner(path, precision, threads)
     raise ValueError(f"unknown backend {backend!r}")

@@ -27,6 +27,14 @@ sensitivity per MAC (the error a layer causes per unit of integer compute it wou
 sensitive layer (the point MLP, the heatmap conv) goes float before an expensive one (`head.shared`,
 26 % of the convs' MACs), which plain sensitivity order kept float at a 19-25 % latency cost for no
 measured accuracy gain.
+
+Fewer trials, the same choice: the all-layers trial of the chosen calibration method is the greedy's
+first step (not run twice); when it already meets the target the per-layer profile (one trial per layer,
+needed only for the greedy's order) is skipped (`profiled: false`); and a previous optimized directory's
+report measured on the same float model, frames and recipe (`selection_key`: the calibration key plus the
+INT8 params, agreement definition and threads) is reused whole with its calibration caches (`reused_from`,
+no trial). `timings_s` splits the build's time (preprocess, reference, calibration, calibration_trials,
+sensitivity_search, quantize).
 """
 
 from __future__ import annotations
@@ -86,17 +94,32 @@ def greedy_select(
     layers: Sequence[Layer],
     trial: Callable[[list[str]], dict[str, Any]],
     params: Int8Params,
+    all_quantized: dict[str, Any] | None = None,
+    profile_trial: Callable[[list[str]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The sensitivity profile and the greedy choice; `trial(quantized node names) -> _summary(...)`.
 
     Pure logic over `trial` (unit-tested with a synthetic trial): returns {"layers": [...], "greedy":
-    [...], "kept_float": [...], "met": bool}.
+    [...], "kept_float": [...], "met": bool, "profiled": bool}. `all_quantized`: the summary of the trial
+    with every layer quantized when already measured (the calibration comparison measures it): it is the
+    greedy's first step, not run again, and when it meets the target no layer can be kept float, so the
+    per-layer profile (one trial per layer, only the greedy's order) is skipped: the same choice, fewer trials.
+    `profile_trial`: the trial of the per-layer profile when it differs (fewer frames,
+    `sensitivity.profile_frames`); the greedy's steps, which decide whether the target holds, use `trial`.
     """
     sp = params.sensitivity
     names = [layer.name for layer in layers]
+    if all_quantized is not None and meets(all_quantized, sp.target_agreement, sp.target_scores_p99):
+        return {
+            "layers": [layer.to_json() for layer in layers],
+            "greedy": [{"kept_float": [], **all_quantized, "met": True}],
+            "kept_float": [],
+            "met": True,
+            "profiled": False,
+        }
     profile = []
     for layer in layers:
-        s = trial([layer.name])
+        s = (profile_trial or trial)([layer.name])
         profile.append({**layer.to_json(), "sensitivity": s["error"], "alone": s})
     known = sorted(r["macs"] for r in profile if r.get("macs"))
     typical = known[len(known) // 2] if known else 1  # a layer of unknown cost counts as the median one
@@ -111,13 +134,13 @@ def greedy_select(
     steps = []
     while True:
         quantized = [n for n in names if n not in kept]
-        s = trial(quantized)
+        s = all_quantized if (not kept and all_quantized is not None) else trial(quantized)
         ok = meets(s, sp.target_agreement, sp.target_scores_p99)
         steps.append({"kept_float": list(kept), **s, "met": ok})
         if ok or len(kept) >= cap:
             break
         kept.append(names[order[len(kept)]])
-    return {"layers": profile, "greedy": steps, "kept_float": kept, "met": steps[-1]["met"]}
+    return {"layers": profile, "greedy": steps, "kept_float": kept, "met": steps[-1]["met"], "profiled": True}
 
 
 class _Trials:
@@ -141,13 +164,15 @@ class _Trials:
         self.cache: Path | None = None
         self.method = ""
 
-    def __call__(self, quantized: list[str]) -> dict[str, Any]:
+    def __call__(self, quantized: list[str], frames: int | None = None) -> dict[str, Any]:
+        """The error of the model with `quantized` layers quantized, on the first `frames` frames (all: None)."""
         assert self.cache is not None
         quantize_layers(self.base, self.path, self.cache, self.method, self.params, quantized)
-        outs = run_feeds(self.path, self.feeds, self.threads)
+        n = len(self.feeds) if frames is None else min(frames, len(self.feeds))
+        outs = run_feeds(self.path, self.feeds[:n], self.threads)
         self.count += 1
         return _summary(
-            detection_agreement(self.reference, outs, self.score_threshold, self.match_distance_m)
+            detection_agreement(self.reference[:n], outs, self.score_threshold, self.match_distance_m)
         )
 
 
@@ -183,13 +208,19 @@ def build_int8(
     from pfactory.fsutil import sha256_file
 
     t_start = time.perf_counter()
+    split: dict[str, float] = {}  # seconds per step (the report's `timings_s`)
+
+    def lap(step: str, t0: float) -> float:
+        now = time.perf_counter()
+        split[step] = round(split.get(step, 0.0) + now - t0, 3)
+        return now
+
     src, dst, cache_dir, work = Path(src), Path(dst), Path(cache_dir), Path(work_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     base, how = preprocess(src, work / ".int8.preprocessed.onnx")
     points = int(np.mean([int(n) for f in feeds for n in f["num_points"]])) if feeds else None
     layers, forced, unmatched = quantizable_layers(onnx.load(str(src)), onnx.load(str(base)), params, points)
-    reference = run_feeds(base, feeds, threads)
-    trials = _Trials(base, feeds, reference, params, score_threshold, match_distance_m, threads, work)
+    t = lap("preprocess", t_start)
     key = {
         "float_model_sha256": sha256_file(base),
         "frames": len(feeds),
@@ -197,34 +228,70 @@ def build_int8(
         "op_types": list(params.op_types),
         "percentile": params.percentile,
     }
+    # The selection depends on these too: a previous report with the same selection key is reused whole.
+    selection_key = {
+        **key,
+        "int8": params.model_dump(mode="json"),
+        "score_threshold": score_threshold,
+        "match_distance_m": match_distance_m,
+        "threads": threads,
+    }
     methods = list(params.calibration_methods) if params.ort_method == "auto" else [params.ort_method]
-    compared = []
     names = [layer.name for layer in layers]
-    for method in dict.fromkeys(methods):
-        cache = cache_dir / f"calibration.{method}.json"
-        reused = _reuse_cache(previous_cache_dir, cache, key, method)
-        calib = {"method": method, "reused": True, "cache": cache.name} if reused else None
-        if calib is None:
-            calib = calibrate(base, feeds, method, cache, params, work)
-        trials.cache, trials.method = cache, method
-        compared.append({**calib, "all_layers": trials(names)})
-    best = min(range(len(compared)), key=lambda i: (compared[i]["all_layers"]["error"], i))
-    method = compared[best]["method"]
-    trials.cache, trials.method = cache_dir / f"calibration.{method}.json", method
     sp = params.sensitivity
-    if sp.enabled and names:
-        selection = greedy_select(layers, trials, params)
+    previous = _previous_selection(previous_cache_dir, selection_key, cache_dir, names)
+    trials = _Trials(base, feeds, [], params, score_threshold, match_distance_m, threads, work)
+    if previous is not None:  # same float model, frames and recipe: the same measurements, not re-run
+        compared = [{**c, "reused": True} for c in previous["calibration"]["compared"]]
+        method = previous["calibration"]["chosen"]
+        best = [c["method"] for c in compared].index(method)
+        selection = {k: previous[k] for k in ("layers", "greedy", "kept_float", "met")}
+        selection["profiled"] = previous.get("profiled", True)
+        selection["reused_from"] = str(Path(previous_cache_dir or "") / REPORT)
+        trials.cache, trials.method = cache_dir / f"calibration.{method}.json", method
+        t = lap("reused", t)
     else:
-        s = trials(names)
-        selection = {
-            "layers": [layer.to_json() for layer in layers],
-            "greedy": [{"kept_float": [], **s, "met": meets(s, sp.target_agreement, sp.target_scores_p99)}],
-            "kept_float": [],
-            "met": meets(s, sp.target_agreement, sp.target_scores_p99),
-        }
+        trials.reference = run_feeds(base, feeds, threads)
+        t = lap("reference", t)
+        compared = []
+        for method in dict.fromkeys(methods):
+            cache = cache_dir / f"calibration.{method}.json"
+            reused = _reuse_cache(previous_cache_dir, cache, key, method)
+            calib = {"method": method, "reused": True, "cache": cache.name} if reused else None
+            if calib is None:
+                calib = calibrate(base, feeds, method, cache, params, work)
+            t = lap("calibration", t)
+            trials.cache, trials.method = cache, method
+            compared.append({**calib, "all_layers": trials(names)})
+            t = lap("calibration_trials", t)
+        best = min(range(len(compared)), key=lambda i: (compared[i]["all_layers"]["error"], i))
+        method = compared[best]["method"]
+        trials.cache, trials.method = cache_dir / f"calibration.{method}.json", method
+        all_quantized = compared[best]["all_layers"]
+        if sp.enabled and names:
+            profile_trial = None
+            if sp.profile_frames is not None and sp.profile_frames < len(feeds):
+
+                def profile_trial(quantized: list[str]) -> dict[str, Any]:
+                    return trials(quantized, sp.profile_frames)
+
+            selection = greedy_select(
+                layers, trials, params, all_quantized=all_quantized, profile_trial=profile_trial
+            )
+        else:
+            ok = meets(all_quantized, sp.target_agreement, sp.target_scores_p99)
+            selection = {
+                "layers": [layer.to_json() for layer in layers],
+                "greedy": [{"kept_float": [], **all_quantized, "met": ok}],
+                "kept_float": [],
+                "met": ok,
+                "profiled": False,
+            }
+        t = lap("sensitivity_search", t)
     kept = selection["kept_float"]
     quantized = [n for n in names if n not in kept]
     counts = quantize_layers(base, dst, trials.cache, method, params, quantized)
+    lap("quantize", t)
     by_name = {layer.name: layer for layer in layers}
     excluded = {**forced, **{n: "kept float (sensitivity)" for n in kept}}
     report = {
@@ -243,6 +310,7 @@ def build_int8(
         },
         "calibration": {"mode": params.ort_method, "compared": compared, "chosen": method},
         "key": key,
+        "selection_key": selection_key,
         **selection,
         "kept_float_modules": [by_name[n].module or n for n in kept],
         "forced_float": forced,
@@ -250,6 +318,7 @@ def build_int8(
         "quantized": quantized,
         "trials": trials.count,
         "seconds": round(time.perf_counter() - t_start, 3),
+        "timings_s": split,
     }
     for p in (base if base != src else None, trials.path):
         if p is not None and Path(p).exists():
@@ -306,6 +375,34 @@ def _reuse_cache(previous: str | Path | None, cache: Path, key: dict[str, Any], 
     return True
 
 
+def _previous_selection(
+    previous: str | Path | None, selection_key: dict[str, Any], cache_dir: Path, names: list[str]
+) -> dict[str, Any] | None:
+    """A previous optimized directory's sensitivity report when it was measured on the same float model,
+    frames and recipe (`selection_key`) over the same layers, with every calibration cache it compared
+    copied into `cache_dir`; else None (measure anew)."""
+    import json
+
+    if previous is None:
+        return None
+    prev = Path(previous)
+    try:
+        report = json.loads((prev / REPORT).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if (
+        report.get("selection_key") != selection_key
+        or [r.get("name") for r in report.get("layers", [])] != names
+    ):
+        return None
+    caches = [prev / str(c.get("cache", "")) for c in report["calibration"]["compared"]]
+    if not all(c.is_file() and c.name.startswith("calibration.") for c in caches):
+        return None
+    for c in caches:
+        shutil.copyfile(c, cache_dir / c.name)
+    return report
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The sensitivity report as a plain-text table (what the stage prints)."""
     lines = [
@@ -339,6 +436,12 @@ def format_report(report: dict[str, Any]) -> str:
             f"  greedy: {len(step['kept_float'])} float -> error {step['error']:.4f} match {step['match_rate']:.3f} "
             f"p99 {step['scores_p99'] or 0:.3f}{'  target met' if step['met'] else ''}"
         )
+    if report.get("reused_from"):
+        lines.append(f"  reused: {report['reused_from']} (same float model, frames and recipe; no trial run)")
+    elif not report.get("profiled", True):
+        lines.append("  per-layer profile skipped: every layer quantized already meets the target")
+    if report.get("timings_s"):
+        lines.append("  seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in report["timings_s"].items()))
     if report["forced_float"]:
         lines.append(f"  forced float: {', '.join(sorted(set(report['forced_float'].values())))}")
     if not report["met"]:

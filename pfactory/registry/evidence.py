@@ -296,12 +296,25 @@ def _fmt(x: float) -> str:
     return repr(float(x))
 
 
+def _check_gated_files(optimized: Path, manifest: dict[str, Any]) -> None:
+    """Every file backend.json lists has the sha256 optimize recorded (`manifest.verify_directory`): a
+    replaced `model.onnx` or artifact is refused with one line naming it."""
+    from pfactory.inference.errors import ArtifactError
+    from pfactory.inference.manifest import verify_directory
+
+    try:
+        verify_directory(optimized, manifest)
+    except ArtifactError as e:
+        raise EvidenceError(str(e)) from None
+
+
 def read_evidence(optimized: Path, kpis_file: Path, latency_batch: int = 1) -> Evidence:
     """Read and check the evidence of the candidate in `optimized/` evaluated into `kpis_file`."""
     from pfactory.fsutil import sha256_file
 
     optimized, kpis_file = Path(optimized), Path(kpis_file)
     manifest = read_json(optimized / MANIFEST, "the optimize stage's manifest (backend.json)")
+    _check_gated_files(optimized, manifest)
     primary = manifest.get("primary")
     if not isinstance(primary, Mapping) or not {"backend", "precision"} <= set(primary):
         raise EvidenceError(
@@ -310,6 +323,13 @@ def read_evidence(optimized: Path, kpis_file: Path, latency_batch: int = 1) -> E
     runner = f"{primary['backend']}/{primary['precision']}"
     kpis = read_json(kpis_file, "the evaluate stage's KPIs (kpis.json)")
     src = str(kpis_file)
+    evaluated = kpis["model"].get("artifact_sha256") if isinstance(kpis.get("model"), Mapping) else None
+    built = {str(a.get("sha256")) for a in manifest.get("artifacts") or [] if isinstance(a, Mapping)}
+    if evaluated is not None and str(evaluated) not in built:
+        raise EvidenceError(
+            f"{kpis_file}: field 'model.artifact_sha256': {str(evaluated)[:12]}... is no artifact of "
+            f"{optimized / MANIFEST}: these KPIs were computed on another model (re-run `factory evaluate`)"
+        )
     delta = kpis.get("delta")
     delta_map = None
     if isinstance(delta, Mapping) and "mAP" in delta:

@@ -110,10 +110,13 @@ def log_detector(
     from mlflow import MlflowClient
     from mlflow.models import Model
 
+    from pfactory.inference.manifest import verify_directory
+
     optimized, kpis_file = Path(optimized), Path(kpis_file)
     manifest = af.backend_manifest(optimized)
     if manifest is None:
         raise FileNotFoundError(f"{optimized / af.BACKEND}: missing; not an optimized directory")
+    verify_directory(optimized, dict(manifest))  # what is logged and served is what optimize gated
     served = served_artifact(manifest)
     info = Model.log(
         artifact_path=None,

@@ -49,8 +49,13 @@ def fill_release(
     info: Mapping[str, Any],
     audit: Sequence[Mapping[str, Any]],
 ) -> None:
-    """Write the release folder's contents into `tmp` (the temporary sibling of `previous`)."""
+    """Write the release folder's contents into `tmp` (the temporary sibling of `previous`). `optimized`'s
+    files are checked against its backend.json first (`manifest.verify_directory`), and again in the copy."""
+    from pfactory.inference.manifest import verify_directory
+
+    verify_directory(optimized)
     shutil.copytree(optimized, tmp / "optimized", ignore=shutil.ignore_patterns(".*"))
+    verify_directory(tmp / "optimized")
     shutil.copy2(kpis_file, tmp / af.KPIS)
     files = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     release = {**info, "files": files}

@@ -114,3 +114,21 @@ def test_only_static_size_one_sums_are_rewritten() -> None:
     feed = {"x": np.random.default_rng(1).normal(size=(2, 1, 5)).astype(np.float32)}
     for u, v in zip(_session(model).run(None, feed), _session(rewritten).run(None, feed)):
         np.testing.assert_array_equal(u, v)
+
+
+def test_groupnorm_affine_as_depthwise_conv_is_within_float_rounding(exported, tiny_model) -> None:
+    """`affine_conv`: every GroupNorm's Mul + Add becomes one depthwise 1x1 Conv (ORT then fuses the Relu)."""
+    original = onnx.load(str(exported.path))
+    plain, _ = rewrite_for_ort(original)
+    fused, report = rewrite_for_ort(original, affine_conv=True)
+    norms = sum(n.op_type == "InstanceNormalization" for n in original.graph.node)
+    assert norms > 0 and len(report["affine_conv"]) == norms
+    convs = [n for n in fused.graph.node if n.name.endswith("_dwconv")]
+    assert len(convs) == norms and all(helper.get_attribute_value(n.attribute[0]) > 1 for n in convs)
+    for b, seed in ((1, 3), (2, 4)):
+        feed = make_feed(tiny_model, b, 700, seed=seed)
+        a = _session(plain).run(None, feed)
+        f = _session(fused).run(None, feed)
+        np.testing.assert_allclose(f[0], a[0], rtol=1e-5, atol=1e-5)  # boxes
+        np.testing.assert_allclose(f[1], a[1], rtol=1e-5, atol=1e-6)  # scores
+        np.testing.assert_array_equal(f[2], a[2])  # labels

@@ -18,7 +18,7 @@ from pfactory.inference.ort_backend import (
     quantizable_layers,
 )
 from pfactory.inference.params import Int8Params
-from pfactory.inference.sensitivity import build_int8, error_of, format_report, greedy_select
+from pfactory.inference.sensitivity import REPORT, build_int8, error_of, format_report, greedy_select
 
 from .helpers import make_feed
 
@@ -50,6 +50,39 @@ def test_greedy_keeps_the_most_sensitive_layers_float_until_the_target_holds() -
     assert sel["kept_float"] == ["n1", "n3"] and sel["met"]
     assert [len(s["kept_float"]) for s in sel["greedy"]] == [0, 1, 2]
     assert [s["met"] for s in sel["greedy"]] == [False, False, True]
+
+
+def test_greedy_skips_the_profile_when_every_layer_quantized_meets_the_target() -> None:
+    costs = {f"n{i}": 0.001 for i in range(5)}
+    calls: list[list[str]] = []
+    params = Int8Params(sensitivity={"target_agreement": 0.99, "target_scores_p99": 0.01})
+    first = _additive_trial(costs, [])([f"n{i}" for i in range(5)])
+    sel = greedy_select(LAYERS, _additive_trial(costs, calls), params, all_quantized=first)
+    assert calls == [] and sel["kept_float"] == [] and sel["met"] and not sel["profiled"]
+    # The same choice as the full search, which profiles every layer first.
+    full = greedy_select(LAYERS, _additive_trial(costs, calls), params)
+    assert full["kept_float"] == [] and full["profiled"] and len(calls) == 6
+    # A first step that misses the target: the profile runs, the first greedy step is not re-run.
+    costs["n1"] = 0.05
+    calls.clear()
+    first = _additive_trial(costs, [])([f"n{i}" for i in range(5)])
+    sel = greedy_select(LAYERS, _additive_trial(costs, calls), params, all_quantized=first)
+    assert sel["kept_float"] == ["n1"] and len(calls) == 5 + 1
+
+
+def test_the_profile_may_use_its_own_trial_the_greedy_steps_never_do() -> None:
+    costs = {"n0": 0.001, "n1": 0.05, "n2": 0.002, "n3": 0.03, "n4": 0.004}
+    full: list[list[str]] = []
+    small: list[list[str]] = []
+    params = Int8Params(sensitivity={"target_agreement": 0.99, "target_scores_p99": 0.01})
+    sel = greedy_select(
+        LAYERS, _additive_trial(costs, full), params, profile_trial=_additive_trial(costs, small)
+    )
+    assert small == [[f"n{i}"] for i in range(5)]  # the profile: one trial per layer, on the small trial
+    assert all(len(q) > 1 for q in full) and len(full) == len(
+        sel["greedy"]
+    )  # every greedy step: the full one
+    assert sel["kept_float"] == ["n1", "n3"] and sel["met"]
 
 
 def test_greedy_stops_at_max_excluded_and_says_the_target_is_not_met() -> None:
@@ -115,9 +148,15 @@ def test_build_compares_methods_profiles_every_layer_and_records_the_choice(buil
     for c in compared:
         assert (out / f"calibration.{c['method']}.json").is_file() and c["frames"] == 5
     layers = {row["name"]: row for row in report["layers"]}
+    assert report["profiled"], "this fixture's target needs the profile (the skip is tested below)"
     assert len(layers) >= 10 and all("sensitivity" in r and r["module"] for r in layers.values())
     assert {r["rank"] for r in layers.values()} == set(range(1, len(layers) + 1))
-    assert report["trials"] == len(compared) + len(layers) + len(report["greedy"])
+    # The all-layers trial of the chosen method is the greedy's first step (not run twice); the profile runs
+    # only when that step misses the target.
+    profiled = len(layers) if report["profiled"] else 0
+    assert report["trials"] == len(compared) + profiled + len(report["greedy"]) - 1
+    assert report["greedy"][0]["error"] == min(c["all_layers"]["error"] for c in compared)
+    assert set(report["timings_s"]) >= {"preprocess", "reference", "calibration", "quantize"}
     kept = set(report["kept_float"])
     assert kept <= set(layers) and set(report["quantized"]) == set(layers) - kept
     assert result.quantized_nodes == len(report["quantized"])
@@ -129,6 +168,25 @@ def test_build_compares_methods_profiles_every_layer_and_records_the_choice(buil
     text = format_report(report)
     assert "calibration:" in text and "greedy:" in text and text.count("\n") >= len(layers) + 3
     json.dumps(report)  # the report is what sensitivity.json holds
+
+
+def test_a_previous_report_of_the_same_model_frames_and_recipe_is_reused_without_trials(
+    built, exported, calib_feeds, tmp_path
+) -> None:
+    out, _result, report = built
+    (out / REPORT).write_text(json.dumps(report))  # what the stage writes beside the caches
+    params = Int8Params(sensitivity={"target_agreement": 0.95, "target_scores_p99": 0.05})
+    kw = {"score_threshold": 0.3, "match_distance_m": 0.5, "threads": 1}
+    again, rep = build_int8(exported.path, tmp_path / "a.onnx", calib_feeds, params, cache_dir=tmp_path / "a",
+                            work_dir=tmp_path, previous_cache_dir=out, **kw)  # fmt: skip
+    assert rep["trials"] == 0 and rep["reused_from"] == str(out / REPORT) and "reused" in rep["timings_s"]
+    assert rep["kept_float"] == report["kept_float"] and again.quantized_nodes == len(report["quantized"])
+    assert (tmp_path / "a.onnx").read_bytes() == (out / "model.int8.onnx").read_bytes()
+    # Another recipe (a different target) is measured anew.
+    other = Int8Params(sensitivity={"target_agreement": 0.5, "target_scores_p99": 0.5})
+    _, rep2 = build_int8(exported.path, tmp_path / "b.onnx", calib_feeds, other, cache_dir=tmp_path / "b",
+                         work_dir=tmp_path, previous_cache_dir=out, **kw)  # fmt: skip
+    assert rep2["trials"] > 0 and "reused_from" not in rep2
 
 
 def test_int8_model_has_seven_bit_weights_and_declares_its_format(built) -> None:
