@@ -133,6 +133,7 @@ def _wait_awaiting(registry, n: int, procs: list[subprocess.Popen]) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.full  # ~50 s; two racing promotions stay in the default tier: tests/tasks/test_promote.py
 @pytest.mark.parametrize("trial", range(3 if FULL else 1))
 def test_two_promotions_race(trial: int, bench, tmp_path: Path, registry, ledger) -> None:
     import mlflow

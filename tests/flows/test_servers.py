@@ -21,7 +21,9 @@ import pytest
 
 from tests.flows.pipeline_project import clean_env, factory, make_project, tiny_args
 
-pytestmark = pytest.mark.slow
+# Full tier (docs/TESTING.md): a whole run against served MLflow + Prefect (~90-140 s). The default tier
+# starts the same real servers in tests/team (basic-auth MLflow, Prefect) and tests/flows/test_deploy.py.
+pytestmark = [pytest.mark.slow, pytest.mark.full]
 CRON = "0 3 * * *"
 
 

@@ -209,3 +209,20 @@ def run_cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Compl
     return subprocess.run(
         [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
+
+
+def reseal(optimized: Path) -> None:
+    """Re-record the sha256 of `optimized`'s evidence files in its backend.json after a test edited them,
+    as the optimize stage records what it wrote (the gates read evidence only after checking it). The
+    artifacts' own hashes are left alone: a test that edits evidence is about the gates, not the check."""
+    from pfactory.inference.manifest import MANIFEST, file_hashes
+
+    path = optimized / MANIFEST
+    if not path.is_file():
+        return
+    manifest = json.loads(path.read_text())
+    artifacts = {str(a["file"]) for a in manifest.get("artifacts") or []}
+    for rel, sha in file_hashes(optimized).items():
+        if rel.endswith(".json") and rel not in artifacts and rel in manifest.get("files", {}):
+            manifest["files"][rel] = sha
+    path.write_text(json.dumps(manifest, indent=1))

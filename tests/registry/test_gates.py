@@ -11,7 +11,7 @@ from pfactory.registry import EvidenceError
 from pfactory.registry.evidence import read_evidence
 from pfactory.registry.gates import apply_gates, failed, format_gates
 
-from .helpers import promote_params, write_eval
+from .helpers import promote_params, reseal, write_eval
 
 
 @pytest.fixture
@@ -52,6 +52,7 @@ def test_each_failing_gate_is_named_with_its_shortfall(evidence_dirs) -> None:
     parity["passed"] = False
     parity["artifacts"]["onnxruntime/fp32"]["failures"] = ["scores: cosine 0.9 < 0.99999"]
     (optimized / "parity.json").write_text(json.dumps(parity))
+    reseal(optimized)
     # A known optimized-vs-PyTorch delta (the jittered fixture's own can be exactly 0, which a 0 tolerance passes).
     doc = json.loads(kpis_file.read_text())
     doc["delta"]["mAP"] = -0.004
@@ -125,6 +126,7 @@ def test_agreement_gates_read_the_primary_artifacts_confident_detections(evidenc
     agree = parity["artifacts"]["onnxruntime/fp32"]["metrics"]["agreement"]
     agree["match_rate"], agree["scores_abs_diff"]["p99"] = 0.9, 0.08
     (optimized / "parity.json").write_text(json.dumps(parity))
+    reseal(optimized)
     bad = {
         g.name: g for g in failed(apply_gates(promote_params(), read_evidence(optimized, kpis_file), None))
     }
@@ -154,6 +156,7 @@ def test_bad_evidence_is_refused_naming_file_and_field(evidence_dirs, file, edit
     doc = json.loads(path.read_text())
     edit(doc)
     path.write_text(json.dumps(doc))
+    reseal(optimized)
     with pytest.raises(EvidenceError) as e:
         read_evidence(optimized, kpis_file)
     assert needle in str(e.value) and str(path) in str(e.value)
