@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flows.workspace import StageFailed
-from pfactory.failures import EXIT_FAILED, EXIT_TRANSIENT, EXIT_USAGE, chain, is_transient
+from pfactory.failures import EXIT_FAILED, EXIT_TRANSIENT, EXIT_USAGE, chain, explain, is_transient
 
 EXIT_STAGE_FAILED = EXIT_FAILED
 EXIT_SERVICE = 3
@@ -242,6 +242,15 @@ def flow_failure(e: BaseException, log: Path | None, cwd: str | Path | None = No
                 "the stages that finished are restored from DVC's run-cache, not recomputed",
             ],
             exit_code=EXIT_TRANSIENT,
+        )
+    known = explain(e)
+    if known is not None:  # an error the user can act on (e.g. a team server's 401 / 403: exit 77), as data
+        return Failure(
+            title="factory run stopped outside the stages (nothing more ran)",
+            reason=[known.reason.splitlines()[0][:MAX_REASON_CHARS]],
+            logs=[("traceback", openable(log, cwd))] if log is not None else [],
+            hints=[known.hint] if known.hint else [],
+            exit_code=known.code,
         )
     return Failure(
         title="factory run failed in the flow, outside the stages"

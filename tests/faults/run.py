@@ -87,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pfactory-faults-") as tmp:
         ledger = args.ledger or Path(tmp) / "ledger.json"
         env = {**os.environ, LEDGER_ENV: str(ledger.resolve()), "PFACTORY_FAULTS_COMMAND": command}
-        if args.full:
-            env["PFACTORY_FAULTS_FULL"] = "1"
+        # Every fault test runs here, those of pytest's full tier too (`--full`); the matrix size is this
+        # command's own switch (an explicit "0" keeps pytest's --full from widening it).
+        env["PFACTORY_FAULTS_FULL"] = "1" if args.full else "0"
         if args.stage:
             env["PFACTORY_FAULTS_STAGES"] = ",".join(args.stage)
         if args.baseline:
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             "-p",
             "no:cacheprovider",
             "-q",
+            "--full",
             *args.pytest_args,
         ]
         code = subprocess.call(cmd, cwd=REPO, env=env)

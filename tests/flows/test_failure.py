@@ -257,3 +257,19 @@ def test_a_lost_mlflow_server_names_the_server(tmp_path, monkeypatch):
     assert "s3cret" not in repr(failure_lines(f, 80)) and f.exit_code == EXIT_TRANSIENT
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")  # a local store: no server to lose
     assert "outside the stages" in flow_failure(e, tmp_path / "prefect.log", cwd=tmp_path).title
+
+
+def test_an_actionable_error_in_the_flow_keeps_its_code_reason_and_hint(tmp_path: Path) -> None:
+    """A team server's 401 met by the flow itself (not a stage): its own exit code (77), reason and hint
+    from the error's data, not "failed in the flow" and exit 1."""
+    from pfactory.team.errors import NotAuthenticated, PermissionRefused
+
+    f = flow_failure(NotAuthenticated("the MLflow server http://h refused the request: 401"), tmp_path / "p.log")
+    assert (f.exit_code, f.reason) == (77, ["the MLflow server http://h refused the request: 401"])
+    assert "outside the stages" in f.title and "failed" not in f.title
+
+    class Refused(PermissionRefused):
+        hint = "ask a maintainer"
+
+    f = flow_failure(Refused("user 'alice' has READ on 'pfactory-detector'"), None)
+    assert f.exit_code == 77 and f.hints == ["ask a maintainer"] and f.logs == []
