@@ -62,8 +62,9 @@ def _stage_names() -> list[str]:
     for path in (project_root() / "dvc.yaml", Path(__file__).resolve().parents[1] / "dvc.yaml"):
         if path.is_file():
             # The C loader when PyYAML has it: the pure-Python one takes ~20 ms on dvc.yaml, at every command.
-            loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-            return list((yaml.load(path.read_text(), Loader=loader) or {}).get("stages") or {})
+            text = path.read_text()
+            doc = yaml.load(text, Loader=yaml.CSafeLoader) if hasattr(yaml, "CSafeLoader") else yaml.safe_load(text)
+            return list((doc or {}).get("stages") or {})
     return []
 
 

@@ -28,7 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flows.workspace import StageFailed
-from pfactory.failures import EXIT_FAILED, EXIT_TRANSIENT, EXIT_USAGE, chain, explain, is_transient
+from pfactory.failures import (
+    EXIT_FAILED,
+    EXIT_NOPERM,
+    EXIT_TRANSIENT,
+    EXIT_USAGE,
+    chain,
+    explain,
+    is_transient,
+)
 
 EXIT_STAGE_FAILED = EXIT_FAILED
 EXIT_SERVICE = 3
@@ -150,8 +158,8 @@ def stage_failure(
         )
     if e.transient:
         code = EXIT_TRANSIENT
-    elif e.status == EXIT_USAGE:
-        code = EXIT_USAGE
+    elif e.status in (EXIT_USAGE, EXIT_NOPERM):  # bad usage (2); a team server refused the user (77)
+        code = e.status
     else:
         code = EXIT_STAGE_FAILED
     return Failure(

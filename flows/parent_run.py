@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,9 @@ def champion_report(ws: Any) -> str | None:
                                 ws.abs(p.prepared), prm.model_name, prm.alias, ws.params.evaluate.worst_frames)  # fmt: skip
         if report.worst:
             write_pngs(out / "worst", report.worst)
+        pr = ws.abs(p.eval) / af.REPORT_DIR / "pr.png"  # the evaluation's PR curves (no champion in them)
+        if pr.is_file():
+            shutil.copy2(pr, out / "pr.png")
     except Exception as e:  # the report explains; the run's work is done
         logging.getLogger("pfactory.run").warning("the run report vs the champion could not be made: %r", e)
         return None

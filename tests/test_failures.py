@@ -27,12 +27,14 @@ from pfactory.data.scaleout import PrepareTaskError
 from pfactory.data.storage import OutputError
 from pfactory.evaluate.distributed import EvaluateTaskError
 from pfactory.evaluate.inputs import EvaluateInputError
+from pfactory.evaluate.nusc_submission import NuscSubmissionError
 from pfactory.failures import OUTCOME_ENV, UsageError, UserError, read_outcome, stage_outcome
 from pfactory.fsutil import OutputRefused
 from pfactory.inference.errors import BackendUnavailable, ParityError
 from pfactory.model.io import CheckpointError
 from pfactory.registry.errors import EvidenceError, LockTimeout, RegistryError
 from pfactory.sensors.errors import DatasetError
+from pfactory.team.errors import NotAuthenticated, PermissionRefused, TeamError
 from pfactory.tracking import TrackingUnavailable
 from pfactory.train.trainer import TrainingDiverged
 
@@ -58,6 +60,10 @@ ERRORS: dict[type[UserError], tuple[Callable[[], UserError], int]] = {
     EvidenceError: (lambda: EvidenceError("kpis.json: no mAP"), 1),
     LockTimeout: (lambda: LockTimeout("registry lock held 60 s"), 1),
     UsageError: (lambda: UsageError("unrecognized arguments: --bogus"), 2),
+    NuscSubmissionError: (lambda: NuscSubmissionError("raw/v1.0-synth/sample.json: no sample 'x'"), 2),
+    TeamError: (lambda: TeamError("team dir /srv/team: no services started here"), 2),
+    NotAuthenticated: (lambda: NotAuthenticated("the MLflow server http://h refused the request: 401"), 77),
+    PermissionRefused: (lambda: PermissionRefused("promote refused: user 'alice' has READ"), 77),
 }
 
 

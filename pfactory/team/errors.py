@@ -26,14 +26,8 @@ class PermissionRefused(UserError, RuntimeError):
         super().__init__(message)
         self.user, self.model, self.needed, self.has = user, model, needed, has
 
-    def __str__(self) -> str:
-        return str(self.args[0])
-
 
 class NotAuthenticated(UserError, RuntimeError):
     """The MLflow server answered 401: no or wrong credentials (exit 77)."""
 
     exit_code = EXIT_NOPERM
-
-    def __str__(self) -> str:
-        return str(self.args[0])

@@ -42,7 +42,7 @@ def _free_port() -> int:
 def s3(tmp_path_factory) -> Iterator[str]:
     """A moto S3 server on a free 127.0.0.1 port, the AWS variables pointing at it; yields its endpoint."""
     import moto.server  # noqa: F401  (the dev extra installs moto[server], s3fs and dvc-s3: no skip for them)
-    import s3fs  # noqa: F401
+    import s3fs
 
     port = _free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
@@ -72,10 +72,14 @@ def s3(tmp_path_factory) -> Iterator[str]:
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
+        # fsspec caches filesystem instances by their arguments, not by the environment: an instance made
+        # for an earlier module's server (tests/test_dvccache.py reuses this fixture) would still point there.
+        s3fs.S3FileSystem.clear_instance_cache()
         fsspec.filesystem("s3").mkdir(BUCKET)
         try:
             yield endpoint
         finally:
+            s3fs.S3FileSystem.clear_instance_cache()
             proc.terminate()
             proc.wait(timeout=10)
 

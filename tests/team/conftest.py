@@ -50,6 +50,11 @@ class Team:
             monkeypatch.delenv(k, raising=False)
         for k, v in self.env(user).items():
             monkeypatch.setenv(k, v)
+        # mlflow.set_tracking_uri() by an earlier test in this process (an xdist worker runs many modules)
+        # outranks MLFLOW_TRACKING_URI for a plain MlflowClient(): point it at this team's server too.
+        import mlflow
+
+        monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", None)
 
     def subprocess_env(self, user: str | None, **extra: str) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if k not in _VARS}
