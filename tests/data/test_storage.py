@@ -75,8 +75,8 @@ def s3(tmp_path_factory) -> Iterator[str]:
         # fsspec caches filesystem instances by their arguments, not by the environment: an instance made
         # for an earlier module's server (tests/test_dvccache.py reuses this fixture) would still point there.
         s3fs.S3FileSystem.clear_instance_cache()
-        fsspec.filesystem("s3").mkdir(BUCKET)
         try:
+            fsspec.filesystem("s3").mkdir(BUCKET)
             yield endpoint
         finally:
             s3fs.S3FileSystem.clear_instance_cache()
