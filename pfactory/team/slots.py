@@ -42,6 +42,7 @@ LEASE_ENV = "PFACTORY_SLOT_LEASE_S"
 DEFAULT_LIMIT = "pfactory-train"
 LEASE_S = 60.0  # Prefect's API refuses shorter leases (ge=60, FEASIBILITY.md 2026-12-03)
 POLL_S = 20.0  # one acquisition attempt waits this long before the waiting line is refreshed
+FIRST_POLL_S = 1.0  # the first attempt: a run that has to wait says so within about a second
 HEARTBEAT_S = 15.0
 RECORD_PREFIX = "pfactory-slot-"
 
@@ -151,8 +152,9 @@ def _clock(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%H:%M")
 
 
-def waiting_line(limit: Any, recs: list[dict[str, Any]]) -> str:
-    """`waiting for a training slot: 1 of 1 held by alice, run nightly, since 12:03`."""
+def waiting_line(limit: Any, recs: list[dict[str, Any]], full: bool = False) -> str:
+    """`waiting for a training slot: 1 of 1 held by alice, run nightly, since 12:03`. `full`: an acquisition
+    attempt timed out, so all `limit.limit` slots are held (the server's count may lag a fresh lease)."""
     holders = [r for r in recs if r.get("state") == "holding"]
     who = "; ".join(
         f"{r['user']}, run {r['run']}, since {_clock(float(r['since']))}"
@@ -161,7 +163,8 @@ def waiting_line(limit: Any, recs: list[dict[str, Any]]) -> str:
     )
     if not who:
         who = "a holder that no longer answers (its lease runs out within a minute)"
-    return f"waiting for a training slot: {limit.active_slots} of {limit.limit} held by {who}"
+    active = limit.limit if full else limit.active_slots
+    return f"waiting for a training slot: {active} of {limit.limit} held by {who}"
 
 
 class _Heartbeat(threading.Thread):
@@ -210,26 +213,31 @@ def training_slot(run: str, user: str, say: Callable[[str], None] | None = None)
     )
     held: contextlib.ExitStack | None = None
     last = ""
+    full = False  # an attempt timed out: every slot is taken, whatever the limit's (lagging) count says
     try:
         while held is None:
             limit = ensure_limit(name, None)
-            if limit.active_slots >= limit.limit:
+            if full or limit.active_slots >= limit.limit:
                 recs = records(name)
                 if not any(r.get("state") == "holding" for r in recs):
                     time.sleep(2.0)  # a run that took the slot a moment ago publishes its record right after
                     recs = records(name)
-                line = waiting_line(limit, recs)
+                line = waiting_line(limit, recs, full=full)
                 if line != last:
                     say(line)
                     last = line
             stack = contextlib.ExitStack()
             try:
+                # A short first attempt: a wait is said within a second even when the server's count of
+                # active slots lags behind a lease taken a moment ago (seen under a loaded CI run).
                 stack.enter_context(
-                    concurrency(name, occupy=1, timeout_seconds=POLL_S, lease_duration=lease_s, strict=True,
-                                holder=holder, raise_on_lease_renewal_failure=False)
+                    concurrency(name, occupy=1, timeout_seconds=POLL_S if full else FIRST_POLL_S,
+                                lease_duration=lease_s, strict=True, holder=holder,
+                                raise_on_lease_renewal_failure=False)
                 )  # fmt: skip
                 held = stack
             except TimeoutError:
+                full = True
                 continue
         slot.acquired_at = time.time()
         beat.state = "holding"
