@@ -326,6 +326,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     tier = "full" if config.getoption("--full") else "default"
     budget = os.environ.get(BUDGET_ENV)
     limit = f", budget {float(budget):.0f} s ({BUDGET_ENV})" if budget else ""
+    # Seconds per test folder (setup + call + teardown of its tests, summed over the workers): the table
+    # docs/TESTING.md keeps, so growth shows where it happens.
+    per_folder: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            nodeid, duration = getattr(rep, "nodeid", ""), getattr(rep, "duration", None)
+            if nodeid and isinstance(duration, float):
+                folder = nodeid.split("::")[0].rsplit("/", 1)[0] + "/"
+                per_folder[folder] = per_folder.get(folder, 0.0) + duration
+    if per_folder:
+        terminalreporter.write_line(
+            "test seconds per folder: "
+            + ", ".join(f"{k} {v:.0f}" for k, v in sorted(per_folder.items(), key=lambda kv: -kv[1]))
+        )
     terminalreporter.write_line(f"test suite wall time: {wall:.0f} s, {tier} tier{limit}")
 
 
