@@ -249,8 +249,11 @@ def run_units(
     frames = 0
     used: set[str] = set()
 
+    done: set[int] = set()
+
     def got(_: cluster.Task, res: UnitResult) -> None:
         nonlocal load, frames
+        done.add(res.unit)
         load += res.timings["load_s"]
         frames += len(res.frame_ids)
         used.add(res.worker)
@@ -260,4 +263,12 @@ def run_units(
     loop = cluster.run_tasks(
         client, tasks, got, EvaluateTaskError, spec.name, lambda r: r.timings["compute_s"]
     )
+    # Every unit planned came back, and with all its frames: a lost unit would silently lower the KPIs.
+    missing = sorted({u.index for u in units} - done)
+    expected = sum(u.frames for u in units)
+    if missing or frames != expected:
+        raise EvaluateTaskError(
+            f"{spec.name}: {len(missing)} of {len(units)} work units never returned (units {missing[:10]}); "
+            f"{frames} of {expected} frames scored: nothing is written from an incomplete evaluation"
+        )
     return RunStats(loop.wall_s, len(units), frames, loop.slots, loop.compute_s, load, sorted(used))
