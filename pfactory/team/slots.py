@@ -51,7 +51,22 @@ def enabled() -> bool:
     """Slots are taken only with a Prefect server configured (the team's services)."""
     from prefect.settings import PREFECT_API_URL
 
-    return bool(os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value())
+    _follow_environment()
+    return bool(PREFECT_API_URL.value())
+
+
+def _follow_environment() -> None:
+    """Make Prefect's client use the `PREFECT_API_URL` of the environment as it is now.
+
+    Prefect reads its settings once, when it is first imported; a process that imported it before the team's
+    variables were exported (a test worker, a notebook, a `factory` command that ran a local flow first) would
+    otherwise take slots on another server -- or on an ephemeral one, where nothing ever waits."""
+    from prefect.context import refresh_global_settings_context
+    from prefect.settings import PREFECT_API_URL
+
+    url = os.environ.get("PREFECT_API_URL")
+    if url and url != PREFECT_API_URL.value():
+        refresh_global_settings_context()
 
 
 def limit_name() -> str:
@@ -61,6 +76,7 @@ def limit_name() -> str:
 def _client() -> Any:
     from prefect.client.orchestration import get_client
 
+    _follow_environment()
     return get_client(sync_client=True)
 
 

@@ -61,6 +61,19 @@ class Team:
         return {**base, **self.env(user), "PYTHONPATH": str(ROOT), **extra}
 
 
+@pytest.fixture(autouse=True)
+def _prefect_follows_the_environment_after():
+    """Prefect freezes its settings at import; `pfactory.team.slots` re-reads them when the team's
+    PREFECT_API_URL differs. After a test's monkeypatch is undone (this fixture is set up before the test's
+    own fixtures, so its teardown runs after theirs), re-read them again: a later test in the same xdist
+    worker must not talk to this team's server."""
+    yield
+    if "prefect" in sys.modules:
+        from prefect.context import refresh_global_settings_context
+
+        refresh_global_settings_context()
+
+
 @pytest.fixture(scope="session")
 def team(tmp_path_factory):
     from pfactory.team.services import admin_env, down, up

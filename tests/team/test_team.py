@@ -171,7 +171,24 @@ def _holder(team, user: str, run: str, hold_s: float, work: str = "sleep") -> su
     return p
 
 
-@pytest.mark.full  # failed twice in clean-clone CI runs under xdist (the waiter said nothing); passes alone: open
+def test_slots_use_the_team_server_even_when_prefect_was_imported_before(team, monkeypatch) -> None:
+    """Prefect reads PREFECT_API_URL once, at import. A process that imported it earlier (an xdist worker that
+    ran a local flow; a notebook) must still take its slot on the team's server, not on the URL it saw first:
+    that mismatch let a waiting run take a slot on another server and say nothing (two CI runs)."""
+    from prefect.context import refresh_global_settings_context
+    from prefect.settings import PREFECT_API_URL
+
+    from pfactory.team import slots
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # discard port: nothing answers
+    refresh_global_settings_context()
+    assert PREFECT_API_URL.value() == "http://127.0.0.1:9/api"
+    team.become(monkeypatch, "bob")  # exports the team's variables after Prefect read its settings
+    status = slots.status()
+    assert status["limit"] == team.state.slot_limit and status["slots"] == 1
+    assert PREFECT_API_URL.value() == team.state.prefect_url
+
+
 def test_training_slot_waits_says_who_and_records_on_the_run(team, monkeypatch) -> None:
     import mlflow
     from mlflow import MlflowClient
