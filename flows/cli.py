@@ -1,8 +1,9 @@
 """The `factory` command line (Typer), the top of the stack (cli -> flows -> tasks -> pfactory -> kernels).
 
-Every heavy import happens inside a command. The stage commands (`prepare`, `train`, `optimize`,
-`evaluate`) pass their options to the stage's own `main` (`tasks/<stage>.py`), which decides the
-default paths, what is printed and the exit code, exactly as `python -m tasks.<stage>` (dvc.yaml) does.
+Every heavy import happens inside a command. The stage commands (`prepare`, `train`, `optimize`, `evaluate`,
+`promote`) are built from the stage's declared options (`tasks/options.py`, `flows/stage_cli.py`) and run the
+stage's own body through `tasks._stage.run_stage`, which decides the default paths, what is printed and the
+exit code, exactly as `python -m tasks.<stage>` (dvc.yaml) does.
 
 `factory --help` must answer in well under a second (DESIGN.md §2), so this module imports
 only Typer and the standard library at import time; each command imports what it needs.
@@ -72,12 +73,11 @@ Stage = enum.Enum("Stage", {name: name for name in _stage_names()}, type=str)
 
 
 def _params_file(params_file: Path | None) -> Path:
-    """`--params`, else the params.yaml of the project the current folder is in (`tracking.project_root`)."""
-    if params_file is not None:
-        return params_file
-    from pfactory.tracking import project_root
+    """`--params`, else the params.yaml of the project the current folder is in (`tracking.params_path`, the
+    resolver of the stage entries too)."""
+    from pfactory.tracking import params_path
 
-    return project_root() / "params.yaml"
+    return params_path(params_file)
 
 
 def _params(params_file: Path | None, overrides: list[str] | None):
@@ -90,21 +90,6 @@ def _params(params_file: Path | None, overrides: list[str] | None):
         return anchored(load_params(path, overrides or []), path.parent)
     except ParamsError as e:
         _fail(str(e), code=2)
-
-
-def _stage_argv(params_file: Path | None, overrides: list[str] | None, **options: object) -> list[str]:
-    """The arguments of `python -m tasks.<stage>` for a `factory <stage>` command: the stage's own entry
-    (`tasks/_stage.py`) decides default paths, output and exit codes for both."""
-    argv = ["--params", str(_params_file(params_file))]
-    for o in overrides or []:
-        argv += ["-S", o]
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value not in (None, False):
-            argv += [flag, str(value)]
-    return argv
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
@@ -267,61 +252,9 @@ def run_cmd(
     raise typer.Exit(code)
 
 
-@app.command("prepare")
-def prepare_cmd(
-    raw: Annotated[
-        str | None,
-        typer.Option(
-            help="Raw dataset (KITTI or nuScenes layout): a directory or s3://bucket/prefix. Default: paths.raw."
-        ),
-    ] = None,
-    out: Annotated[
-        str | None,
-        typer.Option(help="Output for shards: a directory or s3://bucket/prefix. Default: paths.prepared."),
-    ] = None,
-    dask: Annotated[
-        str | None,
-        typer.Option(
-            "--dask",
-            help="Run on Dask: local:N (a LocalCluster) or tcp://host:8786. Default: prepare.dask_address.",
-        ),
-    ] = None,
-    set_param: SetOpt = None,
-    params_file: ParamsOpt = None,
-) -> None:
-    """Prepare a raw dataset into Parquet shards (+ manifest.json, rejected.jsonl).
+from flows import stage_cli as _stage_cli  # noqa: E402 - `factory prepare|train|optimize|evaluate|promote`
 
-    With --dask (or prepare.workers > 1) the frames are prepared in units on a Dask cluster; the files are
-    the same bytes as one process writes. Exit 1 when more than prepare.max_reject_fraction of the frames
-    are refused, a task fails on a worker or the scheduler cannot be reached.
-    Example: factory prepare --raw ../shared/data/real/kitti --out /tmp/prepared
-    Example: factory prepare --raw s3://bucket/raw/kitti --out s3://bucket/prepared --dask local:2
-    """
-    import tasks.prepare
-
-    tasks.prepare.main(_stage_argv(params_file, set_param, raw=raw, out=out, dask=dask))
-
-
-@app.command("train")
-def train_cmd(
-    data: Annotated[
-        str | None,
-        typer.Option(help="Prepared shards: a directory or s3://bucket/prefix. Default: paths.prepared."),
-    ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(help="Model output directory (resumes from its checkpoint). Default: paths.model."),
-    ] = None,
-    set_param: SetOpt = None,
-    params_file: ParamsOpt = None,
-) -> None:
-    """Train the detector; resumes when OUT holds a checkpoint. Multi-process: torchrun -m tasks.train.
-
-    Example: factory train --data artifacts/prepared --out artifacts/model -S train.epochs=2
-    """
-    import tasks.train
-
-    tasks.train.main(_stage_argv(params_file, set_param, data=data, out=out))
+_stage_cli.register(app)
 
 
 @app.command("profile")
@@ -356,72 +289,6 @@ def profile_cmd(
 
     out = out or Path(params.paths.artifacts) / "profile"
     typer.echo(str(profile_train(params, data, steps, out)))
-
-
-@app.command("optimize")
-def optimize_cmd(
-    model: Annotated[Path | None, typer.Option(help="Trained model directory. Default: paths.model.")] = None,
-    data: Annotated[
-        Path | None,
-        typer.Option(help="Prepared shards (calibration + parity frames). Default: paths.prepared."),
-    ] = None,
-    out: Annotated[Path | None, typer.Option(help="Output directory. Default: paths.optimized.")] = None,
-    backend: Annotated[str, typer.Option(help="auto | onnxruntime | tensorrt")] = "auto",
-    precision: Annotated[
-        str | None, typer.Option(help="fp32 | fp16 | int8 (default: optimize.precision)")
-    ] = None,
-    set_param: SetOpt = None,
-    params_file: ParamsOpt = None,
-) -> None:
-    """Export one ONNX graph (points + images -> boxes), build the backend, gate on parity, time it.
-
-    Exit 1 when parity is outside optimize.parity. Example: factory optimize --backend onnxruntime --precision int8
-    """
-    import tasks.optimize
-
-    argv = _stage_argv(
-        params_file, set_param, model=model, data=data, out=out, backend=backend, precision=precision
-    )
-    tasks.optimize.main(argv)
-
-
-@app.command("evaluate")
-def evaluate_cmd(
-    model: Annotated[
-        Path | None, typer.Option(help="Optimized model directory (backend.json). Default: paths.optimized.")
-    ] = None,
-    data: Annotated[Path | None, typer.Option(help="Prepared shards. Default: paths.prepared.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Output directory. Default: paths.eval.")] = None,
-    reference: Annotated[
-        Path | None,
-        typer.Option(
-            help="Trained PyTorch model directory for the KPI delta. Default: paths.model, if present."
-        ),
-    ] = None,
-    no_reference: Annotated[bool, typer.Option("--no-reference", help="Skip the PyTorch reference.")] = False,
-    dask: Annotated[
-        str | None,
-        typer.Option(
-            "--dask", help="Scheduler address (tcp://host:8786) or local:N. Default: evaluate.dask_address."
-        ),
-    ] = None,
-    no_track: Annotated[bool, typer.Option("--no-track", help="Do not open an MLflow run.")] = False,
-    raw: Annotated[Path | None, typer.Option(help="Raw dataset of --data (KITTI: KITTI's metric + result files). Default: paths.raw, if present.")] = None,
-    set_param: SetOpt = None,
-    params_file: ParamsOpt = None,
-) -> None:
-    """Run the optimized detector (and its PyTorch checkpoint) over a prepared split on Dask; write KPIs.
-
-    Exit 1 when a work unit fails or the scheduler cannot be reached, 2 on bad inputs.
-    Example: factory evaluate --model artifacts/optimized --data artifacts/prepared --out artifacts/eval --dask local:2
-    """
-    import tasks.evaluate
-
-    argv = _stage_argv(
-        params_file, set_param, model=model, data=data, out=out, reference=reference, no_reference=no_reference,
-        dask=dask, no_track=no_track, raw=raw, summary=True,
-    )  # fmt: skip
-    tasks.evaluate.main(argv)
 
 
 @app.command("kpi")
@@ -617,71 +484,6 @@ def deploy_cmd(
         serve_flow(pipeline, spec)
     except DeployError as e:
         _fail(str(e), code=2)
-
-
-@app.command("promote")
-def promote_cmd(
-    ref: Annotated[
-        str | None,
-        typer.Argument(
-            help="A registered version (3, MODEL/3, MODEL@alias) or an MLflow run id (its candidate files). "
-            "Default: the version the last `factory run` registered (<paths.artifacts>/promotion.json)."
-        ),
-    ] = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Gate only; register and change nothing.")
-    ] = False,
-    data: Annotated[
-        Path | None,
-        typer.Option(help="Evaluation data for a champion re-evaluation. Default: paths.prepared."),
-    ] = None,
-    release: Annotated[Path | None, typer.Option(help="Release folder. Default: paths.release.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
-    set_param: SetOpt = None,
-    params_file: ParamsOpt = None,
-) -> None:
-    """Promote a version or a run's candidate to champion through the gates of params.promote.
-
-    Exit 0 promoted (or a dry run that would promote), 1 refused, 2 unknown version/run.
-    Examples: factory promote --dry-run  |  factory promote 3 --dry-run  |
-    factory promote 0a1b...(run id) -S promote.min_map=0.5
-    """
-    params = _params(params_file, set_param)
-    if ref is None:
-        from pfactory import artifacts as af
-
-        last = af.promotion(Path(params.paths.artifacts)) or {}
-        if last.get("version") is None:
-            _fail(
-                f"promote: no registered version in {Path(params.paths.artifacts) / af.PROMOTION} (no `factory "
-                "run` finished here yet); pass VERSION, MODEL@ALIAS or a run id (`factory lineage` lists them)",
-                code=2,
-            )
-        ref = f"{last['model']}/{last['version']}" if last.get("model") else str(last["version"])  # team: a candidate
-    from pfactory.tracking import configure_environment
-
-    configure_environment()
-    from pfactory.registry import EvidenceError, LockTimeout, RegistryError
-    from pfactory.registry.candidates import promote_ref
-
-    try:
-        result = promote_ref(
-            params, ref, data or Path(params.paths.prepared), release or Path(params.paths.release), dry_run
-        )
-    except (EvidenceError, LockTimeout) as e:
-        _fail(f"promote: {e}")
-    except RegistryError as e:
-        _fail(f"promote: {e}", code=2)
-    if as_json:
-        typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
-    else:
-        from rich.console import Console
-
-        from pfactory.registry.report import promotion_view
-
-        Console().print(promotion_view(result))
-    ok = result["decision"] == "promoted" or (result["decision"] == "dry-run" and result.get("would_promote"))
-    raise typer.Exit(0 if ok else 1)
 
 
 @app.command("rollback")

@@ -51,6 +51,12 @@ def project_root(start: str | Path | None = None) -> Path:
     return here
 
 
+def params_path(given: str | Path | None = None) -> Path:
+    """The params file every command reads: `given` (`--params`), else the project's `params.yaml`
+    (`project_root()` from the cwd). The one resolver of the CLI and the stage entries."""
+    return Path(given) if given is not None else project_root() / "params.yaml"
+
+
 def configure_environment(root: str | Path | None = None) -> Path:
     """Set offline, in-project defaults for MLflow, Prefect, DVC and Dask; returns the root.
 

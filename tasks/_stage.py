@@ -1,9 +1,9 @@
-"""The one entry of every stage: `python -m tasks.<stage>` (what `dvc.yaml` runs) and `factory <stage>`
-(the Typer command passes its options through as arguments).
+"""The one entry of every stage: `python -m tasks.<stage>` (what `dvc.yaml` runs, `stage_main`) and
+`factory <stage>` (`flows.cli` parses the same declared options and calls `run_stage`).
 
-Parses `[-S section.key=value ...] [--params FILE]` (plus the stage's own arguments, whose defaults
-are the `paths` of params.yaml), loads and validates params (exit 2 with a message naming the key on
-a bad value), configures the offline environment, runs the stage and prints its metrics as JSON.
+Parses `[-S section.key=value ...] [--params FILE]` plus the stage's own options (`tasks._command`: declared
+once for both entries; paths default to the `paths` of params.yaml), loads and validates params (exit 2
+with a message naming the key on a bad value), configures the offline environment, runs the stage and prints its metrics as JSON.
 Exit codes, for every stage (what `factory run` and its retries read, docs/OPERATIONS.md): 0 done;
 1 the stage ran and failed (a gate, bad data, a bug: a retry fails the same way); 2 bad usage, parameters
 or inputs, nothing ran; 75 a transient failure (EX_TEMPFAIL): a lost connection or Dask worker, a locked
@@ -23,9 +23,11 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import NoReturn
+from types import SimpleNamespace
+from typing import Any, NoReturn
+
+from tasks._command import Command
 
 TIMINGS_ENV = "PFACTORY_TIMINGS_DIR"
 
@@ -67,47 +69,69 @@ def record_stage_time(stage: str, body_s: float) -> None:
     )
 
 
-def stage_main(
-    stage: str,
-    argv: list[str] | None,
-    body: Callable[..., dict | None],
-    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
-    sections: Mapping[str, type] | None = None,
-) -> None:
-    """Parse arguments, load params, run `body(params)` (or `body(params, args)` when `add_arguments`
-    adds stage-specific options) and print the metrics it returns (nothing when it returns None).
-    `sections`: the params sections the stage reads (name -> model), besides `paths` and the values it shares
-    (`pfactory.params_file.SHARED`); nothing else of params.yaml is read or imported.
+class _Parser(argparse.ArgumentParser):
+    """argparse whose complaint about a bad argument is also the stage's outcome (exit 2, `UsageError`)."""
+
+    stage = ""
+
+    def error(self, message: str) -> NoReturn:
+        from pfactory import failures as fl
+
+        fl.write_outcome(fl.stage_outcome(self.stage, fl.UsageError(message)))
+        super().error(message)
+
+
+def parser(command: Command) -> argparse.ArgumentParser:
+    """The argparse parser of `python -m tasks.<stage>`: `-S`, `--params` and the options `command` declares."""
+    p = _Parser(prog=f"python -m tasks.{command.stage}", description=command.help.split("\n\n")[0])
+    p.stage = command.stage
+    p.add_argument("-S", "--set-param", action="append", default=[], help="section.key=value override")
+    p.add_argument("--params", type=Path, default=None, help="the params file (default: the project's)")
+    for o in command.options:
+        kind = {"choices": o.choices} if o.choices else {}
+        if o.positional:
+            p.add_argument(o.name, nargs="?", default=o.default, help=o.help, **kind)
+        elif o.kind is bool:
+            action = argparse.BooleanOptionalAction if o.default else "store_true"
+            p.add_argument(*o.flags, dest=o.name, action=action, default=o.default, help=o.help)
+        else:
+            p.add_argument(*o.flags, dest=o.name, type=o.kind, default=o.default, help=o.help, **kind)
+    return p
+
+
+def stage_main(command: Command, argv: list[str] | None) -> None:
+    """`python -m tasks.<stage>`: parse `argv` (`parser(command)`), then `run_stage`."""
+    values = vars(parser(command).parse_args(argv))
+    run_stage(command, values.pop("params"), values.pop("set_param"), **values)
+
+
+def run_stage(command: Command, params_file: Path | None, overrides: list[str] | None, **options: Any) -> None:
+    """Load params, run `command.body(params, options)` and print the metrics it returns (nothing for None):
+    what both `python -m tasks.<stage>` and `factory <stage>` do once their arguments are parsed.
+    Params: `command.sections()` (name -> model), besides `paths` and the values the stage shares
+    (`pfactory.params_file.SHARED`); nothing else of params.yaml is read or imported. `params_file`: None = the
+    project's params.yaml (`pfactory.tracking.params_path`). `options`: the declared options' values.
 
     An error a user can act on (`pfactory.failures.UserError`, a full disk, ...) prints `<stage>: <reason>`
     on stderr and exits with its code; a transient one exits 75 unless it is a usage error (2); any other
     exception propagates (exit 1). Every verdict is also written as the stage's outcome JSON."""
     from pfactory import failures as fl
     from pfactory.params_file import ParamsError, anchored, load_sections
-    from pfactory.tracking import configure_environment
+    from pfactory.tracking import configure_environment, params_path
 
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> NoReturn:  # argparse's complaint is the stage's reason (exit 2)
-            fl.write_outcome(fl.stage_outcome(stage, fl.UsageError(message)))
-            super().error(message)
-
+    stage = command.stage
     fl.start_outcome(stage)
-    parser = Parser(prog=f"python -m tasks.{stage}")
-    parser.add_argument("-S", "--set-param", action="append", default=[], help="section.key=value override")
-    parser.add_argument("--params", default="params.yaml")
-    if add_arguments is not None:
-        add_arguments(parser)
-    args = parser.parse_args(argv)
+    path = params_path(params_file)
     try:
         configure_environment()
         try:  # paths in params.yaml are relative to its folder (the project root), wherever this runs
-            params = anchored(load_sections(args.params, args.set_param, dict(sections or {})), Path(args.params).parent)
+            params = anchored(load_sections(path, overrides or [], dict(command.sections())), path.parent)
         except ParamsError as e:
             fl.write_outcome(fl.stage_outcome(stage, e))
             print(e, file=sys.stderr)
             sys.exit(e.exit_code)
         t0 = time.perf_counter()
-        metrics = body(params, args) if add_arguments is not None else body(params)
+        metrics = command.body(params, SimpleNamespace(**options))
     except Exception as e:
         if not _explained(stage, e):
             raise

@@ -28,16 +28,20 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pfactory import artifacts as af
-from pfactory.evaluate.params import EvaluateParams
-from pfactory.section import section_of
-
-SECTIONS = {"evaluate": EvaluateParams}  # what this stage reads of params.yaml (besides `paths`)
+from tasks._command import DASK_HELP, Command, Option
 
 STAGE = "evaluate"
+
+
+def sections() -> Mapping[str, type]:
+    """What this stage reads of params.yaml (besides `paths`)."""
+    from pfactory.evaluate.params import EvaluateParams
+
+    return {"evaluate": EvaluateParams}
 
 
 def run(
@@ -60,8 +64,11 @@ def run(
     nuScenes data its tables place `report/results_nusc.json` in the global frame. Raises `EvaluateInputError` on a bad input (before any
     work starts), `EvaluateTaskError` when a unit fails on a worker.
     """
+    from pfactory import artifacts as af
     from pfactory.evaluate.evaluation import evaluate
+    from pfactory.evaluate.params import EvaluateParams
     from pfactory.fsutil import check_output_dir
+    from pfactory.section import section_of
     from pfactory.tracking import configure_environment
 
     ev = section_of(params, STAGE, EvaluateParams)
@@ -84,52 +91,59 @@ def run(
         return metrics
 
 
+def body(p: Any, o: Any) -> dict:
+    """The stage's work (`tasks._stage.run_stage`); `o`: the values of `COMMAND.options`.
+    Bad inputs (EvaluateInputError): a usage error, nothing ran. A unit failed on a worker (EvaluateTaskError):
+    it ran and failed. Each error class carries its exit code."""
+    from pfactory import artifacts as af
+
+    ref = None if o.no_reference else o.reference or Path(p.paths.model)
+    if ref is not None and o.reference is None and not (ref / af.WEIGHTS).is_file():
+        ref = None  # the default reference is optional; an explicit --reference must exist
+    raw = o.raw or (Path(p.paths.raw) if Path(p.paths.raw).is_dir() else None)
+    metrics = run(
+        p, o.model or Path(p.paths.optimized), ref, o.data or Path(p.paths.prepared),
+        o.out or Path(p.paths.eval), dask_address=o.dask, track=not o.no_track, raw=raw,
+    )  # fmt: skip
+    if o.summary:
+        import json
+
+        from pfactory.metrics.kpi_cli import format_kpi_table
+
+        print(format_kpi_table(json.loads(Path(metrics["kpis_path"]).read_text())), file=sys.stderr)
+    return metrics
+
+
+COMMAND = Command(
+    STAGE,
+    "Run the optimized detector (and its PyTorch checkpoint) over a prepared split on Dask; write KPIs.\n\n"
+    "Exit 1 when a work unit fails or the scheduler cannot be reached, 2 on bad inputs.\n"
+    "Example: factory evaluate --model artifacts/optimized --data artifacts/prepared --out artifacts/eval "
+    "--dask local:2",
+    (
+        Option("model", "Optimized model directory (backend.json). Default: paths.optimized.", Path),
+        Option("data", "Prepared shards. Default: paths.prepared.", Path),
+        Option("out", "Output directory. Default: paths.eval.", Path),
+        Option("reference", "Trained PyTorch model directory for the KPI delta. Default: paths.model, if it "
+               "holds a model.", Path),
+        Option("no_reference", "Skip the PyTorch reference.", bool, False),
+        Option("dask", DASK_HELP.format(key="evaluate.dask_address")),
+        Option("no_track", "Do not open an MLflow run.", bool, False),
+        Option("raw", "Raw dataset of --data (KITTI: KITTI's metric + result files; nuScenes: results_nusc.json). "
+               "Default: paths.raw, if present.", Path),
+        Option("summary", "Print the KPI table on stderr.", bool, True),
+    ),
+    body,
+    sections,
+)
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m tasks.evaluate [--model OPTIMIZED] [--data DIR] [--out DIR] [--reference MODEL | --no-reference]
-    [--dask ADDRESS|local:N] [--no-track]` (= `factory evaluate`; directories default to paths.*)."""
-    import argparse
-
+    [--dask ADDRESS|local:N] [--no-track] [--raw DIR] [--no-summary]` (= `factory evaluate`; paths.* defaults)."""
     from tasks._stage import stage_main
 
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--model", type=Path, default=None, help="optimized model (default: paths.optimized)"
-        )
-        parser.add_argument(
-            "--data", type=Path, default=None, help="prepared shards (default: paths.prepared)"
-        )
-        parser.add_argument("--out", type=Path, default=None, help="output (default: paths.eval)")
-        parser.add_argument("--reference", type=Path, default=None,
-                            help="PyTorch model for the KPI delta (default: paths.model, if it holds one)")  # fmt: skip
-        parser.add_argument("--no-reference", action="store_true", help="skip the PyTorch reference")
-        parser.add_argument(
-            "--dask", default=None, help="scheduler address or local:N (default: evaluate.dask_address)"
-        )
-        parser.add_argument("--no-track", action="store_true", help="do not open an MLflow run")
-        parser.add_argument("--raw", type=Path, default=None,
-                            help="raw dataset of --data (default: paths.raw, if it exists); KITTI: KITTI metric + result files; nuScenes: results_nusc.json")  # fmt: skip
-        parser.add_argument("--summary", action="store_true", help="print the KPI table on stderr")
-
-    def body(p: Any, args: argparse.Namespace) -> dict:
-        ref = None if args.no_reference else args.reference or Path(p.paths.model)
-        if ref is not None and args.reference is None and not (ref / af.WEIGHTS).is_file():
-            ref = None  # the default reference is optional; an explicit --reference must exist
-        raw = args.raw or (Path(p.paths.raw) if Path(p.paths.raw).is_dir() else None)
-        metrics = run(
-            p, args.model or Path(p.paths.optimized), ref, args.data or Path(p.paths.prepared),
-            args.out or Path(p.paths.eval), dask_address=args.dask, track=not args.no_track, raw=raw,
-        )  # fmt: skip
-        if args.summary:
-            import json
-
-            from pfactory.metrics.kpi_cli import format_kpi_table
-
-            print(format_kpi_table(json.loads(Path(metrics["kpis_path"]).read_text())), file=sys.stderr)
-        return metrics
-
-    # Bad inputs (EvaluateInputError): a usage error, nothing ran. A unit failed on a worker
-    # (EvaluateTaskError): it ran and failed. Each error class carries its exit code.
-    stage_main(STAGE, argv, body, add_arguments, sections=SECTIONS)
+    stage_main(COMMAND, argv)
 
 
 if __name__ == "__main__":

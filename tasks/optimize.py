@@ -23,17 +23,20 @@ The work: `pfactory.inference.optimize`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pfactory.fsutil import check_output_dir
-from pfactory.inference.params import OptimizeParams
-from pfactory.section import section_of
-
-# What this stage reads of params.yaml (besides `paths`), and `evaluate.score_threshold` (`SHARED`).
-SECTIONS = {"optimize": OptimizeParams}
+from tasks._command import Command, Option
 
 STAGE = "optimize"
+
+
+def sections() -> Mapping[str, type]:
+    """What this stage reads of params.yaml (besides `paths`), and `evaluate.score_threshold` (`SHARED`)."""
+    from pfactory.inference.params import OptimizeParams
+
+    return {"optimize": OptimizeParams}
 
 
 def run(
@@ -49,7 +52,10 @@ def run(
 
     `backend`/`precision` override `optimize.backend`/`optimize.precision` (None/"auto" = from params).
     """
+    from pfactory.fsutil import check_output_dir
     from pfactory.inference.optimize import optimize
+    from pfactory.inference.params import OptimizeParams
+    from pfactory.section import section_of
 
     opt = section_of(params, STAGE, OptimizeParams)
     check_output_dir(out, STAGE, (model_dir, data))  # refuse a foreign --out before any work
@@ -61,32 +67,39 @@ def run(
         return optimize(opt, Path(model_dir), Path(data), Path(out), backend, precision, active)
 
 
+def body(p: Any, o: Any) -> dict:
+    """The stage's work (`tasks._stage.run_stage`); `o`: the values of `COMMAND.options`."""
+    paths = p.paths
+    return run(
+        p, o.model or Path(paths.model), o.data or Path(paths.prepared), o.out or Path(paths.optimized),
+        backend=o.backend, precision=o.precision,
+    )  # fmt: skip
+
+
+COMMAND = Command(
+    STAGE,
+    "Export one ONNX graph (points + images -> boxes), build the backend, gate on parity, time it.\n\n"
+    "Exit 1 when parity is outside optimize.parity.\n"
+    "Example: factory optimize --backend onnxruntime --precision int8",
+    (
+        Option("model", "Trained model directory. Default: paths.model.", Path),
+        Option("data", "Prepared shards (calibration + parity frames). Default: paths.prepared.", Path),
+        Option("out", "Output directory. Default: paths.optimized.", Path),
+        Option("backend", "auto (optimize.backend) | onnxruntime | tensorrt | aoti.", str, "auto",
+               choices=("auto", "onnxruntime", "tensorrt", "aoti")),
+        Option("precision", "fp32 | fp16 | int8. Default: optimize.precision.", choices=("fp32", "fp16", "int8")),
+    ),
+    body,
+    sections,
+)
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m tasks.optimize [--model DIR] [--data DIR] [--out DIR] [--backend B] [--precision P]`
     (= `factory optimize`; directories default to paths.*, backend/precision to the optimize section)."""
-    import argparse
-
     from tasks._stage import stage_main
 
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--model", type=Path, default=None, help="trained model (default: paths.model)")
-        parser.add_argument(
-            "--data", type=Path, default=None, help="prepared shards (default: paths.prepared)"
-        )
-        parser.add_argument("--out", type=Path, default=None, help="output (default: paths.optimized)")
-        parser.add_argument("--backend", default="auto", help="auto | onnxruntime | tensorrt | aoti")
-        parser.add_argument(
-            "--precision", default=None, help="fp32 | fp16 | int8 (default: optimize.precision)"
-        )
-
-    def body(p: Any, args: argparse.Namespace) -> dict:
-        paths = p.paths
-        return run(
-            p, args.model or Path(paths.model), args.data or Path(paths.prepared), args.out or Path(paths.optimized),
-            backend=args.backend, precision=args.precision,
-        )  # fmt: skip
-
-    stage_main(STAGE, argv, body, add_arguments, sections=SECTIONS)
+    stage_main(COMMAND, argv)
 
 
 if __name__ == "__main__":

@@ -18,17 +18,23 @@ URLs (`s3://bucket/prefix`, `pfactory.data.storage`); with a cluster (`--dask`, 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pfactory.data.errors import RejectFractionExceeded
-from pfactory.data.lineage import log_mlflow, prepared_digest
-from pfactory.data.params import PrepareParams
-from pfactory.data.prepare import PrepareResult
-from pfactory.data.scaleout import prepare_data
+from tasks._command import DASK_HELP, Command, Option
 
-SECTIONS = {"prepare": PrepareParams}  # what this stage reads of params.yaml (besides `paths`)
+if TYPE_CHECKING:
+    from pfactory.data.prepare import PrepareResult
+
+STAGE = "prepare"
+
+
+def sections() -> Mapping[str, type]:
+    """What this stage reads of params.yaml (besides `paths`)."""
+    from pfactory.data.params import PrepareParams
+
+    return {"prepare": PrepareParams}
 
 
 def run(
@@ -46,6 +52,10 @@ def run(
     the run as FAILED with its metrics), DatasetError (`raw` is not a dataset), OutputError (`out` cannot be
     written), ConnectionError (no scheduler answers) and PrepareTaskError (a task failed on a worker).
     """
+    from pfactory.data.errors import RejectFractionExceeded
+    from pfactory.data.lineage import log_mlflow
+    from pfactory.data.scaleout import prepare_data
+
     p = params.prepare
     if not track:
         return _metrics(prepare_data(raw, out, p, dask_address, progress))
@@ -63,6 +73,8 @@ def run(
 
 
 def _metrics(result: PrepareResult) -> dict[str, Any]:
+    from pfactory.data.lineage import prepared_digest
+
     return {
         **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.metrics.items()},
         "raw_sha256": result.manifest["source"]["sha256"],
@@ -71,26 +83,36 @@ def _metrics(result: PrepareResult) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m tasks.prepare [--raw R] [--out O] [--dask A] [-S k=v ...]` (= `factory prepare`; defaults:
-    paths.*, prepare.dask_address)."""
-    import argparse
+def body(params: Any, o: Any) -> dict[str, Any]:
+    """The stage's work (`tasks._stage.run_stage`); `o`: the values of `COMMAND.options`.
+    Too many refused frames (the output is still written), not a dataset, an output that cannot be written,
+    a task that failed on a worker: the stage failed (each error's own exit code, 1)."""
+    return run(params, o.raw or params.paths.raw, o.out or params.paths.prepared, dask_address=o.dask)
 
+
+COMMAND = Command(
+    STAGE,
+    "Prepare a raw dataset into Parquet shards (+ manifest.json, rejected.jsonl).\n\n"
+    "With --dask (or prepare.workers > 1) the frames are prepared in units on a Dask cluster; the files are "
+    "the same bytes as one process writes. Exit 1 when more than prepare.max_reject_fraction of the frames "
+    "are refused, a task fails on a worker or the scheduler cannot be reached.\n"
+    "Example: factory prepare --raw ../shared/data/real/kitti --out /tmp/prepared\n"
+    "Example: factory prepare --raw s3://bucket/raw/kitti --out s3://bucket/prepared --dask local:2",
+    (
+        Option("raw", "Raw dataset (KITTI or nuScenes layout): a directory or s3://bucket/prefix. Default: paths.raw."),
+        Option("out", "Output for shards: a directory or s3://bucket/prefix. Default: paths.prepared."),
+        Option("dask", DASK_HELP.format(key="prepare.dask_address")),
+    ),
+    body,
+    sections,
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tasks.prepare [--raw R] [--out O] [--dask A] [-S k=v ...]` (= `factory prepare`)."""
     from tasks._stage import stage_main
 
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--raw", default=None, help="raw dataset: a directory or s3://bucket/prefix")
-        parser.add_argument("--out", default=None, help="shards: a directory or s3://bucket/prefix")
-        parser.add_argument("--dask", default=None, help="local:N (a LocalCluster) or tcp://host:8786")
-
-    def body(params: Any, args: argparse.Namespace) -> dict[str, Any]:
-        return run(
-            params, args.raw or params.paths.raw, args.out or params.paths.prepared, dask_address=args.dask
-        )
-
-    # Too many refused frames (the output is still written), not a dataset, an output that cannot be
-    # written, a task that failed on a worker: the stage failed (each error's own exit code, 1).
-    stage_main("prepare", argv, body, add_arguments, sections=SECTIONS)
+    stage_main(COMMAND, argv)
 
 
 if __name__ == "__main__":

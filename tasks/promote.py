@@ -10,31 +10,36 @@ Registry:  a new version of `promote.model_name` (its files logged to run `run_i
            on a pass the `promote.alias` alias moves and an audit record is written.
 Metrics back: `{"decision", "version", "champion_before", "champion_after", "gates", "reevaluated_champion",
            "release", ...}` (pfactory/registry/promotion.py), also logged to this stage's MLflow run.
-A refused candidate is an outcome, not an error: the stage exits 0 and says which gate failed by how much.
+A refusal by the gates exits 1 and says which gate failed by how much, unless `--no-fail-if-refused`: dvc.yaml
+runs the stage so, because in a pipeline a refused candidate is an outcome (promotion.json), not an error.
 With a team's registry the candidate is registered in `<model>-candidates`; a user who may not move the alias
 (an engineer) gets the decision "awaiting-maintainer" (gated, not promoted, who may promote it), exit 0.
 
-Run: `python -m tasks.promote [--run-id ID] [--dry-run] [-S promote.min_map=0.5 ...]` (DVC; paths from
-params.yaml; run id default: $PFACTORY_PARENT_RUN_ID) or `factory promote RUN_OR_VERSION [--dry-run]`.
+Run: `python -m tasks.promote [REF] [--run-id ID] [--dry-run] [--no-fail-if-refused] [-S promote.min_map=0.5 ...]`
+or `factory promote` with the same arguments (one declaration: `tasks.options`); REF (a registered version,
+`last`, a run id) gates a registered candidate instead of the files in `paths.optimized` + `paths.eval`.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pfactory import artifacts as af
-from pfactory.evaluate.params import EvaluateParams
-from pfactory.registry.params import PromoteParams
-from pfactory.section import section_of
-
-# What this stage reads of params.yaml (besides `paths`): its gates, and `evaluate` to re-evaluate a champion.
-SECTIONS = {"promote": PromoteParams, "evaluate": EvaluateParams}
+from tasks._command import Command, Option
 
 STAGE = "promote"
-PROMOTION_FILE = af.PROMOTION
+
+
+def sections() -> Mapping[str, type]:
+    """What this stage reads of params.yaml (besides `paths`): its gates, and `evaluate` to re-evaluate a
+    champion."""
+    from pfactory.evaluate.params import EvaluateParams
+    from pfactory.registry.params import PromoteParams
+
+    return {"promote": PromoteParams, "evaluate": EvaluateParams}
 
 
 def _log_result(result: dict[str, Any]) -> None:
@@ -72,8 +77,11 @@ def run(
     run); None = this stage's own run (needs `track`). `evaluate_fn(champion_optimized_dir, data) -> kpis`
     re-evaluates the champion when its evaluation data differs; None = `pfactory.evaluate` with `params.evaluate`.
     """
+    from pfactory import artifacts as af
     from pfactory.registry.candidates import champion_evaluator
+    from pfactory.registry.params import PromoteParams
     from pfactory.registry.promotion import Candidate, promote
+    from pfactory.section import section_of
 
     prm = section_of(params, STAGE, PromoteParams)
     fn = evaluate_fn or champion_evaluator(params)
@@ -93,44 +101,101 @@ def run(
     return result
 
 
-def main(argv: list[str] | None = None) -> None:
-    import argparse
+def body(p: Any, o: Any) -> dict:
+    """The stage's body (`tasks._stage.run_stage`); `o`: the options of `tasks.options.COMMANDS["promote"]`.
 
+    `o.ref` None: the candidate in `o.optimized` + `o.eval_dir` (`run`); else a registered version, `last` or a
+    run id through the same gates (`pfactory.registry.candidates.promote_ref`). Either way the decision is
+    written to `<paths.artifacts>/promotion.json` (a metrics file of the DVC stage, what the flow reads), an
+    empty release when none exists (DVC needs its declared out), the gate table to stderr. Missing or
+    unreadable evidence, or the registry refused: the stage failed; a refusal by the gates exits 1 only with
+    `o.fail_if_refused`."""
+    from pfactory import artifacts as af
     from pfactory.fsutil import atomic_write_json
     from pfactory.registry.release import write_empty_release
     from pfactory.tracking import PARENT_ENV
+
+    release = o.release or Path(p.paths.release)
+    data = o.data or Path(p.paths.prepared)
+    if o.ref is None:
+        optimized, eval_dir = o.optimized or Path(p.paths.optimized), o.eval_dir or Path(p.paths.eval)
+        run_id = o.run_id or os.environ.get(PARENT_ENV) or None
+        result = run(p, optimized, eval_dir, data, release, run_id=run_id, dry_run=o.dry_run)
+    else:
+        from pfactory.registry.candidates import promote_ref
+
+        result = promote_ref(p, _registered_ref(p, o.ref), data, release, o.dry_run)
+    if not release.exists():
+        write_empty_release(release, p.promote, result)
+    atomic_write_json(Path(p.paths.artifacts) / af.PROMOTION, result)
+    from rich.console import Console
+
+    from pfactory.registry.report import promotion_view
+
+    Console(stderr=True).print(promotion_view(result))
+    if o.fail_if_refused and refused(result):
+        from pfactory.registry.errors import PromotionRefused
+
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))  # the result, as on a pass
+        failed = ", ".join(g["name"] for g in result["gates"] if not g["passed"]) or "see the gate table"
+        raise PromotionRefused(f"the gates refused v{result['version']} ({failed})")
+    return result
+
+
+def refused(result: dict) -> bool:
+    """The gates said no: a refusal, or a dry run that would be refused."""
+    return result["decision"] == "refused" or (result["decision"] == "dry-run" and not result.get("would_promote"))
+
+
+def _registered_ref(p: Any, ref: str) -> str:
+    """`last` -> the version `<paths.artifacts>/promotion.json` names (the last decision here); other refs as given."""
+    if ref != "last":
+        return ref
+    from pfactory import artifacts as af
+    from pfactory.failures import UsageError
+
+    record = Path(p.paths.artifacts) / af.PROMOTION
+    last = af.promotion(Path(p.paths.artifacts)) or {}
+    if last.get("version") is None:
+        raise UsageError(f"{record}: no registered version (no promotion ran here yet); pass VERSION, MODEL@ALIAS "
+                         "or a run id (`factory lineage` lists them)")  # fmt: skip
+    return f"{last['model']}/{last['version']}" if last.get("model") else str(last["version"])  # team: a candidate
+
+
+COMMAND = Command(
+    STAGE,
+    "Register a candidate, gate it (params.promote) against the champion, and on a pass move the alias.\n\n"
+    "REF absent: the candidate in --optimized + --eval (what dvc.yaml runs). REF: a registered version "
+    "(3, MODEL/3, MODEL@alias), `last` (the version <paths.artifacts>/promotion.json names) or an MLflow "
+    "run id (its candidate files). The decision is written to <paths.artifacts>/promotion.json; the gate "
+    "table goes to stderr, the result as JSON to stdout.\n"
+    "Exit 0 promoted (or a dry run that would promote, or gated and awaiting a maintainer), 1 refused "
+    "(0 with --no-fail-if-refused) / bad evidence / lock timeout, 2 unknown version or run.\n"
+    "Examples: factory promote --dry-run  |  factory promote 3 --dry-run  |  factory promote last  |  "
+    "factory promote 0a1b...(run id) -S promote.min_map=0.5",
+    (
+        Option("ref", "A registered version (3, MODEL/3, MODEL@alias), `last`, or an MLflow run id. Default: "
+               "the candidate in --optimized and --eval.", positional=True),
+        Option("optimized", "The candidate's optimize output. Default: paths.optimized.", Path),
+        Option("eval_dir", "The candidate's evaluate output (kpis.json). Default: paths.eval.", Path, flag="--eval"),
+        Option("data", "Evaluation data, for a champion re-evaluation. Default: paths.prepared.", Path),
+        Option("release", "Release folder. Default: paths.release.", Path),
+        Option("run_id", "MLflow run the candidate's files are logged to. Default: $PFACTORY_PARENT_RUN_ID, "
+               "else this stage's own run."),
+        Option("dry_run", "Gate only: register and change nothing.", bool, False),
+        Option("fail_if_refused", "Exit 1 when the gates refuse (dvc.yaml runs the stage with "
+               "--no-fail-if-refused: a refusal is a result the pipeline records).", bool, True),
+    ),
+    body,
+    sections,
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tasks.promote [REF] [--dry-run] [--no-fail-if-refused] [-S k=v ...]` (= `factory promote`)."""
     from tasks._stage import stage_main
 
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--optimized", type=Path, default=None, help="default: paths.optimized")
-        parser.add_argument("--eval", dest="eval_dir", type=Path, default=None, help="default: paths.eval")
-        parser.add_argument("--data", type=Path, default=None, help="default: paths.prepared")
-        parser.add_argument("--release", type=Path, default=None, help="default: paths.release")
-        parser.add_argument(
-            "--run-id", default=os.environ.get(PARENT_ENV) or None,
-            help=f"MLflow run to log the candidate to (default: ${PARENT_ENV}, else this stage's run)",
-        )  # fmt: skip
-        parser.add_argument("--dry-run", action="store_true", help="gate only: register and change nothing")
-
-    def body(p: Any, args: argparse.Namespace) -> dict:
-        release = args.release or Path(p.paths.release)
-        result = run(
-            p,
-            args.optimized or Path(p.paths.optimized),
-            args.eval_dir or Path(p.paths.eval),
-            args.data or Path(p.paths.prepared),
-            release,
-            run_id=args.run_id,
-            dry_run=args.dry_run,
-        )
-        if not release.exists():
-            write_empty_release(release, p.promote, result)
-        # The decision record the pipeline flow reads (dvc.yaml: a metrics file of this stage).
-        atomic_write_json(Path(p.paths.artifacts) / PROMOTION_FILE, result)
-        return result
-
-    # Missing or unreadable evidence, or the registry refused: the stage failed (a refused gate is not).
-    stage_main(STAGE, argv, body, add_arguments, sections=SECTIONS)
+    stage_main(COMMAND, argv)
 
 
 if __name__ == "__main__":

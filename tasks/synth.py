@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pfactory.fsutil import atomic_directory
-from pfactory.sensors.synth.params import SynthParams
+from tasks._command import Command
 
-SECTIONS = {"synth": SynthParams}  # what this stage reads of params.yaml (besides `paths`)
+STAGE = "synth"
+
+
+def sections() -> Mapping[str, type]:
+    """What this stage reads of params.yaml (besides `paths`)."""
+    from pfactory.sensors.synth.params import SynthParams
+
+    return {"synth": SynthParams}
 
 
 def run(params: Any, out: Path) -> dict:
     """Generate `params.synth.frames` frames into `out`; returns the generator's summary."""
+    from pfactory.fsutil import atomic_directory
     from pfactory.sensors.synth.dataset import generate_dataset
 
     d = params.synth
@@ -30,10 +38,18 @@ def run(params: Any, out: Path) -> dict:
     return summary
 
 
+def body(params: Any, options: Any) -> dict:
+    """The stage's work (`tasks._stage.run_stage`): synth has no options of its own."""
+    return run(params, Path(params.paths.synth))
+
+
+COMMAND = Command(STAGE, "Generate the synthetic raw dataset of params.synth at paths.synth.", (), body, sections)
+
+
 def main(argv: list[str] | None = None) -> None:
     from tasks._stage import stage_main
 
-    stage_main("synth", argv, lambda params: run(params, Path(params.paths.synth)), sections=SECTIONS)
+    stage_main(COMMAND, argv)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pfactory.model.params import ModelParams
-from pfactory.train.params import TrainParams
+from tasks._command import Command, Option
 
-# What this stage reads of params.yaml (besides `paths`), and `evaluate.score_threshold` (`SHARED`).
-SECTIONS = {"train": TrainParams, "model": ModelParams}
+STAGE = "train"
+
+
+def sections() -> Mapping[str, type]:
+    """What this stage reads of params.yaml (besides `paths`), and `evaluate.score_threshold` (`SHARED`)."""
+    from pfactory.model.params import ModelParams
+    from pfactory.train.params import TrainParams
+
+    return {"train": TrainParams, "model": ModelParams}
 
 
 def run(params: Any, data: str | Path, out: Path, track: bool = True, **options: Any) -> dict[str, Any]:
@@ -38,33 +45,40 @@ def run(params: Any, data: str | Path, out: Path, track: bool = True, **options:
     return Trainer(params, data, out, track, **options).train()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m tasks.train [--data DIR] [--out DIR] [-S k=v ...] [--params FILE]` (defaults: paths.*)."""
-    import argparse
+def body(params: Any, o: Any) -> dict | None:
+    """The stage's work (`tasks._stage.run_stage`); `o`: the values of `COMMAND.options`.
+    With a team's Prefect server, training waits for one of its slots (pfactory/team/slots.py); else no-op."""
+    from pfactory.team import slots
 
+    with slots.training_slot(slots.run_label(), slots.user()) as slot:
+        summary = run(params, o.data or params.paths.prepared, o.out or Path(params.paths.model), not o.no_track)
+    slots.record_on_run(summary.get("mlflow_run_id"), slot)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
+    return {k: v for k, v in summary.items() if k != "val"}
+
+
+COMMAND = Command(
+    STAGE,
+    "Train the detector; resumes when OUT holds a checkpoint of the same params and data. Multi-process: "
+    "torchrun --nproc_per_node N -m tasks.train.\n\n"
+    "Example: factory train --data artifacts/prepared --out artifacts/model -S train.epochs=2",
+    (
+        Option("data", "Prepared shards: a directory or s3://bucket/prefix. Default: paths.prepared."),
+        Option("out", "Model output directory (resumes from its checkpoint). Default: paths.model.", Path),
+        Option("no_track", "Do not log to MLflow.", bool, False),
+    ),
+    body,
+    sections,
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tasks.train [--data DIR] [--out DIR] [--no-track] [-S k=v ...] [--params FILE]` (= `factory
+    train`; defaults: paths.*)."""
     from tasks._stage import stage_main
 
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--data", default=None, help="prepared directory or s3://bucket/prefix (default: paths.prepared)"
-        )
-        parser.add_argument("--out", type=Path, default=None, help="output directory (default: paths.model)")
-        parser.add_argument("--no-track", action="store_true", help="do not log to MLflow")
-
-    def body(params: Any, args: argparse.Namespace) -> dict | None:
-        data = args.data or params.paths.prepared
-        out = args.out or Path(params.paths.model)
-        from pfactory.team import slots
-
-        # A team's Prefect server: training waits for one of its slots (pfactory/team/slots.py); else no-op.
-        with slots.training_slot(slots.run_label(), slots.user()) as slot:
-            summary = run(params, data, out, track=not args.no_track)
-        slots.record_on_run(summary.get("mlflow_run_id"), slot)
-        if int(os.environ.get("RANK", "0")) != 0:
-            return None
-        return {k: v for k, v in summary.items() if k != "val"}
-
-    stage_main("train", argv, body, add_arguments, sections=SECTIONS)
+    stage_main(COMMAND, argv)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,16 @@ NOT_STAGES = {"model", "paths", "gc"}
 
 
 def test_every_stage_runs_its_task_module() -> None:
+    """`python -m tasks.<stage>`, with nothing after it but options the stage declares (`COMMAND.options`)."""
+    import importlib
+    import shlex
+
     for name, stage in DVC.items():
-        assert stage["cmd"] == f"python -m tasks.{name}", f"dvc.yaml stage {name}: cmd {stage['cmd']!r}"
+        words = shlex.split(stage["cmd"])
+        assert words[:3] == ["python", "-m", f"tasks.{name}"], f"dvc.yaml stage {name}: cmd {stage['cmd']!r}"
+        declared = {f for o in importlib.import_module(f"tasks.{name}").COMMAND.options for f in o.flags}
+        declared |= {"--no-" + f.removeprefix("--") for f in declared}
+        assert set(words[3:]) <= declared, f"dvc.yaml stage {name}: {stage['cmd']!r} (flags without values only)"
 
 
 def test_stage_deps_cover_the_import_closure() -> None:
@@ -106,7 +114,8 @@ def test_dvc_status_after_a_promotion_default_changes_names_only_promote(tmp_pat
     gates.write_text(gates.read_text().replace("min_map: Annotated[float, Field(ge=0, le=1)] = 0.3",
                                                "min_map: Annotated[float, Field(ge=0, le=1)] = 0.35"))  # fmt: skip
     after = status()
-    assert set(after) == {"promote"} and "pfactory/registry/params.py" in json.dumps(after), after
+    # the file, or its folder when promote depends on every module in it (tests.import_graph folds those)
+    assert set(after) == {"promote"} and "pfactory/registry" in json.dumps(after), after
     # The check can fail: a default of train's own section reruns train.
     train = project / "pfactory" / "train" / "params.py"
     train.write_text(train.read_text() + "\n# edited\n")

@@ -32,7 +32,7 @@ from pfactory.failures import OUTCOME_ENV, UsageError, UserError, read_outcome, 
 from pfactory.fsutil import OutputRefused
 from pfactory.inference.errors import BackendUnavailable, ParityError
 from pfactory.model.io import CheckpointError
-from pfactory.registry.errors import EvidenceError, LockTimeout, RegistryError
+from pfactory.registry.errors import EvidenceError, LockTimeout, PromotionRefused, RegistryError, UnknownRef
 from pfactory.sensors.errors import DatasetError
 from pfactory.team.errors import NotAuthenticated, PermissionRefused, TeamError
 from pfactory.tracking import TrackingUnavailable
@@ -59,6 +59,8 @@ ERRORS: dict[type[UserError], tuple[Callable[[], UserError], int]] = {
     RegistryError: (lambda: RegistryError("no champion"), 1),
     EvidenceError: (lambda: EvidenceError("kpis.json: no mAP"), 1),
     LockTimeout: (lambda: LockTimeout("registry lock held 60 s"), 1),
+    UnknownRef: (lambda: UnknownRef("registered model 'm' has no version 9"), 2),
+    PromotionRefused: (lambda: PromotionRefused("the gates refused v2 (min_map)"), 1),
     UsageError: (lambda: UsageError("unrecognized arguments: --bogus"), 2),
     NuscSubmissionError: (lambda: NuscSubmissionError("raw/v1.0-synth/sample.json: no sample 'x'"), 2),
     TeamError: (lambda: TeamError("team dir /srv/team: no services started here"), 2),
@@ -105,9 +107,11 @@ def test_a_reworded_message_keeps_stage_reason_hint_and_exit_code(kind, reworded
 SCRIPT = """
 import os, signal, sys
 from pfactory.data.errors import RejectFractionExceeded
+from tasks._command import Command
 from tasks._stage import stage_main
+from tasks.synth import sections
 
-def body(params):
+def body(params, options):
     how = os.environ["HOW"]
     if how == "ours":
         raise RejectFractionExceeded(3, 4, 0.1, "rejected.jsonl")
@@ -119,7 +123,7 @@ def body(params):
         os.kill(os.getpid(), signal.SIGKILL)
     return {"ok": 1}
 
-stage_main("synth", sys.argv[1:], body)
+stage_main(Command("synth", "a stage that ends as HOW says", (), body, sections), sys.argv[1:])
 """
 
 
@@ -149,7 +153,7 @@ def test_a_stage_process_writes_its_outcome(how, args, rc, code, error, tmp_path
     if how == "ours":
         assert outcome.hint == RejectFractionExceeded.hint and "3 of 4 frames refused" in outcome.reason[0]
     if how == "bug":
-        assert outcome.reason == ["RuntimeError: boom"] and outcome.where == "at stage.py:11 in body"
+        assert outcome.reason == ["RuntimeError: boom"] and outcome.where == "at stage.py:13 in body"
     if how == "transient":
         assert outcome.transient
     if how == "killed":  # no verdict: the flow reads it as killed from outside, worth a retry

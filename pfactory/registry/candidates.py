@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
-from pfactory.registry.errors import RegistryError
+from pfactory.registry.errors import UnknownRef
 from pfactory.registry.params import PromoteParams
 from pfactory.section import section_of
 
@@ -57,8 +57,14 @@ def run_candidate(c: Any, run_id: str, dst: Path) -> tuple[Path, Path]:
     """Download a run's candidate (its `candidate/` folder, else its or its stage runs' `optimized/` and
     kpis.json) into `dst`; returns (optimized dir, kpis.json)."""
     import mlflow
+    from mlflow.exceptions import MlflowException
 
-    run = c.get_run(run_id)
+    try:
+        run = c.get_run(run_id)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise UnknownRef(f"run {run_id}: no such MLflow run on {mlflow.get_tracking_uri()}") from None
     runs = [run_id] + [
         r.info.run_id
         for r in c.search_runs(
@@ -72,7 +78,7 @@ def run_candidate(c: Any, run_id: str, dst: Path) -> tuple[Path, Path]:
                 found[name] = (rid, path)
     missing = [n for n in (af.BACKEND, af.KPIS) if n not in found]
     if missing:
-        raise RegistryError(
+        raise UnknownRef(
             f"run {run_id} (and its {len(runs) - 1} stage runs) has no {' or '.join(missing)} artifact: "
             "not a candidate (it needs the optimize and evaluate stages' outputs)"
         )

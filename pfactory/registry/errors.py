@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pfactory.failures import EXIT_FAILED, UserError
+from pfactory.failures import EXIT_FAILED, EXIT_USAGE, UserError
 
 
 class RegistryError(UserError, RuntimeError):
@@ -19,3 +19,16 @@ class EvidenceError(UserError, ValueError):
 
 class LockTimeout(RegistryError):
     """Another promotion held the registry lock longer than `promote.lock_timeout_s`."""
+
+
+class UnknownRef(RegistryError):
+    """A version, alias or run that the registry / tracking server does not have: bad input, nothing changed."""
+
+    exit_code = EXIT_USAGE
+
+
+class PromotionRefused(UserError):
+    """The gates refused the candidate (`factory promote` without --no-fail-if-refused): nothing was promoted."""
+
+    exit_code = EXIT_FAILED
+    hint = "the gate table above says which gate failed by how much; params.promote sets the gates"

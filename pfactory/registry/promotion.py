@@ -38,7 +38,7 @@ from pfactory import artifacts as af
 from pfactory.fsutil import atomic_directory
 from pfactory.registry import access
 from pfactory.registry import registry as reg
-from pfactory.registry.errors import EvidenceError, RegistryError
+from pfactory.registry.errors import EvidenceError, RegistryError, UnknownRef
 from pfactory.registry.evidence import (
     Evidence,
     data_identity,
@@ -440,10 +440,10 @@ def resolve(c: Any, ref: str, default_model: str, default_alias: str) -> tuple[s
     if alias is not None:
         v = reg.champion(c, name, alias)
         if v is None:
-            raise RegistryError(f"registered model {name!r} has no alias {alias!r} (or does not exist)")
+            raise UnknownRef(f"registered model {name!r} has no alias {alias!r} (or does not exist)")
         return name, v
     if not str(version).isdigit():
-        raise RegistryError(f"{ref!r}: expected MODEL[@ALIAS], MODEL/VERSION or a version number")
+        raise UnknownRef(f"{ref!r}: expected MODEL[@ALIAS], MODEL/VERSION or a version number")
     reg.get_version(c, name, int(version))
     return name, int(version)
 

@@ -41,7 +41,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pfactory.registry.errors import LockTimeout, RegistryError
+from pfactory.registry.errors import LockTimeout, RegistryError, UnknownRef
 
 AUDIT_PREFIX = "audit."
 AUDIT_HEAD = "audit.head"
@@ -188,7 +188,7 @@ def get_version(c: Any, name: str, version: int) -> Any:
         return c.get_model_version(name, str(version))
     except MlflowException as e:
         if _is(e, "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            raise RegistryError(f"registered model {name!r} has no version {version}") from None
+            raise UnknownRef(f"registered model {name!r} has no version {version}") from None
         raise
 
 

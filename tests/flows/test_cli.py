@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
@@ -85,3 +86,43 @@ def test_data_show_unknown_frame_exits_1(real_kitti_dir, tmp_path):
     res = runner.invoke(app, ["data", "show", str(real_kitti_dir), "999999", "--out", str(tmp_path / "f.png")])
     assert res.exit_code == 1
     assert "999999" in res.output
+
+
+@pytest.mark.parametrize("stage", ["prepare", "train", "optimize", "evaluate", "promote"])
+def test_factory_stage_and_python_m_stage_take_the_same_options(stage: str) -> None:
+    """`factory <stage>` and `python -m tasks.<stage>` are both built from `tasks.<stage>.COMMAND`: the same
+    option names, flags, defaults and help; and a value given to either reaches the stage body the same way."""
+    import importlib
+
+    import typer.main
+
+    from tasks._stage import parser
+
+    command = importlib.import_module(f"tasks.{stage}").COMMAND
+    argp = {a.dest: a for a in parser(command)._actions if a.dest != "help"}
+    click_cmd = typer.main.get_command(app).commands[stage]
+    typer_params = {p.name: p for p in click_cmd.params}
+    assert set(argp) - {"params"} == set(typer_params) - {"params_file"}
+    for o in command.options:
+        a, t = argp[o.name], typer_params[o.name]
+        assert a.help == o.help == t.help
+        assert a.default == o.default and (t.default == o.default or (o.default is None and t.default is None))
+        if not o.positional:
+            assert set(a.option_strings) == set(t.opts) | set(t.secondary_opts), o.name
+    assert click_cmd.help == command.help
+
+
+def test_a_stage_option_value_reaches_the_body_the_same_way_from_both_entries(monkeypatch, tmp_path) -> None:
+    import tasks.optimize
+
+    seen: list[tuple] = []
+    monkeypatch.setattr(tasks.optimize, "run", lambda *a, **kw: seen.append((a[1:], kw)) or {})
+    args = ["--out", str(tmp_path / "o"), "--precision", "int8", "--backend", "onnxruntime", "--params",
+            str(ROOT / "params.yaml")]  # fmt: skip
+    res = runner.invoke(app, ["optimize", *args])
+    assert res.exit_code == 0, res.output
+    tasks.optimize.main(args)
+    assert len(seen) == 2 and seen[0] == seen[1], seen
+    (model, data, out), options = seen[0]
+    assert out == tmp_path / "o" and Path(model).resolve() == ROOT / "artifacts" / "model"  # paths.model
+    assert options == {"backend": "onnxruntime", "precision": "int8"}

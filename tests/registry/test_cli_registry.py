@@ -36,8 +36,8 @@ def _stage(bench, tmp_path, name, jitter):
 
 def _cli(tmp_path, bench, *args):
     extra = ["--release", str(tmp_path / "release")] if args[0] in ("promote", "rollback") else []
-    if args[0] == "promote":
-        extra += ["--data", str(bench["prepared_a"])]
+    if args[0] == "promote":  # its decision record goes to <paths.artifacts>/promotion.json: this test's own
+        extra += ["--data", str(bench["prepared_a"]), "-S", f"paths.artifacts={tmp_path / 'artifacts'}"]
     return runner.invoke(app, [*args, *extra, *S])
 
 
@@ -47,14 +47,16 @@ def test_promote_rollback_lineage_commands(bench, tmp_path, registry) -> None:
 
     res = _cli(tmp_path, bench, "promote", "2", "--dry-run")
     assert res.exit_code == 1, res.output
-    assert "would be refused" in res.output and "class_ap_regression/Car" in res.output
+    assert "would be refused" in res.stderr and "class_ap_regression/Car" in res.stderr  # the gate table
+    assert json.loads(res.stdout)["would_promote"] is False  # and the result, as JSON
+    assert json.loads((tmp_path / "artifacts" / "promotion.json").read_text())["version"] == 2
 
     # Every gate but the registry's own relaxed from the command line (the fixture's jittered KPIs put the
     # "optimized vs PyTorch" delta near the 0.03 tolerance, on either side depending on the synthetic boxes).
-    res = _cli(tmp_path, bench, "promote", "test-detector/2", "--json", "-S", "promote.max_class_ap_regression=1",
+    res = _cli(tmp_path, bench, "promote", "test-detector/2", "-S", "promote.max_class_ap_regression=1",
                "-S", "promote.max_map_regression=1", "-S", "promote.parity_map_tolerance=1")  # fmt: skip
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert (out["decision"], out["champion_before"], out["champion_after"]) == ("promoted", 1, 2)
 
     res = _cli(tmp_path, bench, "lineage", "test-detector@champion", "--json")
@@ -104,13 +106,13 @@ def test_promote_a_pipeline_run_by_id(bench, tmp_path, registry) -> None:
             mlflow.log_artifacts(str(c["optimized"]), "optimized")
         with mlflow.start_run(run_name="evaluate", nested=True):
             mlflow.log_artifact(str(c["eval"] / "kpis.json"), "eval")
-    res = _cli(tmp_path, bench, "promote", parent.info.run_id, "--json")
+    res = _cli(tmp_path, bench, "promote", parent.info.run_id)
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     assert out["decision"] == "promoted" and out["version"] == 1
     assert registry.get_model_version("test-detector", "1").run_id == parent.info.run_id
-    res = _cli(tmp_path, bench, "promote", parent.info.run_id, "--json")  # idempotent: same run, same files
-    assert res.exit_code == 0 and json.loads(res.output)["version"] == 1, res.output
+    res = _cli(tmp_path, bench, "promote", parent.info.run_id)  # idempotent: same run, same files
+    assert res.exit_code == 0 and json.loads(res.stdout)["version"] == 1, res.output
 
 
 HOLDER = """

@@ -299,11 +299,17 @@ def test_default_reevaluation_runs_the_evaluate_stage(bench, tmp_path, registry)
 
 
 def test_dvc_entry_refusal_exits_0_and_leaves_a_declared_release(bench, tmp_path, registry, capsys) -> None:
-    """`python -m tasks.promote` (what dvc.yaml runs): a refused first candidate is an outcome (exit 0,
-    metrics printed); the release out DVC expects exists and says there is no champion."""
+    """`python -m tasks.promote` as dvc.yaml runs it (`--no-fail-if-refused`): a refused first candidate is an
+    outcome (exit 0, metrics printed); the release out DVC expects exists and says there is no champion.
+    Without the flag (`factory promote`, a person's command) the same refusal exits 1 with the same result."""
+    import shlex
+
     import yaml
 
     import tasks.promote
+
+    dvc_args = shlex.split(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["promote"]["cmd"])[3:]
+    assert dvc_args == ["--no-fail-if-refused"]
 
     c = H.candidate(tmp_path, bench, "c1", 0.3)
     params_file = tmp_path / "params.yaml"
@@ -311,7 +317,7 @@ def test_dvc_entry_refusal_exits_0_and_leaves_a_declared_release(bench, tmp_path
     paths = {"optimized": str(c["optimized"]), "eval": str(c["eval"]), "prepared": str(bench["prepared_a"]),
              "release": str(tmp_path / "release")}  # fmt: skip
     params_file.write_text(yaml.safe_dump({"paths": paths, "promote": promote}))
-    tasks.promote.main(["--params", str(params_file)])
+    tasks.promote.main(["--params", str(params_file), *dvc_args])
     out = json.loads(capsys.readouterr().out)
     assert (
         out["decision"] == "refused"
@@ -322,3 +328,12 @@ def test_dvc_entry_refusal_exits_0_and_leaves_a_declared_release(bench, tmp_path
     assert "FAILED by" in out["reason"]
     assert _alias(registry) is None
     assert json.loads((tmp_path / "release" / "release.json").read_text())["version"] is None
+    assert json.loads((tmp_path / "artifacts" / "promotion.json").read_text())["decision"] == "refused"
+
+    with pytest.raises(SystemExit) as refused:
+        tasks.promote.main(["--params", str(params_file)])
+    assert refused.value.code == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["decision"] == "refused"
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith("promote: the gates refused v") and last.endswith(" (min_map)"), last

@@ -113,7 +113,7 @@ def test_engineer_registers_maintainer_promotes_by_copy(team, tmp_path_factory, 
                "--release", str(tmp_path / "release"))  # fmt: skip
     assert res.returncode == 77, res.stderr[-2000:]
     line = _last_line(res.stderr)
-    assert line.startswith("promote refused: user 'alice' has READ on registered model 'pfactory-detector'"), line
+    assert line.startswith("promote: promote refused: user 'alice' has READ on registered model 'pfactory-detector'"), line
     assert "needs EDIT" in line and "bob" in line
     assert reg.champion(client, MODEL, "champion") is None
     refusals = [r for r in reg.audit_trail(client, CANDIDATES) if r["action"] == "refused-promote"]
