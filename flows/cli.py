@@ -450,38 +450,70 @@ def deploy_cmd(
         str, typer.Option(help='Cron schedule: "minute hour day month weekday", e.g. "0 3 * * *".')
     ],
     name: Annotated[
-        str, typer.Option(help="Deployment name (address: perception-factory/NAME).")
+        str, typer.Option(help="Deployment name (address: FLOW/NAME; the pipeline's: perception-factory/NAME).")
     ] = "nightly",
     timezone: Annotated[str, typer.Option(help="IANA time zone the cron is read in.")] = "UTC",
     set_param: SetOpt = None,
+    flow: Annotated[
+        str | None,
+        typer.Option(
+            "--flow",
+            metavar="ENTRYPOINT",
+            help="The flow to schedule, path/to/file.py:flow_fn (or module.path:flow_fn). "
+            "Default: the pipeline, flows/pipeline.py:pipeline.",
+        ),
+    ] = None,
+    parameters: Annotated[
+        str | None,
+        typer.Option(
+            "--parameters",
+            metavar="JSON",
+            help="The flow's default parameters as a JSON object, e.g. '{\"checkout\": false}'. For the "
+            "pipeline, its overrides come from -S, not from here; -S is for the pipeline only.",
+        ),
+    ] = None,
     serve: Annotated[
         bool,
         typer.Option("--serve/--print-only", help="Serve (long-running) or only print the deployment."),
     ] = True,
 ) -> None:
-    """Schedule the pipeline: a Prefect deployment on a cron schedule, served from this machine.
+    """Schedule the pipeline (or any flow: --flow): a Prefect deployment on a cron schedule, served from here.
 
     Needs a Prefect server (PREFECT_API_URL); for work pools use prefect.yaml (`prefect deploy --all`).
     Example: factory deploy --cron "0 3 * * *" -S train.epochs=20
     """
-    _params(None, set_param)  # refuse bad overrides before deploying them
-    from flows.deploy import PIPELINE_ENTRYPOINT, DeployError, make_spec, pipeline_parameters
+    from flows.deploy import (
+        PIPELINE_ENTRYPOINT,
+        DeployError,
+        deployment_parameters,
+        is_pipeline,
+        load_flow,
+        make_spec,
+        parse_parameters,
+    )
     from flows.deploy import serve as serve_flow
-    from flows.pipeline import pipeline
 
     try:
+        if flow is None or flow == PIPELINE_ENTRYPOINT:
+            from flows.pipeline import pipeline as the_flow  # imported: works from any folder of the project
+        else:
+            the_flow = load_flow(flow)
+        if is_pipeline(the_flow):
+            _params(None, set_param)  # refuse bad overrides before deploying them
         spec = make_spec(
-            pipeline,
+            the_flow,
             name=name,
             cron=cron,
             timezone=timezone,
-            parameters=pipeline_parameters(set_param),
-            entrypoint=PIPELINE_ENTRYPOINT,
+            parameters=deployment_parameters(
+                the_flow, overrides=set_param, parameters=parse_parameters(parameters)
+            ),
+            entrypoint=flow or PIPELINE_ENTRYPOINT,
         )
         if not serve:
             typer.echo(json.dumps(spec.to_dict(), indent=2))
             return
-        serve_flow(pipeline, spec)
+        serve_flow(the_flow, spec)
     except DeployError as e:
         _fail(str(e), code=2)
 

@@ -9,10 +9,12 @@ a long-running process (`flow.serve`) that executes its runs — scheduled or tr
 For work pools (Kubernetes, Docker, a process pool elsewhere) use `prefect.yaml` at the
 repo root with `prefect deploy --all` instead; docs/OPERATIONS.md has both.
 
-Everything here is generic over the flow, so tests serve a small flow through the same code.
+Everything here but `is_pipeline` / `deployment_parameters` (which say how the pipeline takes its
+parameters) is generic over the flow, so tests serve a small flow through the same code.
 
-Run: `factory deploy --cron "0 3 * * *" [--name nightly] [-S key=value ...] [--print-only]`,
-or `python -m flows.deploy --flow path/to/file.py:flow_fn --cron "..." --name N`.
+Run: `factory deploy --cron "0 3 * * *" [--name nightly] [-S key=value ...] [--print-only]` (the
+pipeline), or `factory deploy --flow path/to/file.py:flow_fn --parameters '{"k": 1}' --cron "..."`
+(any flow). The command (`flows/cli.py:deploy_cmd`) only wires options to the functions here.
 
 Why a server: cron schedules are turned into flow runs by the Prefect server's scheduler
 service; the ephemeral local API of `factory run` has no scheduler, so nothing would ever
@@ -22,9 +24,7 @@ a reachable `PREFECT_API_URL`.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
@@ -155,6 +155,61 @@ def pipeline_parameters(overrides: list[str] | None = None) -> dict[str, Any]:
     return {"overrides": list(overrides or [])}
 
 
+def parse_parameters(text: str | None) -> dict[str, Any]:
+    """`--parameters` text -> the flow parameters it names ({} for None or blank text).
+
+    In: a JSON object, e.g. '{"root": "/data", "checkout": false}'. Out: that dict. DeployError naming
+    `parameters` for text that is not JSON or not an object.
+    """
+    if text is None or not text.strip():
+        return {}
+    try:
+        parameters = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DeployError(f"parameters: not valid JSON ({e})") from None
+    if not isinstance(parameters, dict):
+        raise DeployError(
+            f"parameters: expected a JSON object of flow parameters (e.g. '{{\"name\": \"x\"}}'), "
+            f"got {type(parameters).__name__}"
+        )
+    return parameters
+
+
+def is_pipeline(flow: Any) -> bool:
+    """Whether `flow` is the pipeline (`flows/pipeline.py:pipeline`) however it was addressed: Prefect
+    addresses a flow by its name, so a copy of the checkout or a module path (`flows.pipeline:pipeline`)
+    is the pipeline too."""
+    from flows.pipeline import pipeline
+
+    return flow.name == pipeline.name
+
+
+def deployment_parameters(
+    flow: Any, *, overrides: list[str] | None = None, parameters: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The deployment's default parameters from the two ways `factory deploy` takes them.
+
+    The pipeline: `overrides` (`-S key=value`) become its `overrides` parameter, and `parameters`
+    (`--parameters`) may set its other parameters (`stages`, `checkout`, ...) but not `overrides`.
+    Any other flow: `parameters` only (it has no params.yaml to override). A combination that makes no
+    sense is a DeployError naming the option. Unknown parameter names are `make_spec`'s to refuse.
+    """
+    params = dict(parameters or {})
+    if is_pipeline(flow):
+        if "overrides" in params:
+            raise DeployError(
+                "parameters: the pipeline's overrides are given with -S key=value (repeatable), "
+                "not as 'overrides' in --parameters"
+            )
+        return pipeline_parameters(overrides) | params
+    if overrides:
+        raise DeployError(
+            f"-S/--set-param: only for the pipeline (it overrides params.yaml); give flow {flow.name!r} "
+            "its parameters as --parameters JSON"
+        )
+    return params
+
+
 def api_url() -> str | None:
     """The configured `PREFECT_API_URL` (env or Prefect profile), or None (ephemeral mode)."""
     from prefect.settings import PREFECT_API_URL
@@ -207,43 +262,3 @@ def load_flow(entrypoint: str) -> Any:
         return load_flow_from_entrypoint(entrypoint)
     except (FileNotFoundError, ImportError, AttributeError, SyntaxError) as e:
         raise DeployError(f"flow: cannot load {entrypoint!r}: {e}") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m flows.deploy`: serve any flow on a cron schedule (what `factory deploy` does)."""
-    ap = argparse.ArgumentParser(prog="python -m flows.deploy", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--flow", default=PIPELINE_ENTRYPOINT, help="Flow entrypoint, path/to/file.py:fn.")
-    ap.add_argument("--name", default=DEFAULT_NAME, help="Deployment name.")
-    ap.add_argument("--cron", required=True, help='Cron schedule, e.g. "0 3 * * *".')
-    ap.add_argument("--timezone", default=DEFAULT_TIMEZONE, help="IANA time zone of the schedule.")
-    ap.add_argument("--parameters", default="{}", help="Default flow parameters as a JSON object.")
-    ap.add_argument("--print-only", action="store_true", help="Print the deployment; do not serve.")
-    args = ap.parse_args(argv)
-    try:
-        try:
-            parameters = json.loads(args.parameters)
-        except json.JSONDecodeError as e:
-            raise DeployError(f"parameters: not valid JSON ({e})") from None
-        if not isinstance(parameters, dict):
-            raise DeployError("parameters: expected a JSON object of flow parameters")
-        flow = load_flow(args.flow)
-        spec = make_spec(
-            flow,
-            name=args.name,
-            cron=args.cron,
-            timezone=args.timezone,
-            parameters=parameters,
-            entrypoint=args.flow,
-        )
-        if args.print_only:
-            print(json.dumps(spec.to_dict(), indent=2))
-            return 0
-        serve(flow, spec)
-    except DeployError as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,9 @@
-"""Scheduled runs (`flows.deploy`, `factory deploy`, `prefect.yaml`) against a real Prefect server.
+"""Scheduled runs (`factory deploy`, `flows.deploy`, `prefect.yaml`) against a real Prefect server.
 
 The served flow is `tests/flows/tiny_flow.py:tiny_pipeline` (the pipeline's parameters, none
-of its minutes of work), deployed through the same `flows.deploy` code path `factory deploy`
-uses for the pipeline: `python -m flows.deploy --flow flows/pipeline.py:pipeline ...` runs the
-same test on the real pipeline. `prefect.yaml` is deployed for real with `prefect deploy --all`.
+of its minutes of work), deployed by `factory deploy --flow ...` through the same `flows.deploy`
+code path the pipeline takes (tests/flows/test_servers.py serves the real pipeline, full tier).
+`prefect.yaml` is deployed for real with `prefect deploy --all`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_served_deployment_keeps_its_cron_and_completes_a_triggered_run(prefect_
 
     log = tmp_path / "serve.log"
     params = {"overrides": ["train.lr=0.1"]}
-    cmd = [sys.executable, "-m", "flows.deploy", "--flow", TINY, "--name", "test-nightly"]
+    cmd = [sys.executable, "-m", "flows.cli", "deploy", "--flow", TINY, "--name", "test-nightly"]
     cmd += ["--cron", CRON, "--timezone", "Europe/Berlin", "--parameters", json.dumps(params)]
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=prefect_server.env, stdout=f, stderr=subprocess.STDOUT)
@@ -171,6 +171,51 @@ def test_cli_deploy_print_only_validates_and_prints(monkeypatch):
     assert res.exit_code == 2 and "cron: '61 3 * * *'" in res.output
     res = runner.invoke(app, ["deploy", "--cron", CRON, "-S", "train.no_such_key=1", "--print-only"])
     assert res.exit_code == 2 and "train.no_such_key" in res.output
+
+
+def test_cli_deploy_any_flow_takes_parameters_as_json(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    runner = CliRunner()
+    params = {"overrides": ["a=1"], "name": "x"}  # the tiny flow's own `overrides`, not params.yaml's
+    res = runner.invoke(
+        app, ["deploy", "--cron", CRON, "--flow", TINY, "--parameters", json.dumps(params), "--print-only"]
+    )
+    assert res.exit_code == 0, res.output
+    spec = json.loads(res.stdout)
+    assert spec["full_name"] == "tiny-pipeline/nightly"
+    assert spec["parameters"] == params and spec["entrypoint"] == TINY
+
+    # The pipeline takes --parameters for its other parameters; its overrides stay -S.
+    res = runner.invoke(
+        app,
+        ["deploy", "--cron", CRON, "-S", "train.lr=0.01", "--parameters", '{"checkout": false}', "--print-only"],
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["parameters"] == {"overrides": ["train.lr=0.01"], "checkout": False}
+    # ... however it is addressed (a module path is the pipeline too).
+    res = runner.invoke(
+        app, ["deploy", "--cron", CRON, "--flow", "flows.pipeline:pipeline", "-S", "train.lr=0.01", "--print-only"]
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["parameters"] == {"overrides": ["train.lr=0.01"]}
+
+
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        (["--flow", TINY, "-S", "train.lr=0.01"], "-S/--set-param: only for the pipeline"),
+        (["--parameters", '{"overrides": ["train.lr=0.01"]}'], "parameters: the pipeline's overrides are given with -S"),
+        (["--flow", TINY, "--parameters", "{name: 1}"], "parameters: not valid JSON"),
+        (["--flow", TINY, "--parameters", '["a=1"]'], "parameters: expected a JSON object"),
+        (["--flow", TINY, "--parameters", '{"epochs": 3}'], "parameters: epochs not a parameter of flow"),
+        (["--flow", "tests/flows/no_such_file.py:f"], "flow: cannot load"),
+    ],
+)
+def test_cli_deploy_refuses_options_that_make_no_sense_in_one_line(monkeypatch, args, problem):
+    monkeypatch.chdir(ROOT)
+    res = CliRunner().invoke(app, ["deploy", "--cron", CRON, *args, "--print-only"])
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith(problem) and res.output.count("\n") == 1, res.output
 
 
 def test_cli_deploy_without_a_server_says_how_to_start_one(monkeypatch):

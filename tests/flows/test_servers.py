@@ -3,8 +3,8 @@
 `factory run` with `MLFLOW_TRACKING_URI` / `PREFECT_API_URL` pointing at them (what a team's setup
 looks like), checked through the servers' own APIs: the pipeline run and its lineage, the registered
 version, the champion alias and the audit record in MLflow; the flow run in Prefect. Then the pipeline
-is deployed on a cron schedule (`flows.deploy`, what `factory deploy` runs), triggered once, and the
-triggered run completes. Servers: tests/flows/conftest.py.
+is deployed on a cron schedule (`factory deploy`), triggered once, and the triggered run completes.
+Servers: tests/flows/conftest.py.
 """
 
 from __future__ import annotations
@@ -80,17 +80,7 @@ def test_pipeline_against_real_mlflow_and_prefect_servers(
     assert [fr["state_type"] for fr in runs] == ["COMPLETED"], runs
 
     # A cron deployment of the pipeline, served from this project, triggered once.
-    params = {"overrides": [a for a in args if a != "-S"]}
-    cmd = [
-        sys.executable,
-        "-m",
-        "flows.deploy",
-        "--flow",
-        "flows/pipeline.py:pipeline",
-        "--name",
-        "served-nightly",
-    ]
-    cmd += ["--cron", CRON, "--parameters", json.dumps(params)]
+    cmd = [sys.executable, "-m", "flows.cli", "deploy", "--name", "served-nightly", "--cron", CRON, *args]
     log = project / "serve.log"
     with open(log, "wb") as f:
         serve = subprocess.Popen(
