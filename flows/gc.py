@@ -41,6 +41,19 @@ def _registry_reader(root: Any) -> Any:
     return lambda: registry_lineage(reg.client())
 
 
+def _stopped_message(e: OSError) -> str:
+    """A removal that failed with `e` -> gc's one-line error: `pfactory.failures.explain`'s reason (a full
+    disk, a path and what is wrong with it) or else the error's own text, and that what is removed so far
+    stays consistent."""
+    from pfactory.failures import explain
+
+    known = explain(e)
+    return (
+        f"factory gc stopped: {known.reason if known else e}. What it removed so far is consistent (run-cache "
+        "entries before their objects); run it again to finish."
+    )
+
+
 def gc_cmd(
     keep_last: Annotated[
         int | None, typer.Option("--keep-last", min=1, help="Keep the N newest run workspaces.")
@@ -107,14 +120,7 @@ def gc_cmd(
         try:
             done = collect(root, p, echo=(lambda s: None) if as_json else console.print)
         except OSError as e:
-            from pfactory.failures import explain
-
-            msg = (explain(e) or (str(e), 1))[0]
-            _fail(
-                f"factory gc stopped: {msg}. What it removed so far is consistent (run-cache entries before "
-                "their objects); run it again to finish.",
-                1,
-            )
+            _fail(_stopped_message(e), 1)
         out["removed"] = {
             "runs": done.runs,
             "objects": done.objects,
