@@ -14,13 +14,21 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
 
 def _mib(n: int | None) -> str:
+    """A byte count -> "1,234.5 MiB" ("" for None: not measured)."""
     return "" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    """Print `message` in red on stderr and end the command with exit `code` (the module docstring's codes);
+    the exception being handled, if any, is not chained (the message says what happened)."""
+    typer.secho(message, fg="red", err=True)
+    raise typer.Exit(code) from None
 
 
 def _registry_reader(root: Any) -> Any:
@@ -31,6 +39,19 @@ def _registry_reader(root: Any) -> Any:
 
     configure_environment(root)
     return lambda: registry_lineage(reg.client())
+
+
+def _stopped_message(e: OSError) -> str:
+    """A removal that failed with `e` -> gc's one-line error: `pfactory.failures.explain`'s reason (a full
+    disk, a path and what is wrong with it) or else the error's own text, and that what is removed so far
+    stays consistent."""
+    from pfactory.failures import explain
+
+    known = explain(e)
+    return (
+        f"factory gc stopped: {known.reason if known else e}. What it removed so far is consistent (run-cache "
+        "entries before their objects); run it again to finish."
+    )
 
 
 def gc_cmd(
@@ -61,19 +82,16 @@ def gc_cmd(
     from pfactory.tracking import project_root
 
     if keep_last is None and keep_days is None:
-        typer.secho("factory gc: give a policy: --keep-last N and/or --keep-days D", fg="red", err=True)
-        raise typer.Exit(2)
+        _fail("factory gc: give a policy: --keep-last N and/or --keep-days D", 2)
     root = project_root()
     try:
         p = plan(root, keep_last, keep_days, _registry_reader(root))
     except Exception as e:  # the registry unreachable: nothing can be decided safely
-        typer.secho(
+        _fail(
             f"factory gc: cannot read the model registry ({type(e).__name__}: {str(e)[:200]}); nothing removed. "
             "gc keeps what registered models need, so it will not guess.",
-            fg="red",
-            err=True,
+            1,
         )
-        raise typer.Exit(1) from None
     out: dict[str, Any] = {"plan": p.summary(), "table": p.table(), "removed": None}
     console = Console()
     if not as_json:
@@ -97,24 +115,12 @@ def gc_cmd(
             with gc_lock(p.cache, wait=False):
                 pass
         except BlockingIOError:
-            typer.secho(
-                "factory gc: another gc is running on this cache; try again when it ends", fg="red", err=True
-            )
-            raise typer.Exit(3) from None
+            _fail("factory gc: another gc is running on this cache; try again when it ends", 3)
         t0 = time.perf_counter()
         try:
             done = collect(root, p, echo=(lambda s: None) if as_json else console.print)
         except OSError as e:
-            from pfactory.failures import explain
-
-            msg = (explain(e) or (str(e), 1))[0]
-            typer.secho(
-                f"factory gc stopped: {msg}. What it removed so far is consistent (run-cache entries before "
-                "their objects); run it again to finish.",
-                fg="red",
-                err=True,
-            )
-            raise typer.Exit(1) from None
+            _fail(_stopped_message(e), 1)
         out["removed"] = {
             "runs": done.runs,
             "objects": done.objects,

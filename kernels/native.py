@@ -9,8 +9,9 @@
     scatter_max_backward(grad_canvas, winner_cell, winner_point, winner_rows, grad_dtype) -> grad_features
     pillar_stem_forward(features, cell_index, weight, batch, grid, out_hw, round_bf16, out_dtype)
         -> (out, seg, occupied, win, first, rows)   the scatter-max canvas' 3x3 stride-2 conv, sparse
-    pillar_stem_backward(grad, weight, seg, occupied, win, first, rows, num_points, grid, round_bf16)
+    pillar_stem_backward(grad, weight, seg, occupied, win, first, rows, grid, round_bf16)
         -> (grad_features, grad_weight)
+    stem_operand(t, round_bf16) -> float32 t   rounded to bf16 values first with round_bf16 (both stem paths)
 
 These are the C implementations behind the `pfk::*` custom ops (kernels/group_norm_relu.py,
 kernels/pillar_scatter.py, kernels/pillar_stem.py), which own the contracts, the PyTorch references and
@@ -317,9 +318,13 @@ def supports(x: Tensor, groups: int) -> bool:
 
 
 def _rows(t: Tensor) -> tuple[Tensor, int, int]:
-    """t [B, C, H, W] whose channels are contiguous and pixels evenly strided (channels-last, or a channel
-    slice of a wider channels-last tensor) -> (t, sample stride, pixel stride) in elements; anything else
-    is first copied to channels-last."""
+    """t [B, C, H, W] as a C kernel's `void *` rows -> (t, sample stride, pixel stride) in elements.
+
+    t float32/bfloat16 (any other dtype is first cast to float32) whose channels are contiguous and pixels
+    evenly strided (channels-last, or a channel slice of a wider channels-last tensor) is passed as it is;
+    any other layout is first copied to channels-last."""
+    if t.dtype not in _DTYPES:
+        t = t.float()
     c, w = t.shape[1], t.shape[3]
     sb, sc, sh, sw = t.stride()
     if not (sc == 1 and sh == w * sw and sw >= c):
@@ -362,8 +367,6 @@ def group_norm_relu_backward(
     (dx [B, C, H, W] channels-last in x's dtype, dweight [C] float32, dbias [C] float32). The ReLU's mask
     is recomputed from x (the forward's own arithmetic: the same signs), so the output is not needed."""
     b, c, h, w = x.shape
-    if grad.dtype not in _DTYPES:
-        grad = grad.float()
     grad, sb, sp = _rows(grad)
     x = x.contiguous(memory_format=torch.channels_last)
     dx = torch.empty((b, c, h, w), dtype=x.dtype, memory_format=torch.channels_last)
@@ -463,13 +466,20 @@ def pillar_stem_supported(features: Tensor, cell_index: Tensor, weight: Tensor) 
     )
 
 
+def stem_operand(t: Tensor, round_bf16: bool) -> Tensor:
+    """t (any float dtype and shape) -> float32, its values first rounded to bfloat16 with `round_bf16`:
+    what the stem's dense conv under bf16 autocast multiplies. The one rounding rule of both stem paths (the
+    C kernels' weight here, the PyTorch path's canvas and weight in kernels/pillar_stem.py)."""
+    return t.to(torch.bfloat16).float() if round_bf16 else t.float()
+
+
 def _stem_weights(weight: Tensor, round_bf16: bool) -> tuple[Tensor, Tensor, int, int]:
     """weight [Cout, C, 3, 3] -> (wt [3, 3, C, Cp], wtt [3, 3, Cout, Cq], Cp, Cq): the kernels' layouts,
     output / input channels padded to whole 16-float register blocks (rounded to bf16 values first with
     `round_bf16`: what the dense bf16 conv multiplies)."""
     cout, c = weight.shape[:2]
     cp, cq = -(-cout // 16) * 16, -(-c // 16) * 16
-    wq = weight.detach().to(torch.bfloat16).float() if round_bf16 else weight.detach().float()
+    wq = stem_operand(weight.detach(), round_bf16)
     wt = F.pad(wq.permute(2, 3, 1, 0), (0, cp - cout)).contiguous()  # [3, 3, C, Cp]
     wtt = F.pad(wq.permute(2, 3, 0, 1), (0, cq - c)).contiguous()  # [3, 3, Cout, Cq]
     return wt, wtt, cp, cq
@@ -533,8 +543,6 @@ def pillar_stem_backward(
     contiguous), the forward's weight and saved tensors -> (grad_features [N, C] float32: the canvas
     gradient at each pillar's winners, rounded to bfloat16 values with `round_bf16` as a bf16 canvas'
     gradient is; grad_weight [Cout, C, 3, 3] float32)."""
-    if grad.dtype not in _DTYPES:
-        grad = grad.float()
     batch, cout, ho, wo = grad.shape
     grad, sb, sp = _rows(grad)
     n, c = seg.shape

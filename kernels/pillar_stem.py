@@ -27,14 +27,11 @@ from torch import Tensor
 import kernels.pillar_scatter  # noqa: F401  (registers pfk::pillar_scatter_max, used by the torch path)
 from kernels import native
 from kernels._checks import describe, require, require_tensor
+from kernels.native import stem_operand
 from kernels.pillar_scatter import pillar_scatter_max_reference
 
 _OP = "pillar_stem"
 _CL = torch.channels_last
-
-
-def _round(t: Tensor, round_bf16: bool) -> Tensor:
-    return t.to(torch.bfloat16).float() if round_bf16 else t.float()
 
 
 def _image(rows: Tensor, batch: int, grid: tuple[int, int], out_hw: tuple[int, int]) -> Tensor:
@@ -62,8 +59,8 @@ def pillar_stem_reference(
     """conv2d(scatter-max canvas, weight, stride 2, padding 1) -> [B, Cout, Ho, Wo]; autograd by PyTorch."""
     h, w = grid
     canvas = pillar_scatter_max_reference(features, cell_index, batch * h * w)  # [B*H*W, C]
-    img = _image(_round(canvas, round_bf16), batch, grid, out_hw)  # [B, C, 2Ho, 2Wo]
-    return F.conv2d(img, _round(weight, round_bf16), stride=2, padding=1).to(out_dtype)
+    img = _image(stem_operand(canvas, round_bf16), batch, grid, out_hw)  # [B, C, 2Ho, 2Wo]
+    return F.conv2d(img, stem_operand(weight, round_bf16), stride=2, padding=1).to(out_dtype)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -79,15 +76,17 @@ def _forward_torch(
     round_bf16: bool,
     out_dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """`native.pillar_stem_forward` in PyTorch ops: the same arguments -> the same (out, seg, occupied, win,
+    first, rows), from the compact scatter-max op and a dense conv (seg's rows M.. are 0 here)."""
     h, w = grid
     cells = batch * h * w
     canvas, occupied, win, rows = torch.ops.pfk.pillar_scatter_max(
         features.detach().float(), cell_index, cells, True, torch.float32
     )  # [cells, C], the winner table [N], [N, C], M
-    canvas = _round(canvas, round_bf16)
+    canvas = stem_operand(canvas, round_bf16)
     seg = torch.where(occupied[:, None] >= 0, canvas.index_select(0, occupied.clamp(min=0)), 0.0)  # [N, C]
     img = _image(canvas, batch, grid, out_hw)
-    out = F.conv2d(img, _round(weight.detach(), round_bf16), stride=2, padding=1)  # [B, Cout, Ho, Wo]
+    out = F.conv2d(img, stem_operand(weight.detach(), round_bf16), stride=2, padding=1)  # [B, Cout, Ho, Wo]
     starts = torch.arange(batch + 1, device=features.device) * (h * w)  # [B + 1] first cell per sample
     first = torch.searchsorted(occupied[: int(rows[0])], starts)  # [B + 1] first row per sample
     return out.to(out_dtype).contiguous(memory_format=_CL), seg, occupied, win, first, rows
@@ -103,15 +102,18 @@ def _backward_torch(
     grid: tuple[int, int],
     round_bf16: bool,
 ) -> tuple[Tensor, Tensor]:
+    """`native.pillar_stem_backward` in PyTorch ops: grad [B, Cout, Ho, Wo] and `_forward_torch`'s saved
+    tensors -> (grad_features [N, C] float32, grad_weight [Cout, C, 3, 3] float32), by the dense canvas."""
     batch, _cout, ho, wo = grad.shape
     h, w = grid
     m = int(rows[0])
     canvas = seg.new_zeros(batch * h * w, seg.shape[1]).index_copy_(0, occupied[:m], seg[:m])  # [cells, C]
     img = _image(canvas, batch, grid, (ho, wo))  # [B, C, 2Ho, 2Wo]
-    g, wq = grad.float(), _round(weight.detach(), round_bf16)
+    g, wq = grad.float(), stem_operand(weight.detach(), round_bf16)
     grad_img = torch.nn.grad.conv2d_input(img.shape, wq, g, stride=2, padding=1)  # [B, C, 2Ho, 2Wo]
     grad_weight = torch.nn.grad.conv2d_weight(img, wq.shape, g, stride=2, padding=1)  # [Cout, C, 3, 3]
-    grad_canvas = _round(grad_img[:, :, :h, :w].permute(0, 2, 3, 1).reshape(batch * h * w, -1), round_bf16)
+    grad_canvas = grad_img[:, :, :h, :w].permute(0, 2, 3, 1).reshape(batch * h * w, -1)  # [cells, C]
+    grad_canvas = stem_operand(grad_canvas, round_bf16)
     grad_features = torch.ops.pfk.pillar_scatter_max_backward(grad_canvas, occupied, win, rows, torch.float32)
     return grad_features, grad_weight.contiguous()
 

@@ -273,6 +273,14 @@ def test_rotated_intersection_against_polygon_clip() -> None:
 # --- random scenes against a slow implementation written from the definition ----------------------------
 
 
+def _corners(o: KittiObjects, k: int) -> np.ndarray:
+    """Object k's BEV rectangle (location x, z; hwl's l, w; rotation_y) -> its corners [4, 2] in (x, z)."""
+    one = slice(k, k + 1)
+    return bev_corners(
+        o.location[one, 0], o.location[one, 2], o.hwl[one, 2], o.hwl[one, 1], o.rotation_y[one]
+    )[0]
+
+
 def _slow(gt: KittiObjects, dt: KittiObjects, cls: str, diff: int, metric: str, min_ov: float):
     """Per frame, per threshold: the benchmark's loops, one box at a time (float64 geometry)."""
     gs, ds = np.concatenate([[0], np.cumsum(gt.counts)]), np.concatenate([[0], np.cumsum(dt.counts)])
@@ -302,21 +310,7 @@ def _slow(gt: KittiObjects, dt: KittiObjects, cls: str, diff: int, metric: str, 
             if iw <= 0 or ih <= 0:
                 return 0.0
             return iw * ih / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - iw * ih)
-        cj = bev_corners(
-            dt.location[j : j + 1, 0],
-            dt.location[j : j + 1, 2],
-            dt.hwl[j : j + 1, 2],
-            dt.hwl[j : j + 1, 1],
-            dt.rotation_y[j : j + 1],
-        )[0]
-        ci = bev_corners(
-            gt.location[i : i + 1, 0],
-            gt.location[i : i + 1, 2],
-            gt.hwl[i : i + 1, 2],
-            gt.hwl[i : i + 1, 1],
-            gt.rotation_y[i : i + 1],
-        )[0]
-        inter = _clip_area(cj, ci)
+        inter = _clip_area(_corners(dt, j), _corners(gt, i))
         aj, ai = dt.hwl[j, 2] * dt.hwl[j, 1], gt.hwl[i, 2] * gt.hwl[i, 1]
         if metric == "bev":
             return inter / (aj + ai - inter) if inter > 0 else 0.0
