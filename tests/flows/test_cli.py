@@ -123,6 +123,6 @@ def test_a_stage_option_value_reaches_the_body_the_same_way_from_both_entries(mo
     assert res.exit_code == 0, res.output
     tasks.optimize.main(args)
     assert len(seen) == 2 and seen[0] == seen[1], seen
-    (model, data, out), options = seen[0]
+    (model, _data, out), options = seen[0]
     assert out == tmp_path / "o" and Path(model).resolve() == ROOT / "artifacts" / "model"  # paths.model
     assert options == {"backend": "onnxruntime", "precision": "int8"}
