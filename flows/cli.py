@@ -53,20 +53,16 @@ ParamsOpt = Annotated[
 ]
 
 
-def _stage_names() -> list[str]:
-    """The stages dvc.yaml declares (the project's, found from the cwd; else the installed one), read with
-    yaml alone so that `--until` is a choice list checked before anything heavy is imported."""
-    import yaml
-
+def _stage_names() -> tuple[str, ...]:
+    """The stages the project's dvc.yaml declares (found from the cwd; else the installed one's), so that
+    `--until` is a choice list checked before anything heavy is imported."""
+    from pfactory.dag import stage_names
     from pfactory.tracking import project_root
 
-    for path in (project_root() / "dvc.yaml", Path(__file__).resolve().parents[1] / "dvc.yaml"):
-        if path.is_file():
-            # The C loader when PyYAML has it: the pure-Python one takes ~20 ms on dvc.yaml, at every command.
-            text = path.read_text()
-            doc = yaml.load(text, Loader=yaml.CSafeLoader) if hasattr(yaml, "CSafeLoader") else yaml.safe_load(text)
-            return list((doc or {}).get("stages") or {})
-    return []
+    try:
+        return stage_names(project_root())
+    except FileNotFoundError:
+        return stage_names()
 
 
 Stage = enum.Enum("Stage", {name: name for name in _stage_names()}, type=str)

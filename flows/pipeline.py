@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
+from pfactory.dag import stage_names
 from pfactory.failures import chain
 from pfactory.tracking import configure_environment
 
@@ -46,7 +47,7 @@ from flows.experiment import checkout_outputs, experiment_tags, save_experiment 
 from flows.failure import openable  # noqa: E402
 from flows.workspace import StageFailed, Workspace, check_cache, create_workspace, new_run_id  # noqa: E402
 
-STAGES = af.stage_names()  # declared once, in dvc.yaml
+STAGES = stage_names()  # declared once, in dvc.yaml
 # Attempts after the first, per stage: only ever for a transient failure (`_transient_only`), so a
 # deterministic stage error (a gate, bad data, a bug, bad params) fails once. evaluate and promote talk
 # to a Dask cluster and the registry (servers that hiccup): one more try than the pure-compute stages.
@@ -102,7 +103,7 @@ STAGE_TASKS = {stage: _stage_task(stage) for stage in STAGES}
 
 def declared_stages(root: Path) -> list[str]:
     """STAGES in order, those that the project's dvc.yaml declares."""
-    declared = af.stage_names(root)
+    declared = stage_names(root)
     return [s for s in STAGES if s in declared]
 
 

@@ -4,7 +4,6 @@
   project root: the repository for `dvc repro`, the run workspace for `factory run`);
 - the file names inside each stage's directory (`KPIS`, `BACKEND`, `WEIGHTS`, ...): every module that
   writes or reads a stage's output names it through here;
-- `stage_names()`: the stages, read from `dvc.yaml` (their one declaration);
 - readers (`kpis`, `parity`, `latency`, `backend_manifest`, `promotion`, `kpi_scalars`) for the flow,
   `factory compare` and the registry: JSON and arithmetic only, nothing heavy imported.
 """
@@ -64,23 +63,6 @@ PROMOTION = "promotion.json"
 RELEASE_JSON = "release.json"
 MODEL_CARD = "MODEL_CARD.md"
 AUDIT_LOG = "audit.jsonl"
-
-
-# --- the stage DAG: declared once, in dvc.yaml --------------------------------------------------------
-
-
-def stage_names(project: Path | None = None) -> tuple[str, ...]:
-    """The stages `dvc.yaml` declares, in its order (the project's, or the one in `project`)."""
-    import yaml
-
-    path = Path(project) / "dvc.yaml" if project is not None else _PROJECT_DVC_YAML
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing; the stage DAG is declared there")
-    stages = (yaml.safe_load(path.read_text()) or {}).get("stages") or {}
-    return tuple(stages)
-
-
-_PROJECT_DVC_YAML = Path(__file__).resolve().parents[1] / "dvc.yaml"
 
 
 # --- small readers of the stage outputs (no heavy imports: flows and compare use them) ---------------

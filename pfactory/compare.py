@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pfactory.artifacts import stage_names
+from pfactory.dag import stage_names
 from pfactory.tracking import EXPERIMENT
 
 STAGES = stage_names()  # declared once, in dvc.yaml

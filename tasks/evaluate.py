@@ -139,8 +139,7 @@ COMMAND = Command(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m tasks.evaluate [--model OPTIMIZED] [--data DIR] [--out DIR] [--reference MODEL | --no-reference]
-    [--dask ADDRESS|local:N] [--no-track] [--raw DIR] [--no-summary]` (= `factory evaluate`; paths.* defaults)."""
+    """`python -m tasks.evaluate [options of COMMAND] [-S k=v ...]` (= `factory evaluate`; paths.* defaults)."""
     from tasks._stage import stage_main
 
     stage_main(COMMAND, argv)

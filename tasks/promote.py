@@ -16,13 +16,12 @@ With a team's registry the candidate is registered in `<model>-candidates`; a us
 (an engineer) gets the decision "awaiting-maintainer" (gated, not promoted, who may promote it), exit 0.
 
 Run: `python -m tasks.promote [REF] [--run-id ID] [--dry-run] [--no-fail-if-refused] [-S promote.min_map=0.5 ...]`
-or `factory promote` with the same arguments (one declaration: `tasks.options`); REF (a registered version,
-`last`, a run id) gates a registered candidate instead of the files in `paths.optimized` + `paths.eval`.
+or `factory promote` with the same arguments (one declaration: `COMMAND`); REF (a registered version, `last`,
+a run id) gates a registered candidate instead of the files in `paths.optimized` + `paths.eval`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -40,24 +39,6 @@ def sections() -> Mapping[str, type]:
     from pfactory.registry.params import PromoteParams
 
     return {"promote": PromoteParams, "evaluate": EvaluateParams}
-
-
-def _log_result(result: dict[str, Any]) -> None:
-    import mlflow
-
-    metrics = {"promote/promoted": float(result["decision"] == "promoted")}
-    if result["version"] is not None:
-        metrics["promote/version"] = float(result["version"])
-    for g in result["gates"]:
-        key = g["name"].replace("/", "_").replace("+", "-inf")  # MLflow names allow no "+" (range "40+")
-        for field in ("value", "margin"):
-            v = g[field]
-            if isinstance(v, int | float) and not isinstance(v, bool):
-                metrics[f"gate/{key}/{field}"] = float(v)
-        metrics[f"gate/{key}/passed"] = float(bool(g["passed"]))
-    mlflow.log_metrics(metrics)
-    mlflow.set_tags({"promote.decision": result["decision"], "promote.version": str(result["version"])})
-    mlflow.log_dict(result, "promote/result.json")
 
 
 def run(
@@ -81,6 +62,7 @@ def run(
     from pfactory.registry.candidates import champion_evaluator
     from pfactory.registry.params import PromoteParams
     from pfactory.registry.promotion import Candidate, promote
+    from pfactory.registry.report import log_result
     from pfactory.section import section_of
 
     prm = section_of(params, STAGE, PromoteParams)
@@ -96,7 +78,7 @@ def run(
         candidate = Candidate(optimized, eval_dir / af.KPIS, run_id or active.info.run_id)
         # A team member who may not move the alias gets a gated candidate "awaiting-maintainer", exit 0.
         result = promote(prm, candidate, data, release, dry_run, fn, require_permission=False)
-        _log_result(result)
+        log_result(result)
         result["mlflow_run_id"] = active.info.run_id
     return result
 
@@ -106,13 +88,10 @@ def body(p: Any, o: Any) -> dict:
 
     `o.ref` None: the candidate in `o.optimized` + `o.eval_dir` (`run`); else a registered version, `last` or a
     run id through the same gates (`pfactory.registry.candidates.promote_ref`). Either way the decision is
-    written to `<paths.artifacts>/promotion.json` (a metrics file of the DVC stage, what the flow reads), an
-    empty release when none exists (DVC needs its declared out), the gate table to stderr. Missing or
-    unreadable evidence, or the registry refused: the stage failed; a refusal by the gates exits 1 only with
-    `o.fail_if_refused`."""
-    from pfactory import artifacts as af
-    from pfactory.fsutil import atomic_write_json
-    from pfactory.registry.release import write_empty_release
+    recorded (`pfactory.registry.release.record_decision`: promotion.json, the gate table; a refusal by the
+    gates exits 1 only with `o.fail_if_refused`). Missing or unreadable evidence, or the registry refused:
+    the stage failed."""
+    from pfactory.registry.release import record_decision
     from pfactory.tracking import PARENT_ENV
 
     release = o.release or Path(p.paths.release)
@@ -122,44 +101,12 @@ def body(p: Any, o: Any) -> dict:
         run_id = o.run_id or os.environ.get(PARENT_ENV) or None
         result = run(p, optimized, eval_dir, data, release, run_id=run_id, dry_run=o.dry_run)
     else:
-        from pfactory.registry.candidates import promote_ref
+        from pfactory.registry.candidates import last_registered, promote_ref
 
-        result = promote_ref(p, _registered_ref(p, o.ref), data, release, o.dry_run)
-    if not release.exists():
-        write_empty_release(release, p.promote, result)
-    atomic_write_json(Path(p.paths.artifacts) / af.PROMOTION, result)
-    from rich.console import Console
-
-    from pfactory.registry.report import promotion_view
-
-    Console(stderr=True).print(promotion_view(result))
-    if o.fail_if_refused and refused(result):
-        from pfactory.registry.errors import PromotionRefused
-
-        print(json.dumps(result, indent=2, sort_keys=True, default=str))  # the result, as on a pass
-        failed = ", ".join(g["name"] for g in result["gates"] if not g["passed"]) or "see the gate table"
-        raise PromotionRefused(f"the gates refused v{result['version']} ({failed})")
+        ref = last_registered(Path(p.paths.artifacts)) if o.ref == "last" else o.ref
+        result = promote_ref(p, ref, data, release, o.dry_run)
+    record_decision(result, Path(p.paths.artifacts), release, p.promote, o.fail_if_refused)
     return result
-
-
-def refused(result: dict) -> bool:
-    """The gates said no: a refusal, or a dry run that would be refused."""
-    return result["decision"] == "refused" or (result["decision"] == "dry-run" and not result.get("would_promote"))
-
-
-def _registered_ref(p: Any, ref: str) -> str:
-    """`last` -> the version `<paths.artifacts>/promotion.json` names (the last decision here); other refs as given."""
-    if ref != "last":
-        return ref
-    from pfactory import artifacts as af
-    from pfactory.failures import UsageError
-
-    record = Path(p.paths.artifacts) / af.PROMOTION
-    last = af.promotion(Path(p.paths.artifacts)) or {}
-    if last.get("version") is None:
-        raise UsageError(f"{record}: no registered version (no promotion ran here yet); pass VERSION, MODEL@ALIAS "
-                         "or a run id (`factory lineage` lists them)")  # fmt: skip
-    return f"{last['model']}/{last['version']}" if last.get("model") else str(last["version"])  # team: a candidate
 
 
 COMMAND = Command(

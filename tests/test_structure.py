@@ -65,9 +65,9 @@ def test_task_modules_stay_thin() -> None:
 def test_the_graph_sees_imports() -> None:
     """The checks above are only as good as the graph: it must see module-level, lazy and relative
     imports, and the kernels' run-time (by name) imports."""
-    assert "pfactory.params_file" in imports_of("tasks._stage")  # lazy, inside stage_main
+    assert "pfactory.params_file" in imports_of("tasks._stage")  # lazy, inside run_stage
     assert "pfactory.sensors.datasets" in imports_of("pfactory.data.prepare")  # module level
     assert "kernels._pillar_scatter_triton" in imports_of("kernels._dispatch")  # importlib by name
-    assert "tasks.train" in imports_of("flows.cli")
+    assert "tasks.train" in imports_of("flows.stage_cli")
     assert "benchmarks.raw_datasets" in imports_of("benchmarks.prepare_scaleout")  # a sibling, by bare name
     assert "benchmarks.prepare_scaleout" in imports_of("benchmarks.bench_prepare")  # lazy, inside main

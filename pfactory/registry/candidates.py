@@ -132,3 +132,15 @@ def promote_ref(
                 {"git_commit": mv.tags.get("git.commit"), "git_dirty": mv.tags.get("git.dirty")}, name,
             )  # fmt: skip
         return promote(prm, candidate, Path(data), Path(release), dry_run, fn)
+
+
+def last_registered(artifacts: Path) -> str:
+    """The ref of the version `<artifacts>/promotion.json` names (the last promotion decision made here;
+    `factory promote last`): `MODEL/V` for a team's candidate, else `V`. UsageError (exit 2) when none."""
+    from pfactory.failures import UsageError
+
+    last = af.promotion(artifacts) or {}
+    if last.get("version") is None:
+        raise UsageError(f"{Path(artifacts) / af.PROMOTION}: no registered version (no promotion ran here yet); "
+                         "pass VERSION, MODEL@ALIAS or a run id (`factory lineage` lists them)")  # fmt: skip
+    return f"{last['model']}/{last['version']}" if last.get("model") else str(last["version"])

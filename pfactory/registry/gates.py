@@ -247,3 +247,8 @@ def format_gates(gates: Sequence[Gate | Mapping[str, Any]]) -> str:
         d = g.to_json() if isinstance(g, Gate) else dict(g)
         lines.append(f"  {'PASS' if d['passed'] else 'FAIL'}  {d['name']:<32} {d.get('detail', '')}")
     return "\n".join(lines)
+
+
+def refused(result: Mapping[str, Any]) -> bool:
+    """A promotion result (`promotion.promote`) the gates said no to: "refused", or a dry run that would be."""
+    return result["decision"] == "refused" or (result["decision"] == "dry-run" and not result.get("would_promote"))

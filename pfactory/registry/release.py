@@ -185,3 +185,24 @@ def write_empty_release(release: Path, prm: Any, result: Mapping[str, Any]) -> N
                 "files": f"models:/{prm.model_name}@{prm.alias}" if champion is not None else None,
             },
         )
+
+
+def record_decision(result: Mapping[str, Any], artifacts: Path, release: Path, prm: Any, fail_if_refused: bool) -> None:
+    """What the promote stage does with a decision, whatever the candidate was: an empty `release` when none
+    exists (DVC needs its declared out), the result at `<artifacts>/promotion.json` (the decision record the
+    flow and `factory promote last` read), the gate table on stderr; then, when the gates refused it and
+    `fail_if_refused`, the result as JSON on stdout and `PromotionRefused` (exit 1) naming the failed gates."""
+    from rich.console import Console
+
+    from pfactory.registry.errors import PromotionRefused
+    from pfactory.registry.gates import refused
+    from pfactory.registry.report import promotion_view
+
+    if not release.exists():
+        write_empty_release(release, prm, result)
+    atomic_write_json(Path(artifacts) / af.PROMOTION, dict(result))
+    Console(stderr=True).print(promotion_view(result))
+    if fail_if_refused and refused(result):
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))  # the result, as on a pass
+        failed = ", ".join(g["name"] for g in result["gates"] if not g["passed"]) or "see the gate table"
+        raise PromotionRefused(f"the gates refused v{result['version']} ({failed})")

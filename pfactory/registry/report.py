@@ -121,3 +121,23 @@ def lineage_view(lin: Mapping[str, Any]) -> list[Any]:
             t.add_row(k, str(v))
         out.append(t)
     return out
+
+
+def log_result(result: Mapping[str, Any]) -> None:
+    """Log a promotion result to the active MLflow run: `promote/promoted`, `promote/version`,
+    `gate/<name>/{value,margin,passed}`, the decision tags and `promote/result.json`."""
+    import mlflow
+
+    metrics = {"promote/promoted": float(result["decision"] == "promoted")}
+    if result["version"] is not None:
+        metrics["promote/version"] = float(result["version"])
+    for g in result["gates"]:
+        key = g["name"].replace("/", "_").replace("+", "-inf")  # MLflow names allow no "+" (range "40+")
+        for field in ("value", "margin"):
+            v = g[field]
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                metrics[f"gate/{key}/{field}"] = float(v)
+        metrics[f"gate/{key}/passed"] = float(bool(g["passed"]))
+    mlflow.log_metrics(metrics)
+    mlflow.set_tags({"promote.decision": result["decision"], "promote.version": str(result["version"])})
+    mlflow.log_dict(dict(result), "promote/result.json")
