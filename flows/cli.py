@@ -296,7 +296,6 @@ def kpi_cmd(
         float | None,
         typer.Option(
             "--frame-score-threshold",
-            "--score-threshold",
             help="Per-frame counts and the error breakdown use detections scoring >= this "
             "(evaluate.frame_score_threshold; default 0.3).",
         ),

@@ -162,13 +162,16 @@ def test_cli_score_threshold(tmp_path: Path) -> None:
     gts, preds = random_detections(n_frames=3, gt_per_frame=6, pred_per_frame=12, seed=2)
     gt, pred = write_dir(tmp_path / "gt", gts), write_dir(tmp_path / "pred", preds)
     out = tmp_path / "k.json"
-    args = ["kpi", "--gt", str(gt), "--pred", str(pred), "--out", str(out), "--score-threshold", "0.6"]
+    args = ["kpi", "--gt", str(gt), "--pred", str(pred), "--out", str(out), "--frame-score-threshold", "0.6"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "errors (score >= 0.6" in res.output
     assert json.loads(out.read_text())["params"]["score_threshold"] == 0.6
     res = CliRunner().invoke(app, [*args[:-1], "nan"])
     assert res.exit_code == 2 and "score_threshold must be finite" in res.output
+    # no second name that reads like evaluate.score_threshold (the detection threshold, another parameter)
+    res = CliRunner().invoke(app, [*args[:-2], "--score-threshold", "0.6"])
+    assert res.exit_code == 2 and "--score-threshold" in res.output
 
 
 def _per_file(gt: Path, pred: Path) -> tuple[list[FrameDetections], list[FrameDetections]]:
