@@ -188,9 +188,9 @@ def write_empty_release(release: Path, prm: Any, result: Mapping[str, Any]) -> N
 
 
 def record_decision(result: Mapping[str, Any], artifacts: Path, release: Path, prm: Any, fail_if_refused: bool) -> None:
-    """What the promote stage does with a decision, whatever the candidate was: an empty `release` when none
-    exists (DVC needs its declared out), the result at `<artifacts>/promotion.json` (the decision record the
-    flow and `factory promote last` read), the gate table on stderr; then, when the gates refused it and
+    """What the promote stage does with a decision, whatever the candidate was: unless it is a dry run, an
+    empty `release` when none exists (DVC needs its declared out) and the result at `<artifacts>/promotion.json`
+    (the decision record the flow, `factory lineage` and `factory promote last` read); the gate table on stderr; then, when the gates refused it and
     `fail_if_refused`, the result as JSON on stdout and `PromotionRefused` (exit 1) naming the failed gates."""
     from rich.console import Console
 
@@ -198,9 +198,10 @@ def record_decision(result: Mapping[str, Any], artifacts: Path, release: Path, p
     from pfactory.registry.gates import refused
     from pfactory.registry.report import promotion_view
 
-    if not release.exists():
-        write_empty_release(release, prm, result)
-    atomic_write_json(Path(artifacts) / af.PROMOTION, dict(result))
+    if result["decision"] != "dry-run":  # a dry run changes nothing: the last decision stays the record
+        if not release.exists():
+            write_empty_release(release, prm, result)
+        atomic_write_json(Path(artifacts) / af.PROMOTION, dict(result))
     Console(stderr=True).print(promotion_view(result))
     if fail_if_refused and refused(result):
         print(json.dumps(result, indent=2, sort_keys=True, default=str))  # the result, as on a pass

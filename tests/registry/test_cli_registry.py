@@ -49,7 +49,7 @@ def test_promote_rollback_lineage_commands(bench, tmp_path, registry) -> None:
     assert res.exit_code == 1, res.output
     assert "would be refused" in res.stderr and "class_ap_regression/Car" in res.stderr  # the gate table
     assert json.loads(res.stdout)["would_promote"] is False  # and the result, as JSON
-    assert json.loads((tmp_path / "artifacts" / "promotion.json").read_text())["version"] == 2
+    assert not (tmp_path / "artifacts" / "promotion.json").exists()  # a dry run changes nothing
 
     # Every gate but the registry's own relaxed from the command line (the fixture's jittered KPIs put the
     # "optimized vs PyTorch" delta near the 0.03 tolerance, on either side depending on the synthetic boxes).
@@ -58,6 +58,7 @@ def test_promote_rollback_lineage_commands(bench, tmp_path, registry) -> None:
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert (out["decision"], out["champion_before"], out["champion_after"]) == ("promoted", 1, 2)
+    assert json.loads((tmp_path / "artifacts" / "promotion.json").read_text())["version"] == 2  # the record
 
     res = _cli(tmp_path, bench, "lineage", "test-detector@champion", "--json")
     assert res.exit_code == 0, res.output
