@@ -37,20 +37,7 @@ from flows.team import team_app  # noqa: E402 (Typer only: `factory team ...`, f
 
 app.add_typer(team_app, name="team")
 
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--set-param", "-S", help="Override a parameter, DVC syntax: -S section.key=value (repeatable)."
-    ),
-]
-ParamsOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--params",
-        help="The params file. Default: the project's params.yaml (the project is found from the current "
-        "folder upward, like git and DVC find theirs); its paths are relative to the project.",
-    ),
-]
+from flows.stage_cli import ParamsOpt, SetOpt  # noqa: E402 (every command's -S and --params, declared once)
 
 
 def _stage_names() -> tuple[str, ...]:

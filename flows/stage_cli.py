@@ -41,16 +41,26 @@ def _annotation(stage: str, o: Option) -> Any:
     return Annotated[kind | None, typer.Option(*o.flags, help=o.help, show_default=o.default is not None)]
 
 
+# `-S/--set-param` and `--params`: every stage takes them, and the other `factory` commands too (flows/cli.py).
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set-param", "-S", help="Override a parameter, DVC syntax: -S section.key=value (repeatable)."),
+]
+ParamsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--params",
+        help="The params file. Default: the project's params.yaml (the project is found from the current "
+        "folder upward, like git and DVC find theirs); its paths are relative to the project.",
+    ),
+]
+
+
 def _common() -> list[inspect.Parameter]:
     """`-S/--set-param` and `--params`, which every stage takes."""
     kw = inspect.Parameter.KEYWORD_ONLY
-    set_param = Annotated[list[str] | None, typer.Option(
-        "--set-param", "-S", help="Override a parameter, DVC syntax: -S section.key=value (repeatable).")]  # fmt: skip
-    params = Annotated[Path | None, typer.Option(
-        "--params", help="The params file. Default: the project's params.yaml (the project is found from the "
-        "current folder upward, like git and DVC find theirs); its paths are relative to the project.")]  # fmt: skip
-    return [inspect.Parameter("set_param", kw, default=None, annotation=set_param),
-            inspect.Parameter("params_file", kw, default=None, annotation=params)]  # fmt: skip
+    return [inspect.Parameter("set_param", kw, default=None, annotation=SetOpt),
+            inspect.Parameter("params_file", kw, default=None, annotation=ParamsOpt)]  # fmt: skip
 
 
 def stage_command(command: Command) -> Any:

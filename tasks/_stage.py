@@ -1,9 +1,10 @@
 """The one entry of every stage: `python -m tasks.<stage>` (what `dvc.yaml` runs, `stage_main`) and
-`factory <stage>` (`flows.cli` parses the same declared options and calls `run_stage`).
+`factory <stage>` (`flows/stage_cli.py` parses the same declared options and calls `run_stage`).
 
 Parses `[-S section.key=value ...] [--params FILE]` plus the stage's own options (`tasks._command`: declared
 once for both entries; paths default to the `paths` of params.yaml), loads and validates params (exit 2
-with a message naming the key on a bad value), configures the offline environment, runs the stage and prints its metrics as JSON.
+with a message naming the key on a bad value), configures the offline environment, runs the stage and prints
+its metrics as JSON.
 Exit codes, for every stage (what `factory run` and its retries read, docs/OPERATIONS.md): 0 done;
 1 the stage ran and failed (a gate, bad data, a bug: a retry fails the same way); 2 bad usage, parameters
 or inputs, nothing ran; 75 a transient failure (EX_TEMPFAIL): a lost connection or Dask worker, a locked

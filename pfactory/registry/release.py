@@ -187,11 +187,14 @@ def write_empty_release(release: Path, prm: Any, result: Mapping[str, Any]) -> N
         )
 
 
-def record_decision(result: Mapping[str, Any], artifacts: Path, release: Path, prm: Any, fail_if_refused: bool) -> None:
+def record_decision(
+    result: Mapping[str, Any], artifacts: Path, release: Path, prm: Any, fail_if_refused: bool
+) -> None:
     """What the promote stage does with a decision, whatever the candidate was: unless it is a dry run, an
     empty `release` when none exists (DVC needs its declared out) and the result at `<artifacts>/promotion.json`
-    (the decision record the flow, `factory lineage` and `factory promote last` read); the gate table on stderr; then, when the gates refused it and
-    `fail_if_refused`, the result as JSON on stdout and `PromotionRefused` (exit 1) naming the failed gates."""
+    (the decision record the flow, `factory lineage` and `factory promote last` read); the gate table on stderr;
+    then, when the gates refused it and `fail_if_refused`, the result as JSON on stdout and `PromotionRefused`
+    (exit 1) naming the failed gates."""
     from rich.console import Console
 
     from pfactory.registry.errors import PromotionRefused
