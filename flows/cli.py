@@ -1,7 +1,7 @@
 """The `factory` command line (Typer), the top of the stack (cli -> flows -> tasks -> pfactory -> kernels).
 
 Every heavy import happens inside a command. The stage commands (`prepare`, `train`, `optimize`, `evaluate`,
-`promote`) are built from the stage's declared options (`tasks/options.py`, `flows/stage_cli.py`) and run the
+`promote`) are built from the stage's declared options (`tasks/_command.py`, `flows/stage_cli.py`) and run the
 stage's own body through `tasks._stage.run_stage`, which decides the default paths, what is printed and the
 exit code, exactly as `python -m tasks.<stage>` (dvc.yaml) does.
 
@@ -55,20 +55,14 @@ def _stage_names() -> tuple[str, ...]:
 Stage = enum.Enum("Stage", {name: name for name in _stage_names()}, type=str)
 
 
-def _params_file(params_file: Path | None) -> Path:
-    """`--params`, else the params.yaml of the project the current folder is in (`tracking.params_path`, the
-    resolver of the stage entries too)."""
-    from pfactory.tracking import params_path
-
-    return params_path(params_file)
-
-
 def _params(params_file: Path | None, overrides: list[str] | None):
-    """Load params or exit 2 with the validation message (names the key and the expectation). Their `paths`
+    """Load params (`--params`, else the project's params.yaml: `tracking.params_path`, the stage entries'
+    resolver too) or exit 2 with the validation message (names the key and the expectation). Their `paths`
     are made relative to the params file's folder (the project root) when the command runs elsewhere."""
     from pfactory.config import ParamsError, anchored, load_params
+    from pfactory.tracking import params_path
 
-    path = _params_file(params_file)
+    path = params_path(params_file)
     try:
         return anchored(load_params(path, overrides or []), path.parent)
     except ParamsError as e:
