@@ -154,7 +154,7 @@ def checkout_outputs(ws: Workspace) -> list[str]:
     import yaml
 
     from pfactory.dvccache import link_or_copy
-    from pfactory.fsutil import OutputRefused, atomic_directory, atomic_write_text
+    from pfactory.fsutil import OutputRefused, atomic_directory, atomic_write_text, remove_stale_temps
 
     lock = ws.lock()
     if not lock.get("stages"):
@@ -173,10 +173,14 @@ def checkout_outputs(ws: Workspace) -> list[str]:
                     continue  # a directory of the user's own at that path: never overwritten
             elif src.is_file():
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                tmp_file = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-                tmp_file.unlink(missing_ok=True)
-                link_or_copy(src, tmp_file)
-                os.replace(tmp_file, dst)
+                remove_stale_temps(dst)  # a checkout killed between the link and the rename
+                tmp_file = dst.with_name(f".{dst.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
+                try:
+                    link_or_copy(src, tmp_file)
+                    os.replace(tmp_file, dst)
+                except BaseException:
+                    tmp_file.unlink(missing_ok=True)
+                    raise
             else:
                 continue
             brought.append(rel)

@@ -65,6 +65,15 @@ def remove_stale_temps(path: str | os.PathLike[str]) -> list[Path]:
     return removed
 
 
+def dead_temp(name: str) -> bool:
+    """Whether file name `name` is a temporary file of ours (`.<name>.<pid>[-<random>].tmp`) whose writer
+    process is gone: debris of a killed write, not anybody's data."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return False
+    pid_s = name[:-4].rsplit(".", 1)[-1].split("-", 1)[0]
+    return pid_s.isdigit() and int(pid_s) != os.getpid() and not pid_alive(int(pid_s))
+
+
 def glob_escape(name: str) -> str:
     """`name` with glob metacharacters escaped (a literal part of a pattern)."""
     import glob
@@ -217,7 +226,7 @@ def check_output_dir(
                 "cannot be",
                 f"use a directory inside it, e.g. {p / stage}",
             )
-        entries = sorted(e.name for e in p.iterdir())
+        entries = sorted(e.name for e in p.iterdir() if not dead_temp(e.name))  # a killed write's debris
         owner = output_owner(p)
         if entries and owner != stage and not (owner is None and _legacy_output(entries, stage)):
             if owner is not None:

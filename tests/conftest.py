@@ -313,6 +313,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # The suite's wall-time guard. `bash scripts/test.sh` with no arguments (what CI runs) sets
 # PFACTORY_TEST_BUDGET_S: a default tier that outgrows it fails the run the day it happens, with the time.
 BUDGET_ENV = "PFACTORY_TEST_BUDGET_S"
+SLOWEST = 25  # the summary lists this many slowest tests: where the next minute of budget goes
 
 
 def _is_xdist_worker(config: pytest.Config) -> bool:
@@ -329,17 +330,23 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     # Seconds per test folder (setup + call + teardown of its tests, summed over the workers): the table
     # docs/TESTING.md keeps, so growth shows where it happens.
     per_folder: dict[str, float] = {}
+    per_test: dict[str, float] = {}
     for reports in terminalreporter.stats.values():
         for rep in reports:
             nodeid, duration = getattr(rep, "nodeid", ""), getattr(rep, "duration", None)
             if nodeid and isinstance(duration, float):
                 folder = nodeid.split("::")[0].rsplit("/", 1)[0] + "/"
                 per_folder[folder] = per_folder.get(folder, 0.0) + duration
+                per_test[nodeid] = per_test.get(nodeid, 0.0) + duration
     if per_folder:
         terminalreporter.write_line(
             "test seconds per folder: "
             + ", ".join(f"{k} {v:.0f}" for k, v in sorted(per_folder.items(), key=lambda kv: -kv[1]))
         )
+        slowest = sorted(per_test.items(), key=lambda kv: -kv[1])[:SLOWEST]
+        terminalreporter.write_line(f"the {len(slowest)} slowest tests (setup + call + teardown, seconds):")
+        for nodeid, seconds in slowest:
+            terminalreporter.write_line(f"  {seconds:6.1f}  {nodeid}")
     terminalreporter.write_line(f"test suite wall time: {wall:.0f} s, {tier} tier{limit}")
 
 

@@ -114,6 +114,24 @@ def test_stale_temps_of_dead_writers_are_removed(tmp_path: Path) -> None:
     assert remove_stale_temps(target) == []
 
 
+def test_an_output_left_with_only_a_killed_writers_temp_is_replaced(tmp_path: Path) -> None:
+    """`dvc exp run` removes a stage's outputs before it runs; a checkout killed mid-write left its temp in the
+    directory: that debris does not make the directory foreign (a live writer's temp still does)."""
+    out = tmp_path / "eval"
+    out.mkdir()
+    pid = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                             capture_output=True, text=True).stdout)  # fmt: skip
+    (out / f".kpis.json.{pid}.tmp").write_text("{}")
+    _build(out)
+    assert output_owner(out) == "evaluate"
+    assert sorted(p.name for p in out.iterdir()) == [OUTPUT_MARKER, "kpis.json"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / f".kpis.json.{os.getppid()}-ab12.tmp").write_text("{}")  # a live process is writing it
+    with pytest.raises(OutputRefused, match="did not write"):
+        check_output_dir(other, "evaluate")
+
+
 def test_a_full_disk_names_the_target(tmp_path: Path) -> None:
     err = OSError(errno.ENOSPC, "No space left on device")
     with pytest.raises(OSError) as info:
