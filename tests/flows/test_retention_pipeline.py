@@ -57,6 +57,16 @@ def test_gc_after_five_runs_keeps_the_champions_lineage_and_a_training_run(tmp_p
     assert results[1]["promotion"]["decision"] == "promoted"
     champion_ws = Path(results[1]["workspace"])
 
+    # The champion's lineage as its pipeline run records it (`data.<out>.md5`), and which of those objects the
+    # cache holds before gc (a `cache: false` output, promotion.json, is named but never in the cache).
+    mlflow.set_tracking_uri(f"sqlite:///{root / 'artifacts' / 'mlflow' / 'mlflow.db'}")
+    cache = retention.read_config(root)
+    tags = mlflow.MlflowClient().get_run(results[1]["mlflow_run_id"]).data.tags
+    lineage = {k[5:-4]: v for k, v in tags.items() if k.startswith("data.") and k.endswith(".md5")}
+    cached = {h for h in retention.expand(cache, lineage.values()) if retention.object_path(cache, h).is_file()}
+    for out in ("artifacts/prepared", "artifacts/model/model.pt", "artifacts/optimized"):
+        assert lineage.get(out) in cached, f"the champion's {out} is not in the cache before gc: {lineage}"
+
     env = {**GIT, "PFACTORY_GC_GRACE_S": "0"}
     dry = factory(root, "gc", "--keep-last", "1", "--json", env=env)
     assert dry.returncode == 0, dry.stderr[-2000:]
@@ -73,7 +83,6 @@ def test_gc_after_five_runs_keeps_the_champions_lineage_and_a_training_run(tmp_p
     assert freed >= 0.9 * frees, f"reported {frees} B, freed {freed} B"
 
     # The champion: loads and predicts from MLflow's store; its lineage resolves; its data is still cached.
-    mlflow.set_tracking_uri(f"sqlite:///{root / 'artifacts' / 'mlflow' / 'mlflow.db'}")
     model = mlflow.pyfunc.load_model("models:/pfactory-detector@champion")
     from pfactory.inference.calibration import load_feeds
 
@@ -82,10 +91,8 @@ def test_gc_after_five_runs_keeps_the_champions_lineage_and_a_training_run(tmp_p
     lin = factory(root, "lineage", "--json")
     assert lin.returncode == 0, lin.stderr[-2000:]
     data = json.loads(lin.stdout)["data"]
-    cache = retention.read_config(root)
-    tags = mlflow.MlflowClient().get_run(results[1]["mlflow_run_id"]).data.tags
-    needed = retention.expand(cache, [v for k, v in tags.items() if k.startswith("data.") and k.endswith(".md5")])
-    assert needed and all(retention.object_path(cache, h).is_file() for h in needed), "champion's data went"
+    gone = sorted(h for h in cached if not retention.object_path(cache, h).is_file())
+    assert not gone, f"gc removed {len(gone)} of the champion's {len(cached)} cached objects: {gone[:5]}"
     assert data, "lineage names the champion's data"
 
     # The kept run as DVC sees it.
