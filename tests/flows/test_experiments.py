@@ -157,7 +157,7 @@ def _no_traceback(r: subprocess.CompletedProcess) -> None:
     [
         ["evaluate"],
         ["optimize"],
-        ["profile", "train"],
+        ["profile", "train", "--steps", "1"],  # the trace's content: tests/train/test_trainer.py
         ["data", "show"],
         ["promote", "--dry-run"],
         ["lineage"],
@@ -173,7 +173,7 @@ def test_follow_up_command_on_its_defaults_after_factory_run(project: Path, runs
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     if cmd == ["data", "show"]:
         assert (project / "frame.png").is_file()
-    if cmd == ["profile", "train"]:
+    if cmd[0] == "profile":
         assert (project / "artifacts" / "profile").is_dir()
 
 

@@ -26,8 +26,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the project (code, dvc.yaml, params.yaml, a fresh `.dvc/`), shared by this module."""
-    return make_project(tmp_path_factory.mktemp("project"))
+    """A copy of the project (code, dvc.yaml, params.yaml, a fresh `.dvc/`), shared by this module; no Prefect
+    database yet: its first run is a newcomer's first run (the other pipeline tests start from a migrated one)."""
+    return make_project(tmp_path_factory.mktemp("project"), first_start=True)
 
 
 def _changed(status_json: str) -> dict:
@@ -54,6 +55,7 @@ def _run(project: Path, name: str, *extra: str) -> dict:
 
 def test_factory_run_end_to_end(project: Path) -> None:
     result = _run(project, "first")
+    assert result["startup"]["prefect_first_start"] and result["startup"]["mlflow_first_start"], result["startup"]
     stages = _stages_present(project)
     assert sorted(result["stages"]) == sorted(stages)
     assert all(result["stages"][s]["ran"] for s in stages), result["stages"]
@@ -120,6 +122,7 @@ def test_second_run_is_restored_from_the_run_cache(project: Path) -> None:
     t0 = time.perf_counter()
     result = _run(project, "again")
     seconds = time.perf_counter() - t0
+    assert not result["startup"]["prefect_first_start"], result["startup"]
     compute = [
         s for s in _stages_present(project) if s != "promote"
     ]  # promote always runs (the registry moves)
