@@ -174,7 +174,7 @@ LEGACY_OUTPUTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "synth": ("synth.json", ("synth.json", "training", "samples", "sweeps", "v1.0-*")),
     "prepare": ("manifest.json", ("manifest.json", "rejected.jsonl", "train", "val")),
     "optimize": ("backend.json", ("backend.json", "*.json", "*.onnx", "onnxruntime", "tensorrt")),
-    "evaluate": ("kpis.json", ("kpis.json", "metrics.json", "pr", "report")),
+    "evaluate": ("kpis.json", ("kpis.json", "metrics.json", "pr", "report", "kitti_results", "kitti_frames.txt")),
     "promote": ("release.json", ("release.json", "*.json", "*.jsonl", "*.md", "optimized")),
 }
 

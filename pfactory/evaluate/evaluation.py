@@ -157,15 +157,19 @@ def evaluate(
 
 
 def _kitti(tmp: Path, raw: Path | None, preds: list, inputs: Any) -> dict[str, Any]:
-    """kpis.json's KITTI entries (pfactory.evaluate.kitti_results) when the prepared data is KITTI's."""
-    if raw is None:
-        return {}
+    """kpis.json's KITTI entries (pfactory.evaluate.kitti_results) when the prepared data is KITTI's; for other
+    data the result folder and frame list are written empty (they are the stage's declared DVC outputs)."""
     import json
 
-    from pfactory.evaluate.kitti_results import kitti_evaluation
+    from pfactory.evaluate.kitti_results import kitti_evaluation, write_no_results
 
-    manifest = json.loads((Path(inputs.data.root) / af.PREPARED_MANIFEST).read_text())
-    return kitti_evaluation(tmp, Path(raw), preds, manifest.get("source", {}).get("layout", ""))
+    entries: dict[str, Any] = {}
+    if raw is not None:
+        manifest = json.loads((Path(inputs.data.root) / af.PREPARED_MANIFEST).read_text())
+        entries = kitti_evaluation(tmp, Path(raw), preds, manifest.get("source", {}).get("layout", ""))
+    if not entries:
+        write_no_results(tmp)
+    return entries
 
 
 class _Slim:

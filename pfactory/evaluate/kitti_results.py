@@ -12,6 +12,8 @@ Out: `<eval>/kitti_results/<frame_id>.txt`, one per evaluated frame (empty: no d
      OpenPCDet's convention); truncation / occlusion are -1 (unused for results). Numbers in full precision
      (`repr`), so re-scoring reads the very doubles scored here.
      `<eval>/kitti_frames.txt`: the evaluated frame ids, one a line (KITTI's ImageSets/val.txt).
+     Both are DVC outputs of the evaluate stage (cached, restored, checked out to the project's
+     `artifacts/eval/`); for data that is not KITTI's they are written empty (`write_no_results`).
      `kitti_blocks(...)` of the KITTI metric, scored from those files against the dataset's own label_2.
 Detections outside the camera's view: a box entirely behind the camera (no corner at >= 0.1 m depth) or
 whose projection misses the image is not written. KITTI labels only objects in the camera image, and the
@@ -148,6 +150,13 @@ def write_kitti_results(out: Path, split: Path, preds: list[FrameDetections]) ->
         dropped += n_out
     (out / FRAMES_FILE).write_text("".join(f"{f.frame_id}\n" for f in preds))
     return {"folder": RESULTS_DIR, "frames_file": FRAMES_FILE, "written": written, "outside_view": dropped}
+
+
+def write_no_results(out: Path) -> None:
+    """An empty `out/kitti_results/` and `out/kitti_frames.txt`: the evaluation was not KITTI's (both are the
+    evaluate stage's DVC outputs, so they exist for every dataset)."""
+    (out / RESULTS_DIR).mkdir(parents=True, exist_ok=True)
+    (out / FRAMES_FILE).write_text("")
 
 
 def kitti_evaluation(
