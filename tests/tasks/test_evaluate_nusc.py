@@ -45,6 +45,9 @@ def test_stage_writes_a_submission_the_devkit_loads(setup, tmp_path, monkeypatch
     tasks.evaluate.run(_params(), setup["optimized"], None, setup["prepared"], out, "local:1", track=False,
                        raw=setup["raw"])  # fmt: skip
     doc = json.loads((out / "kpis.json").read_text())
+    # The stage's KITTI outputs (declared DVC outs) exist for every dataset: empty for nuScenes data.
+    assert "kitti" not in doc and (out / "kitti_frames.txt").read_text() == ""
+    assert list((out / "kitti_results").iterdir()) == []
     info = doc["nusc_results"]
     assert info["file"] == "report/results_nusc.json" and info["samples"] == doc["data"]["frames"]
     path = out / info["file"]
