@@ -165,7 +165,8 @@ def _no_traceback(r: subprocess.CompletedProcess) -> None:
     "cmd",
     [
         ["evaluate"],
-        ["optimize"],
+        # the same generated stage command (flows/stage_cli.py) as evaluate's; the stage: tests/tasks/test_optimize.py
+        pytest.param(["optimize"], marks=pytest.mark.full),
         ["profile", "train", "--steps", "1"],  # the trace's content: tests/train/test_trainer.py
         ["data", "show"],
         ["promote", "--dry-run"],
