@@ -154,7 +154,13 @@ def checkout_outputs(ws: Workspace) -> list[str]:
     import yaml
 
     from pfactory.dvccache import link_or_copy
-    from pfactory.fsutil import OutputRefused, atomic_directory, atomic_write_text, remove_stale_temps
+    from pfactory.fsutil import (
+        OutputRefused,
+        atomic_directory,
+        atomic_write_text,
+        remove_stale_temps,
+        temp_sibling,
+    )
 
     lock = ws.lock()
     if not lock.get("stages"):
@@ -174,7 +180,7 @@ def checkout_outputs(ws: Workspace) -> list[str]:
             elif src.is_file():
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 remove_stale_temps(dst)  # a checkout killed between the link and the rename
-                tmp_file = dst.with_name(f".{dst.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
+                tmp_file = temp_sibling(dst)
                 try:
                     link_or_copy(src, tmp_file)
                     os.replace(tmp_file, dst)

@@ -45,6 +45,13 @@ def _temp_prefix(path: Path) -> str:
     return f".{path.name}.{os.getpid()}-"
 
 
+def temp_sibling(path: str | os.PathLike[str]) -> Path:
+    """A fresh name for a temporary sibling of `path` (`.<name>.<pid>-<random>.tmp`, not created): for a
+    writer that makes the file itself (a link) before renaming it over `path`; `remove_stale_temps` knows it."""
+    path = Path(path)
+    return path.with_name(f"{_temp_prefix(path)}{os.urandom(4).hex()}.tmp")
+
+
 def remove_stale_temps(path: str | os.PathLike[str]) -> list[Path]:
     """Remove temporary siblings of `path` (`.<name>.<pid>-*.tmp`, files or directories) whose writer
     process is gone (SIGKILL, power loss); returns what was removed. Those of live processes stay."""
