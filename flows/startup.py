@@ -156,6 +156,49 @@ def _rel(path: Path | None) -> str:
     return openable(path) if path is not None else "?"
 
 
+MLFLOW_PROBE_TIMEOUT_S = 10.0  # one GET /health; the MLflow client's own retries come after, in start_mlflow
+
+
+def probe_mlflow_server(uri: str, timeout: float = MLFLOW_PROBE_TIMEOUT_S) -> None:
+    """For an `http(s)://` MLFLOW_TRACKING_URI: one `GET /health`, so that an address where nothing answers
+    fails in seconds instead of after the MLflow client's retries (about a minute). Any HTTP answer, an
+    error status included (a basic-auth server's 401), counts as an answer. Raises `ServiceFailed`."""
+    import ssl
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from pfactory.tracking import redact_uri
+
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https"):
+        return
+    netloc = parts.hostname or ""  # without user:password@ (urllib would not take them from the URL)
+    netloc = f"[{netloc}]" if ":" in netloc else netloc
+    if parts.port:
+        netloc += f":{parts.port}"
+    health = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/health", "", ""))
+    try:
+        with urllib.request.urlopen(health, timeout=timeout):
+            return
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, ssl.SSLError):
+            return  # it answered; TLS settings (MLFLOW_TRACKING_INSECURE_TLS, a CA bundle) are the client's
+        raise ServiceFailed(
+            f"the MLflow tracking server {redact_uri(uri)}",
+            [f"nothing answered GET /health: {type(reason).__name__}: {reason}"[:300]],
+            [
+                "a tracking server: check that it runs and MLFLOW_TRACKING_URI (host, port, http/https)",
+                "or `unset MLFLOW_TRACKING_URI` to use the embedded sqlite store under artifacts/mlflow/",
+            ],
+        ) from e
+
+
 def start_services(console: RunConsole, root: Path) -> dict[str, Any]:
-    """Prefect, then MLflow (`start_prefect`, `start_mlflow`); their start-up figures."""
+    """A tracking server's address checked first (`probe_mlflow_server`: seconds), then Prefect, then MLflow
+    (`start_prefect`, `start_mlflow`); their start-up figures."""
+    probe_mlflow_server(os.environ["MLFLOW_TRACKING_URI"])
     return {**start_prefect(console), **start_mlflow(console, root)}

@@ -19,10 +19,11 @@ if [ "$#" -eq 0 ]; then
   # 1500 s leaves 1.85x for a slower machine (CPUs here differ 2-3x) and stays far under CI's 5400 s.
   export PFACTORY_TEST_BUDGET_S=${PFACTORY_TEST_BUDGET_S:-1500}
 fi
-# One pytest-xdist worker per core (at most 4: each test may use 2 threads and ~2 GB), a module per worker
-# so module- and session-scoped fixtures are built once per worker; PFACTORY_TEST_WORKERS=0 runs in-process.
+# One pytest-xdist worker per core (at most 4: each test may use 2 threads and ~2 GB); a test module, or the
+# modules sharing an expensive session fixture (tests/conftest.py: SHARED_SESSION_FIXTURES), go to one worker,
+# so those fixtures are built once; PFACTORY_TEST_WORKERS=0 runs in-process.
 WORKERS=${PFACTORY_TEST_WORKERS:-$(.venv/bin/python -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')}
 if [ "$WORKERS" -gt 0 ]; then
-  exec .venv/bin/python -m pytest -n "$WORKERS" --dist loadfile "$@"
+  exec .venv/bin/python -m pytest -n "$WORKERS" --dist loadgroup "$@"
 fi
 exec .venv/bin/python -m pytest "$@"

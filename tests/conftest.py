@@ -301,13 +301,44 @@ def pytest_configure(config: pytest.Config) -> None:
     config._pf_t0 = time.monotonic()  # type: ignore[attr-defined]
 
 
+# Session fixtures that take tens of seconds to build (a tracked evaluation, the gate bench's models, an exported
+# graph, a team server). Each pytest-xdist worker builds its own copy of a session fixture, so the test modules
+# that use one of these, directly or through another fixture, run on one worker: one `xdist_group` per set of
+# modules linked by them (scripts/test.sh runs `--dist loadgroup`); every other module is a group of its own,
+# as with `--dist loadfile`, so module-scoped fixtures are built once too.
+SHARED_SESSION_FIXTURES = frozenset({"tracked_eval", "bench", "exported", "team"})
+
+
+def _module_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """Test module path -> its xdist group name: modules that share a SHARED_SESSION_FIXTURES fixture are
+    linked (transitively) into one group named after its first module; any other module is its own group."""
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        root(module)
+        for name in SHARED_SESSION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            a, b = root(module), root("fixture:" + name)
+            if a != b:
+                parent[max(a, b)] = min(a, b)  # "fixture:..." sorts before "tests/...": the fixture names it
+    return {m: root(m).removeprefix("fixture:") for m in parent if not m.startswith("fixture:")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--full"):
-        return
-    heavy = [item for item in items if item.get_closest_marker("full") is not None]
-    if heavy:
-        config.hook.pytest_deselected(items=heavy)
-        items[:] = [item for item in items if item.get_closest_marker("full") is None]
+    if not config.getoption("--full"):
+        heavy = [item for item in items if item.get_closest_marker("full") is not None]
+        if heavy:
+            config.hook.pytest_deselected(items=heavy)
+            items[:] = [item for item in items if item.get_closest_marker("full") is None]
+    groups = _module_groups(items)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::")[0]]))
 
 
 # The suite's wall-time guard. `bash scripts/test.sh` with no arguments (what CI runs) sets

@@ -3,6 +3,7 @@ counts that vary batch to batch do not recompile it more than once (dynamic shap
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch._dynamo
 
@@ -58,6 +59,7 @@ def test_varying_point_counts_compile_at_most_twice() -> None:
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
 
 
+@pytest.mark.full  # ~110 s of Inductor codegen (fwd + bwd, twice); compiled training is opt-in (train.compile)
 def test_inductor_training_step_over_varying_point_counts_matches_eager() -> None:
     """The real backend (Inductor), forward and backward, over three point counts: one dynamic recompile
     at most, and the same loss and gradients as eager (the grid_sample backward once baked the first
