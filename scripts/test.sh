@@ -3,16 +3,10 @@
 #   bash scripts/test.sh            the default tier (what CI runs), under its wall-time budget
 #   bash scripts/test.sh --full     everything: also the tests marked `full` (the heavy tier)
 #   bash scripts/test.sh tests/kernels -k scatter    any pytest arguments (no budget)
-# The nuScenes devkit pins numpy<2, so it is installed without its dependencies
-# together with the two it needs at import time (requirements/devkit.txt) — see docs/KPIS.md.
+# The install (torch through pip, the rest through uv, pip alone as the fallback): scripts/install_dev.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install -q -e ".[dev]"
-if [ -f requirements/devkit.txt ]; then
-  .venv/bin/pip install -q --no-deps -r requirements/devkit.txt
-fi
+bash scripts/install_dev.sh
 .venv/bin/ruff check .
 if [ "$#" -eq 0 ]; then
   # The default tier's budget: 810 s measured on a clean clone, 2-core AMD EPYC Zen 3, 2026-12-03 (docs/TESTING.md);

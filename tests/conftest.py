@@ -302,11 +302,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # Session fixtures that take tens of seconds to build (a tracked evaluation, the gate bench's models, an exported
-# graph, a team server). Each pytest-xdist worker builds its own copy of a session fixture, so the test modules
+# graph). Each pytest-xdist worker builds its own copy of a session fixture, so the test modules
 # that use one of these, directly or through another fixture, run on one worker: one `xdist_group` per set of
 # modules linked by them (scripts/test.sh runs `--dist loadgroup`); every other module is a group of its own,
 # as with `--dist loadfile`, so module-scoped fixtures are built once too.
-SHARED_SESSION_FIXTURES = frozenset({"tracked_eval", "bench", "exported", "team"})
+SHARED_SESSION_FIXTURES = frozenset({"tracked_eval", "bench", "exported"})
 
 
 def _module_groups(items: list[pytest.Item]) -> dict[str, str]:

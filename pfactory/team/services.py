@@ -160,6 +160,9 @@ def _commands(state: TeamState) -> dict[str, tuple[list[str], dict[str, str]]]:
         "MLFLOW_FLASK_SERVER_SECRET_KEY": secret(d, "flask_secret"),
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "DO_NOT_TRACK": "1",
+        # MLflow's job runner (GenAI jobs, trace roll-ups; unused here) is 7 huey consumer processes, ~250 MB
+        # and a few CPU seconds each to start, polling forever after (MLflow 3.x).
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
     }
     mlflow_cmd = [
         sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--workers", "1",

@@ -48,7 +48,7 @@ def mlflow_server(state: Path) -> Iterator[Restartable]:
     cmd = [_executable("mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
            "--backend-store-uri", f"sqlite:///{state / 'mlflow.db'}",
            "--default-artifact-root", (state / "artifacts").as_uri(), "--workers", "1"]  # fmt: skip
-    env = _clean_env(MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="1")
+    env = _clean_env(MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="1", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     s = Restartable("mlflow", cmd, env, f"{url}/health", url, state / "server.log")
     s.start()
     try:

@@ -1,6 +1,6 @@
 """Real servers for the flow tests: a Prefect server and an MLflow tracking server on 127.0.0.1.
 
-Both are session-scoped (started on first use, stopped at the end of the session), each with
+Both are module-scoped (started on first use, stopped when the module ends: an idle server still costs CPU), each with
 its own state in a tmp dir, on a free port. `server.env` is the environment a subprocess
 needs to talk to it (e.g. a served flow, `factory run`). Measured on the 2-core dev box:
 Prefect healthy in ~4-10 s, MLflow (1 worker) in ~12 s.
@@ -96,7 +96,7 @@ def _stop(server: Server) -> None:
         server.proc.wait(timeout=5)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory) -> Iterator[Server]:
     """`prefect server start` on 127.0.0.1:<free port>, state in a tmp PREFECT_HOME.
 
@@ -121,7 +121,7 @@ def prefect_server(tmp_path_factory) -> Iterator[Server]:
         _stop(server)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory) -> Iterator[Server]:
     """`mlflow server` (sqlite backend, local artifact root, 1 worker) on 127.0.0.1:<free port>.
 
@@ -130,7 +130,8 @@ def mlflow_server(tmp_path_factory) -> Iterator[Server]:
     d = tmp_path_factory.mktemp("mlflow_server")
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    env = _clean_env(MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="1")
+    # no job runner: 7 huey consumer processes the tests never use (pfactory/team/services.py says more)
+    env = _clean_env(MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="1", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     cmd = [
         _executable("mlflow"),
         "server",

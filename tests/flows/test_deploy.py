@@ -226,6 +226,7 @@ def test_cli_deploy_without_a_server_says_how_to_start_one(monkeypatch):
     assert "PREFECT_API_URL is not set" in res.output and "prefect server start" in res.output
 
 
+@pytest.mark.full  # the fixture of tests/flows/test_servers.py (full tier); no product code in it
 def test_mlflow_server_fixture_answers(mlflow_server):
     from mlflow.tracking import MlflowClient
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 
 from kernels import native
@@ -295,16 +296,26 @@ def test_padding_rows_and_batch_neighbours_do_not_change_a_sample() -> None:
     torch.testing.assert_close(both["heatmap"][:1], full["heatmap"].detach(), rtol=1e-4, atol=1e-5)
 
 
-def test_forward_export_compiles_fullgraph() -> None:
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "aot_eager",  # Dynamo's whole graph + AOTAutograd over the fake impls: what a graph break or a bad fake breaks
+        # Inductor's codegen (~50 s): used only by opt-in paths (train.compile, optimize.backend=aoti; both
+        # full tier too: tests/train/test_compile.py, tests/inference/test_aoti.py)
+        pytest.param("inductor", marks=pytest.mark.full),
+    ],
+)
+def test_forward_export_compiles_fullgraph(backend: str) -> None:
     # DESIGN.md §6: the model compiles without graph breaks (kernels are custom ops with fake impls).
     p = tiny_params()
     torch.manual_seed(0)
     model = build_model(p, IMAGE_SIZE).eval()
     b = random_batch(p, batch=2)
     args = (b["points"], b["num_points"], b["images"], b["proj"])
+    torch._dynamo.reset()
     with torch.no_grad():
         eager = model.forward_export(*args)
-        compiled = torch.compile(model.forward_export, fullgraph=True)(*args)
+        compiled = torch.compile(model.forward_export, fullgraph=True, backend=backend)(*args)
     for e, c in zip(eager, compiled):
         torch.testing.assert_close(c, e, rtol=1e-4, atol=1e-4)
 

@@ -74,7 +74,7 @@ def _prefect_follows_the_environment_after():
         refresh_global_settings_context()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # stopped when tests/team/test_team.py ends: idle servers still cost CPU
 def team(tmp_path_factory):
     from pfactory.team.services import admin_env, down, up
     from pfactory.team.users import add_user
