@@ -14,10 +14,10 @@ if [ "$#" -eq 0 ]; then
   export PFACTORY_TEST_BUDGET_S=${PFACTORY_TEST_BUDGET_S:-1500}
 fi
 # One pytest-xdist worker per core (at most 4: each test may use 2 threads and ~2 GB); a test module, or the
-# modules sharing an expensive session fixture (tests/conftest.py: SHARED_SESSION_FIXTURES), go to one worker,
-# so those fixtures are built once; PFACTORY_TEST_WORKERS=0 runs in-process.
+# modules sharing an expensive session fixture (tests/conftest.py: XDIST_GROUPS), go to one worker, so module
+# and those session fixtures are built once; PFACTORY_TEST_WORKERS=0 runs in-process.
 WORKERS=${PFACTORY_TEST_WORKERS:-$(.venv/bin/python -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')}
 if [ "$WORKERS" -gt 0 ]; then
-  exec .venv/bin/python -m pytest -n "$WORKERS" --dist loadgroup "$@"
+  exec .venv/bin/python -m pytest -n "$WORKERS" --dist loadfile "$@"
 fi
 exec .venv/bin/python -m pytest "$@"

@@ -302,43 +302,64 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # Session fixtures that take tens of seconds to build (a tracked evaluation, the gate bench's models, an exported
-# graph). Each pytest-xdist worker builds its own copy of a session fixture, so the test modules
-# that use one of these, directly or through another fixture, run on one worker: one `xdist_group` per set of
-# modules linked by them (scripts/test.sh runs `--dist loadgroup`); every other module is a group of its own,
-# as with `--dist loadfile`, so module-scoped fixtures are built once too.
+# graph). Each pytest-xdist worker builds its own copy of a session fixture, so the test modules that use one of
+# these, directly or through another fixture, must run on one worker. scripts/test.sh runs `--dist loadfile`,
+# and `pytest_xdist_make_scheduler` below keeps XDIST_GROUPS' modules together (one work unit per group; every
+# other module is a unit of its own, as with plain loadfile). (pytest-xdist's own `--dist loadgroup` does not
+# group under pytest 9.2: it renames `item._nodeid`, which pytest no longer reads.)
 SHARED_SESSION_FIXTURES = frozenset({"tracked_eval", "bench", "exported"})
+XDIST_GROUPS = {  # path prefix -> work unit (the longest prefix wins); checked at collection against the fixtures
+    "tests/report/": "tracked_eval",
+    "tests/registry/": "bench",
+    "tests/tasks/test_promote.py": "bench",
+    "tests/faults/test_concurrency.py": "bench",
+    "tests/inference/test_gated_artifact.py": "bench",
+    "tests/inference/test_int8_gates.py": "bench",
+    "tests/inference/": "exported",
+}
 
 
-def _module_groups(items: list[pytest.Item]) -> dict[str, str]:
-    """Test module path -> its xdist group name: modules that share a SHARED_SESSION_FIXTURES fixture are
-    linked (transitively) into one group named after its first module; any other module is its own group."""
-    parent: dict[str, str] = {}
+def xdist_unit(module: str) -> str:
+    """The xdist work unit of a test module path (`tests/x/test_y.py`): its XDIST_GROUPS group, else itself."""
+    prefixes = [p for p in XDIST_GROUPS if module.startswith(p)]
+    return XDIST_GROUPS[max(prefixes, key=len)] if prefixes else module
 
-    def root(x: str) -> str:
-        while parent.setdefault(x, x) != x:
-            x = parent[x]
-        return x
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # pytest-xdist's hook (controller only)
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LoadFileGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid.split("::", 1)[0])
+
+    return LoadFileGroups(config, log)
+
+
+def _check_xdist_groups(items: list[pytest.Item]) -> None:
+    """Every module that uses a SHARED_SESSION_FIXTURES fixture is in the same XDIST_GROUPS unit as the other
+    modules using it; else a usage error naming the module (the table cannot go stale silently)."""
+    users: dict[str, set[str]] = {}
     for item in items:
-        module = item.nodeid.split("::")[0]
-        root(module)
         for name in SHARED_SESSION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-            a, b = root(module), root("fixture:" + name)
-            if a != b:
-                parent[max(a, b)] = min(a, b)  # "fixture:..." sorts before "tests/...": the fixture names it
-    return {m: root(m).removeprefix("fixture:") for m in parent if not m.startswith("fixture:")}
+            users.setdefault(name, set()).add(item.nodeid.split("::", 1)[0])
+    for name, modules in users.items():
+        units = {m: xdist_unit(m) for m in modules}
+        if len(set(units.values())) > 1:
+            raise pytest.UsageError(
+                f"tests/conftest.py XDIST_GROUPS: the modules using the session fixture {name!r} must be in one "
+                f"group (one pytest-xdist worker builds it once); now: {dict(sorted(units.items()))}"
+            )
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("--full"):
         heavy = [item for item in items if item.get_closest_marker("full") is not None]
         if heavy:
             config.hook.pytest_deselected(items=heavy)
             items[:] = [item for item in items if item.get_closest_marker("full") is None]
-    groups = _module_groups(items)
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::")[0]]))
+    _check_xdist_groups(items)
 
 
 # The suite's wall-time guard. `bash scripts/test.sh` with no arguments (what CI runs) sets
