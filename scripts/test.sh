@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 bash scripts/install_dev.sh
 .venv/bin/ruff check .
 if [ "$#" -eq 0 ]; then
-  # The default tier's budget: 810 s measured on a clean clone, 2-core AMD EPYC Zen 3, 2026-12-03 (docs/TESTING.md);
-  # 1500 s leaves 1.85x for a slower machine (CPUs here differ 2-3x) and stays far under CI's 5400 s.
+  # The default tier's budget: 1173 s measured on a clean clone, 2-core AMD EPYC Zen 3, 2026-12-03 16:15 UTC
+  # (docs/TESTING.md; the same machine ran the same suite 25-35 % faster that morning): 1500 s leaves 1.28x
+  # for a slower machine or hour, and stays far under CI's 5400 s.
   export PFACTORY_TEST_BUDGET_S=${PFACTORY_TEST_BUDGET_S:-1500}
 fi
 # One pytest-xdist worker per core (at most 4: each test may use 2 threads and ~2 GB); a test module, or the
