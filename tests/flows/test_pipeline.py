@@ -475,12 +475,19 @@ def test_a_deterministic_stage_failure_is_one_screen_and_not_retried(project: Pa
 def test_a_partial_run_until_a_stage_is_an_experiment_of_the_stages_it_ran(project: Path, runs: dict) -> None:
     """`factory run --until prepare` in a git project: `dvc exp save` once failed the finished run because
     the later stages' outputs (artifacts/model/model.pt, ...) do not exist; the experiment now commits
-    the stages that ran."""
+    the stages that ran, and the other stages' entries as its baseline commit has them (none when the
+    baseline has no dvc.lock; all of them after `test_dvc_exp_run_with_a_param_override` committed the root)."""
     r = factory(project, "run", *tiny_args(), "--until", "prepare", "--name", "upto-prepare", "--json",
                 timeout=900, env=GIT_IDENTITY)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout[r.stdout.index("{") :])
     assert set(result["stages"]) == {"synth", "prepare"}
     assert result["experiment"]["name"] == "upto-prepare"
-    lock = yaml.safe_load(_git(project, "show", f"{result['experiment']['rev']}:dvc.lock"))
-    assert set(lock["stages"]) == {"synth", "prepare"}, sorted(lock["stages"])
+    lock = yaml.safe_load(_git(project, "show", f"{result['experiment']['rev']}:dvc.lock"))["stages"]
+    base = result["experiment"]["baseline"]
+    in_base = "dvc.lock" in _git(project, "ls-tree", "--name-only", base).split()
+    base_lock = yaml.safe_load(_git(project, "show", f"{base}:dvc.lock"))["stages"] if in_base else {}
+    assert set(lock) == {"synth", "prepare"} | set(base_lock), sorted(lock)
+    ws_lock = yaml.safe_load((Path(result["workspace"]) / "dvc.lock").read_text())["stages"]
+    for stage in lock:
+        assert lock[stage] == (ws_lock[stage] if stage in ("synth", "prepare") else base_lock[stage]), stage
