@@ -29,7 +29,7 @@ from tests.faults.conftest import FULL, REPO
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.full  # ~170 s; two concurrent runs stay in the default tier (tests/flows/test_experiments.py)
+@pytest.mark.full  # ~170 s; two concurrent runs stay in the default tier (tests/flows/test_pipeline.py: runs)
 def test_four_runs_at_once(tmp_path: Path, ledger) -> None:
     from tests.faults.pipeline import (
         digest,
