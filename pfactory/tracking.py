@@ -96,6 +96,7 @@ def configure_environment(root: str | Path | None = None) -> Path:
         "TRITON_CACHE_DIR": str(state / "triton"),
         "TORCHINDUCTOR_CACHE_DIR": str(state / "inductor"),
         "PFK_NATIVE_CACHE_DIR": str(state / "native"),  # the C kernels' builds (kernels/native.py)
+        "PFACTORY_EXPORT_CACHE_DIR": str(state / "onnx-export"),  # traced graphs (inference/export_cache.py)
         "MPLCONFIGDIR": str(state / "matplotlib"),
     }
     for key, value in defaults.items():

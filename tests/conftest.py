@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,12 +294,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+EXPORT_CACHE_ENV = "PFACTORY_EXPORT_CACHE_DIR"  # pfactory.inference.export_cache.CACHE_ENV
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--full"):
         # The fault suite's own switch (tests/faults/conftest.py reads it at import, after this hook):
         # every kill point, 3 trials each, the concurrent runs with training.
         os.environ.setdefault("PFACTORY_FAULTS_FULL", "1")
     config._pf_t0 = time.monotonic()  # type: ignore[attr-defined]
+    if not hasattr(config, "workerinput") and EXPORT_CACHE_ENV not in os.environ:
+        # One folder of traced export graphs for the whole run (the xdist workers inherit the variable): the
+        # optimize stages of the tests' projects trace each architecture once, as a project's runs do
+        # (pfactory/inference/export_cache.py). Projects of the pipeline tests start without it (clean_env).
+        folder = tempfile.mkdtemp(prefix="pf-test-export-cache-")
+        os.environ[EXPORT_CACHE_ENV] = folder
+        config._pf_export_cache = folder  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = getattr(config, "_pf_export_cache", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop(EXPORT_CACHE_ENV, None)
 
 
 # Session fixtures that take tens of seconds to build (a tracked evaluation, the gate bench's models, an exported

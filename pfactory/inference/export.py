@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -88,6 +89,7 @@ class ExportResult:
     torch_version: str
     fallback_reason: str | None = None
     checks: dict[str, Any] = field(default_factory=dict)
+    cache: str = "off"  # the template: "off" (no cache), "miss", "hit" or "stale" (export_onnx)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -210,9 +212,8 @@ def _error_gist(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0][:400] if lines else ''}"
 
 
-def _export_once(
-    wrapper: nn.Module, args: tuple[Tensor, ...], path: Path, opset: int, dynamic_batch: bool
-) -> None:
+def _trace(wrapper: nn.Module, args: tuple[Tensor, ...], opset: int, dynamic_batch: bool) -> Any:
+    """torch.onnx's dynamo export of `wrapper` on `args`, unoptimized: an `ONNXProgram` (the template)."""
     from torch.export import Dim
 
     # Example P > 1 and batch >= 2 when dynamic: torch.export specializes dims of size 0 and 1.
@@ -225,19 +226,79 @@ def _export_once(
         "proj": {0: batch} if batch is not None else None,
     }
     with _quiet():
-        torch.onnx.export(
+        return torch.onnx.export(
             wrapper,
             args,
-            str(path),
+            None,
             input_names=list(INPUT_NAMES),
             output_names=list(OUTPUT_NAMES),
             opset_version=opset,
             dynamo=True,
-            external_data=False,  # one self-contained file (the default model is a few MB)
             dynamic_shapes=dyn,
-            optimize=True,
+            optimize=False,  # done on the template with the weights applied (_from_template)
             verbose=False,
         )
+
+
+def _trace_template(
+    model: nn.Module, wrapper: nn.Module, template: Path, *, cameras: int, opset: int, dynamic_batch: bool,
+    export_points: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Trace `wrapper` into the unoptimized graph `template`; returns the facts of the trace:
+    {"dynamic_batch": bool, "fallback_reason": str | None}.
+
+    With `dynamic_batch`, a model whose code cannot trace a symbolic batch (e.g. a kernel wrapper that
+    insists on a Python int cell count) falls back to a fixed batch of 1; the reason is recorded."""
+    import onnx
+
+    fallback: str | None = None
+    if dynamic_batch:
+        try:
+            _trace(wrapper, example_inputs(model, 2, export_points, cameras), opset, True).save(str(template))
+            # The exporter can specialize a dynamic dim to the example's value without raising
+            # (seen with torch 2.13 on the default detector: every input came out with batch 2).
+            batch_dim = _input_dims(onnx.load(str(template), load_external_data=False))["points"][0]
+            if not isinstance(batch_dim, str):
+                raise ExportCheckError(f"the exporter fixed the batch dim to {batch_dim}")
+        except Exception as e:  # the exporter raises many types; keep the gist as evidence
+            fallback = _error_gist(e)
+            dynamic_batch = False
+    if not dynamic_batch:
+        _trace(wrapper, example_inputs(model, 1, export_points, cameras), opset, False).save(str(template))
+    return {"dynamic_batch": dynamic_batch, "fallback_reason": fallback}
+
+
+def _from_template(template: Path, weights: dict[str, Tensor], path: Path) -> None:
+    """`path` = the graph of `template` with `weights` (state-dict keys = initializer names), optimized
+    (constant folding, fusions: what `torch.onnx.export(optimize=True)` runs)."""
+    import onnx_ir
+
+    program = torch.onnx.ONNXProgram(onnx_ir.load(str(template)), None)
+    initializers = program.model.graph.initializers
+    program.apply_weights({k: v for k, v in weights.items() if k in initializers})
+    with _quiet():
+        program.optimize()
+    program.save(str(path))
+
+
+def _template_parity(wrapper: nn.Module, model: nn.Module, path: Path, cameras: int, batch: int) -> list[str]:
+    """The FP32 parity failures ([] = passed) of the graph at `path` vs the PyTorch `wrapper` on example
+    inputs: how a template reused from the cache proves it holds no constant derived from other weights."""
+    import onnxruntime as ort
+
+    from pfactory.inference.params import ParityParams
+    from pfactory.inference.parity import compare_outputs, gate, tolerance_for
+
+    inputs = example_inputs(model, batch, 512, cameras, seed=1)
+    with torch.no_grad():
+        ref = dict(zip(OUTPUT_NAMES, (t.numpy() for t in wrapper(*inputs))))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    got = dict(zip(OUTPUT_NAMES, session.run(None, dict(zip(INPUT_NAMES, (t.numpy() for t in inputs))))))
+    params = ParityParams()
+    tol = tolerance_for(params, "fp32")
+    return gate(compare_outputs([ref], [got], params, tol), tol)
 
 
 def export_onnx(
@@ -249,33 +310,58 @@ def export_onnx(
     dynamic_batch: bool = True,
     export_points: int = 4096,
     metadata: dict[str, Any] | None = None,
+    cache: Path | None = None,
 ) -> ExportResult:
     """Export `model.forward_export` to `path` (see the module docstring) and run `check_onnx` on it.
 
-    With `dynamic_batch`, a model whose code cannot trace a symbolic batch (e.g. a kernel wrapper that
-    insists on a Python int cell count) falls back to a fixed batch of 1; the reason is recorded.
+    The graph is traced into a template (`_trace_template`) and built from it with the model's weights, or
+    built from the template of the same architecture in `cache` (a folder: `export_cache`; None: no cache)
+    when one is there and passes FP32 parity with the model. `ExportResult.cache` says which: "off", "miss",
+    "hit", or "stale" (a cached template that failed parity: traced anew).
     """
+    import tempfile
+
     import onnx
+
+    from pfactory.inference import export_cache
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     wrapper = ExportWrapper(model).eval()
-    fallback: str | None = None
+    weights = wrapper.state_dict()
     t0 = time.perf_counter()
-    with torch.no_grad():
-        if dynamic_batch:
+    state = "off"
+    facts: dict[str, Any] | None = None
+    with torch.no_grad(), tempfile.TemporaryDirectory(prefix=".export-", dir=path.parent) as scratch:
+        key = export_cache.template_key(
+            wrapper, model, cameras=cameras, opset=opset, dynamic_batch=dynamic_batch, export_points=export_points
+        )  # fmt: skip
+        found = export_cache.lookup(cache, key) if cache is not None else None
+        if found is not None:
+            template, facts = found
             try:
-                _export_once(wrapper, example_inputs(model, 2, export_points, cameras), path, opset, True)
-                # The exporter can specialize a dynamic dim to the example's value without raising
-                # (seen with torch 2.13 on the default detector: every input came out with batch 2).
-                batch_dim = _input_dims(onnx.load(str(path)))["points"][0]
-                if not isinstance(batch_dim, str):
-                    raise ExportCheckError(f"the exporter fixed the batch dim to {batch_dim}")
-            except Exception as e:  # the exporter raises many types; keep the gist as evidence
-                fallback = _error_gist(e)
-                dynamic_batch = False
-        if not dynamic_batch:
-            _export_once(wrapper, example_inputs(model, 1, export_points, cameras), path, opset, False)
+                _from_template(template, weights, path)
+            except OSError:  # removed by another process's `forget`/`prune` since the lookup: trace
+                facts = None
+            batch = 2 if facts and facts["dynamic_batch"] else 1
+            if facts is not None and _template_parity(wrapper, model, path, cameras, batch):
+                export_cache.forget(cache, key)  # type: ignore[arg-type]
+                state, facts = "stale", None
+            elif facts is not None:
+                state = "hit"
+        if facts is None:
+            template = Path(scratch) / "template.onnx"
+            facts = _trace_template(
+                model, wrapper, template, cameras=cameras, opset=opset, dynamic_batch=dynamic_batch,
+                export_points=export_points,
+            )  # fmt: skip
+            _from_template(template, weights, path)
+            if cache is not None:
+                state = "miss" if state == "off" else state
+                try:
+                    export_cache.store(cache, key, template, facts)
+                except OSError as e:  # a cache is an optimization: the export stands without it
+                    print(f"export: traced graph not kept in {cache}: {e}", file=sys.stderr)
     export_s = time.perf_counter() - t0
 
     proto = onnx.load(str(path))
@@ -293,13 +379,14 @@ def export_onnx(
     return ExportResult(
         path=path,
         opset=opset,
-        dynamic_batch=dynamic_batch,
+        dynamic_batch=facts["dynamic_batch"],
         inputs=inputs,
         outputs=outputs,
         export_s=round(export_s, 3),
         torch_version=torch.__version__,
-        fallback_reason=fallback,
+        fallback_reason=facts["fallback_reason"],
         checks=checks,
+        cache=state,
     )
 
 

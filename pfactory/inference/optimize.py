@@ -112,6 +112,7 @@ def optimize(
     from pfactory.inference import manifest as mf
     from pfactory.inference.calibration import load_feeds
     from pfactory.inference.export import OUTPUT_NAMES, export_onnx
+    from pfactory.inference.export_cache import cache_dir as export_cache_dir
     from pfactory.inference.latency import EAGER, measure_latency
     from pfactory.inference.ort_backend import save_optimized_fp32, write_rewritten
     from pfactory.inference.parity import compare_outputs, parity_report, report_failures
@@ -159,7 +160,7 @@ def optimize(
         }
         exported = export_onnx(
             model, tmp / mf.ONNX_FILE, cameras=cameras, opset=opt.opset, dynamic_batch=opt.dynamic_batch,
-            export_points=opt.export_points, metadata=meta,
+            export_points=opt.export_points, metadata=meta, cache=export_cache_dir(),
         )  # fmt: skip
         timings["export_s"] = exported.export_s
         artifacts: list[dict[str, Any]] = []
@@ -324,6 +325,7 @@ def optimize(
         atomic_write_json(tmp / mf.MANIFEST, manifest)
 
     split = ", ".join(f"{k.removesuffix('_s')} {v:.1f}" for k, v in timings.items() if k != "total_s")
+    split = split.replace("export ", f"export [traced graph: {exported.cache}] ", 1)
     print(f"optimize: {timings['total_s']:.1f} s ({split}); primary {primary['backend']}/{primary['precision']}"
           + (f": {selection['why']}" if "why" in selection else ""), file=sys.stderr)  # fmt: skip
     metrics: dict[str, Any] = _flat_metrics(report, latency, timings)
