@@ -46,6 +46,7 @@ from flows.console import current as current_console  # noqa: E402
 from flows.experiment import checkout_outputs, experiment_tags, save_experiment  # noqa: E402
 from flows.failure import openable  # noqa: E402
 from flows.workspace import StageFailed, Workspace, check_cache, create_workspace, new_run_id  # noqa: E402
+from pfactory.team import slots  # noqa: E402
 
 STAGES = stage_names()  # declared once, in dvc.yaml
 # Attempts after the first, per stage: only ever for a transient failure (`_transient_only`), so a
@@ -271,7 +272,9 @@ def _run(
     timings_dir = ws.path / "logs" / "timings"
     timings_dir.mkdir(parents=True, exist_ok=True)
     progress_file = ws.path / "logs" / PROGRESS_FILE
-    env_before = {k: os.environ.get(k) for k in (PARENT_ENV, "PFACTORY_TIMINGS_DIR", PROGRESS_ENV)}
+    env_before = {
+        k: os.environ.get(k) for k in (PARENT_ENV, "PFACTORY_TIMINGS_DIR", PROGRESS_ENV, slots.NO_SERVER_ENV)
+    }
     with (
         _stage_failure_first(),
         mlflow.start_run(
@@ -295,6 +298,8 @@ def _run(
         os.environ[PARENT_ENV] = run.info.run_id
         os.environ["PFACTORY_TIMINGS_DIR"] = str(timings_dir)
         os.environ[PROGRESS_ENV] = str(progress_file)
+        if not slots.enabled():  # the stages need not import Prefect to find that out again
+            os.environ[slots.NO_SERVER_ENV] = "1"
         try:
             n = len(selected)
             for i, stage in enumerate(selected, 1):

@@ -38,6 +38,7 @@ from typing import Any
 
 LIMIT_ENV = "PFACTORY_TRAIN_SLOT_LIMIT"
 SLOTS_ENV = "PFACTORY_TRAIN_SLOTS"
+NO_SERVER_ENV = "PFACTORY_NO_SLOT_SERVER"  # "1": the flow that runs this stage found no Prefect server
 LEASE_ENV = "PFACTORY_SLOT_LEASE_S"
 DEFAULT_LIMIT = "pfactory-train"
 LEASE_S = 60.0  # Prefect's API refuses shorter leases (ge=60, FEASIBILITY.md 2026-12-03)
@@ -48,7 +49,12 @@ RECORD_PREFIX = "pfactory-slot-"
 
 
 def enabled() -> bool:
-    """Slots are taken only with a Prefect server configured (the team's services)."""
+    """Slots are taken only with a Prefect server configured (the team's services).
+
+    A stage of `factory run` whose flow found none (`NO_SERVER_ENV`, set by the flow: the local ephemeral
+    API) knows without importing Prefect (~2 s of a stage's start on 2 cores)."""
+    if os.environ.get(NO_SERVER_ENV) == "1" and not os.environ.get("PREFECT_API_URL"):
+        return False
     from prefect.settings import PREFECT_API_URL
 
     _follow_environment()
