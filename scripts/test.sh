@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 bash scripts/install_dev.sh
 .venv/bin/ruff check .
 if [ "$#" -eq 0 ]; then
-  # The default tier's budget: 577 s measured on a clean clone, quiet 2-core AMD EPYC Zen 3, 2026-12-03 20:15 UTC;
-  # the same machine under other load ran a heavier suite in 1173 s (docs/TESTING.md). 1200 s leaves 2.1x for
+  # The default tier's budget: 577 s measured on a clean clone, quiet 2-core AMD EPYC Zen 4, 2026-12-03 20:15 UTC;
+  # a 2-core Zen 3 under other load ran a heavier suite in 1173 s (docs/TESTING.md). 1200 s leaves 2.1x for
   # a slower machine or hour and is issue 35's limit for the tests alone (the install takes ~50-130 s more).
   export PFACTORY_TEST_BUDGET_S=${PFACTORY_TEST_BUDGET_S:-1200}
 fi
