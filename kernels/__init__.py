@@ -5,6 +5,7 @@
     pillar_stem(features [N, C], cell_index [N], weight [Co, C, 3, 3], B, grid, out_hw) -> [B, Co, Ho, Wo]
     group_norm_relu(x [B, C, H, W], weight [C], bias [C], groups) -> [B, C, H, W]
     render_heatmap(centers [M, 2], radii [M], labels [M], batch_index [M], B, K, H, W) -> [B, K, H, W]
+    bilinear_rows(table [R, C], index [S, 4], weight [S, 4], dest=None, total=0) -> [S or total, C]
     focal_loss(logits [...], target [...], alpha=2.0, beta=4.0) -> scalar
 
 Each op has a readable PyTorch reference (`<op>_reference`, the spec) beside it; the scatter-max,
@@ -16,6 +17,7 @@ byte models and tolerances: docs/KERNELS.md. Tests: `pytest tests/kernels`; benc
 `python benchmarks/bench_kernels.py --device cuda`.
 """
 
+from kernels.bilinear_rows import bilinear_rows, bilinear_rows_reference
 from kernels.focal_loss import focal_loss, focal_loss_reference
 from kernels.group_norm_relu import group_norm_relu, group_norm_relu_reference
 from kernels.heatmap import render_heatmap, render_heatmap_reference
@@ -28,6 +30,8 @@ from kernels.pillar_scatter import (
 from kernels.pillar_stem import pillar_stem, pillar_stem_reference
 
 __all__ = [
+    "bilinear_rows",
+    "bilinear_rows_reference",
     "focal_loss",
     "focal_loss_reference",
     "group_norm_relu",

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import kernels
+
 
 def _project(proj: Tensor, xyz1: Tensor) -> Tensor:
     """proj [B, N, 3, 4] @ xyz1 [B, P, 4] -> [B, N, P, 3], in fp32 also under bf16 autocast (bf16's 8-bit
@@ -144,10 +146,11 @@ def paint_points_projected(
     paint_points(...)[..., C], 1 where a camera sees the point).
     Bilinear sampling, the zero for unseen points and the mean over cameras are all linear in the
     features, so the pillar MLP's first layer can be applied to the [B*N*h*w, C] feature-map rows (a
-    13k-row GEMM at the default size) and the projected rows sampled (`_BilinearRows`' four row gathers)
-    instead of sampling C channels per point, concatenating them behind the point decoration and
-    multiplying there. Only the samples a camera sees are gathered (about 37% of the default data's
-    points; with `dense` all of them, with zero weights: no data-dependent shapes, for torch.compile). The same
+    13k-row GEMM at the default size) and the projected rows sampled (`kernels.bilinear_rows`: four row
+    gathers) instead of sampling C channels per point, concatenating them behind the point decoration
+    and multiplying there. Only the samples a camera sees are gathered (about 37% of the default data's
+    points); with `dense` every sample goes to the op with zero weights where unseen (no data-dependent
+    shapes, for torch.compile) and the op skips those. The same
     function to float rounding (tested against `paint_points`, forward and backward); no [B, P, C + 1]
     tensor, no concatenation, and the rows are [P, D], the layout the pillar encoder adds them to
     (docs/MODEL.md, "Speed"). Runs in float32 under bf16 autocast (as `_project` does).
@@ -166,66 +169,19 @@ def paint_points_projected(
         table = F.linear(rows, weight.float())  # [B*N*h*w, D]
         if dense:
             index, wts = bilinear_taps(gx, gy, seen, h, w)  # [B, N, P, 4] each, 0 weights where unseen
-            sampled = _BilinearRows.apply(table, index.reshape(-1, 4), wts.reshape(-1, 4))  # [B*N*P, D]
+            sampled = kernels.bilinear_rows(table, index.reshape(-1, 4), wts.reshape(-1, 4))  # [B*N*P, D]
         else:
             dest = seen.reshape(-1).nonzero().squeeze(1)  # [S] the seen samples of the [B*N*P] rows
             fx, fy = gx.reshape(-1)[dest], gy.reshape(-1)[dest]  # [S]
             index, wts = bilinear_taps(fx.view(1, 1, -1), fy.view(1, 1, -1), None, h, w)  # [1, 1, S, 4]
             index = index.view(-1, 4) + (dest // p).unsqueeze(1) * (h * w)  # [S, 4] rows of camera b*N+n
-            sampled = _BilinearRows.apply(table, index, wts.view(-1, 4), dest, b * n * p)  # [B*N*P, D]
+            sampled = kernels.bilinear_rows(table, index, wts.view(-1, 4), dest, b * n * p)  # [B*N*P, D]
         count = seen.sum(dim=1).to(torch.float32)  # [B, P] cameras seeing each point
         if n == 1:
             mean = sampled.view(b, p, -1)  # [B, P, D]; 0 where unseen
         else:
             mean = sampled.view(b, n, p, -1).sum(dim=1) / count.clamp(min=1.0).unsqueeze(-1)  # [B, P, D]
         return mean, (count > 0).to(torch.float32)
-
-
-class _BilinearRows(torch.autograd.Function):
-    """out[q] = sum_k weight[q, k] * table[index[q, k]]: four weighted row gathers, as one autograd node.
-
-    table [R, C] (any float dtype; gathered in float32), index [S, 4] int64 rows, weight [S, 4] float32,
-    and optionally `dest` [S] int64 (distinct rows of a [total, C] output that the S samples go to; the
-    other rows are 0) -> out [S, C] (no dest) or [total, C], float32. Backward: grad_table [R, C] (the
-    table's dtype) by four row `index_add_`s into one zeroed table, in sample order (deterministic on
-    CPU); no gradient to index or weight (the sampling coordinates come from the data, not from
-    parameters). One node with four gathers and a hand-written backward replaces the ~30 [S, C] autograd
-    ops of the same arithmetic spelled in tensor ops, which made the gather sampler no faster than
-    grid_sample (docs/MODEL.md, "Speed"). `dest` lets a caller sample only the points a camera sees
-    (about 37% of the default data's) and still get the dense [B*N*P, C] rows.
-    """
-
-    @staticmethod
-    def forward(
-        ctx: torch.autograd.function.FunctionCtx,
-        table: Tensor,
-        index: Tensor,
-        weight: Tensor,
-        dest: Tensor | None = None,
-        total: int = 0,
-    ) -> Tensor:
-        rows = table.float() if table.dtype != torch.float32 else table  # [R, C]
-        out = rows.index_select(0, index[:, 0]).mul_(weight[:, 0:1])  # [S, C]
-        for k in range(1, 4):
-            out.addcmul_(rows.index_select(0, index[:, k]), weight[:, k : k + 1])
-        if dest is not None:
-            out = out.new_zeros(total, out.shape[1]).index_copy_(0, dest, out)  # [total, C]
-        ctx.save_for_backward(index, weight, dest)
-        ctx.table_rows, ctx.table_dtype = table.shape[0], table.dtype
-        return out
-
-    @staticmethod
-    def backward(
-        ctx: torch.autograd.function.FunctionCtx, grad_out: Tensor
-    ) -> tuple[Tensor, None, None, None, None]:
-        index, weight, dest = ctx.saved_tensors
-        grad_out = grad_out.float()
-        grad_out = grad_out.index_select(0, dest) if dest is not None else grad_out.contiguous()  # [S, C]
-        grad_table = grad_out.new_zeros(ctx.table_rows, grad_out.shape[1])  # [R, C]
-        term = torch.empty_like(grad_out)  # [S, C], reused by the four corners
-        for k in range(4):
-            grad_table.index_add_(0, index[:, k], torch.mul(grad_out, weight[:, k : k + 1], out=term))
-        return grad_table.to(ctx.table_dtype), None, None, None, None
 
 
 def bilinear_taps(gx: Tensor, gy: Tensor, mask: Tensor | None, h: int, w: int) -> tuple[Tensor, Tensor]:
@@ -266,7 +222,7 @@ def sample_bilinear(features: Tensor, gx: Tensor, gy: Tensor, mask: Tensor) -> T
     agree to float rounding (tested); each sample's rows are computed alone, so a batch gives bitwise the
     forward and feature gradient of its samples run one by one (tested). Why: grid_sample's CPU
     backward scatters one float at a time and also computes the coordinates' gradient; here forward
-    and backward are one autograd node (`_BilinearRows`): four row gathers, four row `index_add_`s
+    and backward are one op (`kernels.bilinear_rows`): four row gathers, four row `index_add_`s
     (docs/MODEL.md, "Speed"), and the output is [P, C] rows, the layout the pillar MLP reads.
     Differentiable w.r.t. `features` only; coordinates that require grad are refused.
     """
@@ -276,7 +232,7 @@ def sample_bilinear(features: Tensor, gx: Tensor, gy: Tensor, mask: Tensor) -> T
     p = gx.shape[-1]
     table = features.permute(0, 1, 3, 4, 2).reshape(b * n * h * w, c)  # [B*N*h*w, C]
     index, weight = bilinear_taps(gx, gy, mask, h, w)  # [B, N, P, 4] each
-    out = _BilinearRows.apply(table, index.reshape(-1, 4), weight.reshape(-1, 4).float())  # [B*N*P, C]
+    out = kernels.bilinear_rows(table, index.reshape(-1, 4), weight.reshape(-1, 4).float())  # [B*N*P, C]
     return out.view(b, n, p, c)
 
 
