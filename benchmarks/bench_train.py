@@ -4,7 +4,7 @@
         Model step alone (in-memory batches) camera vs lidar-only, then the whole loop with the DALI
         and the PyTorch loaders: samples/s, CPU ms/step, data-wait fraction, and ratios. On CUDA also
         fp32 eager vs bf16 eager vs bf16 + torch.compile.
-    python benchmarks/bench_train.py variants --data PREPARED [--steps 20] [--variants NAME ...]
+    python benchmarks/bench_train.py variants --data PREPARED [--steps 20] [--variants NAME ...] [--interleaved]
         The training step (targets + forward + loss + backward + AdamW, `pfactory.train.trainer.train_step`
         on the default params) in several variants side by side, each in its own process (its own peak
         RSS, its own compile): samples/s (median step), the per-phase split, peak memory, and for the
@@ -13,7 +13,8 @@
         round's starting network: 3x3 stem and head conv, sincos heading), s2d-head1 (space-to-depth stem,
         1x1 shared head conv), gather-paint (camera painting by `sample_bilinear` instead of grid_sample),
         compiled (Inductor, fullgraph, automatic dynamic shapes), torch-ops (PFK_NATIVE=0: the PyTorch ops
-        instead of the native CPU kernels, kernels/native.py).
+        instead of the native CPU kernels, kernels/native.py). `--interleaved`: the variants in one process
+        on the same batches, their steps alternating (robust ratios on a machine whose speed drifts).
     python benchmarks/bench_train.py ab --baseline TREE --data PREPARED [--rounds 3] [--steps 10]
         This tree's default training step vs another source tree's (a checkout of an earlier commit),
         each with its own code and embedded defaults, on the same in-memory batches, interleaved
@@ -200,71 +201,123 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
+class _Variant:
+    """One variant's model, optimizer and training step, built in this process."""
+
+    def __init__(
+        self, name: str, data: Path, overrides: list[str], batches: list[dict] | None = None
+    ) -> None:
+        from pfactory.model.detector import build_model
+        from pfactory.train.data import data_info, epoch_batches, make_loader_factory, to_device
+        from pfactory.train.rng import seed_everything
+        from pfactory.train.runtime import Timer, setup_runtime, use_bf16
+        from pfactory.train.schedule import make_optimizer
+        from pfactory.train.trainer import model_for_data
+
+        v = VARIANTS[name]
+        self.name, self.compiled = name, bool(v.get("compile"))
+        params = make_params([*overrides, *v["set"]])
+        mp, self.tp = params.model, params.train
+        self.rt = setup_runtime("cpu" if not torch.cuda.is_available() else self.tp.device)
+        info = data_info(data)
+        seed_everything(self.tp.seed)
+        if batches is None:
+            loader = make_loader_factory(self.tp)(data, "train", self.tp.batch_size, True, self.tp.augment,
+                                                  self.tp.seed, self.rt.device, self.tp.num_threads)  # fmt: skip
+            batches = [to_device(b, self.rt.device) for _, b in zip(range(8), epoch_batches(loader, 0, 0))]
+        self.batches = batches
+        self.model = build_model(model_for_data(mp, info), info.image_size).to(self.rt.device)
+        if v.get("memory_format") == "contiguous":
+            self.model = self.model.to(memory_format=torch.contiguous_format)
+        self.optimizer = make_optimizer(self.model, self.tp)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: 1.0)
+        self.forward: Any = self.model
+        if self.compiled:
+            from pfactory.model.variants import for_compile
+
+            # what `factory train -S train.compile=true` compiles: the for_compile conversion, the C kernels
+            # as custom ops; automatic dynamic shapes: P goes symbolic on its 1st change
+            self.forward = torch.compile(for_compile(self.model), fullgraph=True)
+        self.bf16 = use_bf16(self.tp.bf16, self.rt.device)
+        self.timer = Timer()
+
+    def step(self, i: int) -> float:
+        """One training step on batch i (mod the batches); its seconds."""
+        from pfactory.train.trainer import train_step
+
+        t0 = time.perf_counter()
+        train_step(self.forward, self.model, self.batches[i % len(self.batches)], self.optimizer, self.scheduler,
+                   self.tp, self.rt, self.timer, self.bf16)  # fmt: skip
+        return time.perf_counter() - t0
+
+    def frames(self) -> int:
+        from torch._dynamo.utils import counters
+
+        return sum(counters["frames"].values())
+
+    def row(self, times: list[float], first: float, steps: int, recompiles: int | None) -> dict[str, Any]:
+        row: dict[str, Any] = {"variant": self.name, "samples/s": self.tp.batch_size / statistics.median(times),
+                               "step ms": 1000 * statistics.median(times)}  # fmt: skip
+        for k in ("targets", "forward", "backward", "optimizer"):
+            row[f"{k} ms"] = 1000 * self.timer.totals.get(k, 0.0) / steps
+        row["warm-up s"] = first
+        if self.compiled:
+            row["recompiles"] = recompiles
+        points = sorted({int(b["points"].shape[1]) for b in self.batches})
+        row["point counts"] = f"{points[0]}..{points[-1]}"
+        return row
+
+
 def variant_step_rate(
     name: str, data: Path, steps: int, overrides: list[str], warmup: int = 3
 ) -> dict[str, Any]:
     """samples/s, phase split (ms/step), peak RSS of `train_step` for one variant (this process)."""
     import resource
 
-    from pfactory.model.detector import build_model
-    from pfactory.train.data import data_info, epoch_batches, make_loader_factory, to_device
-    from pfactory.train.rng import seed_everything
-    from pfactory.train.runtime import Timer, setup_runtime, use_bf16
-    from pfactory.train.schedule import make_optimizer
-    from pfactory.train.trainer import model_for_data, train_step
-
-    v = VARIANTS[name]
-    params = make_params([*overrides, *v["set"]])
-    mp, tp = params.model, params.train
-    rt = setup_runtime("cpu" if not torch.cuda.is_available() else tp.device)
-    info = data_info(data)
-    seed_everything(tp.seed)
-    loader = make_loader_factory(tp)(data, "train", tp.batch_size, True, tp.augment, tp.seed, rt.device,
-                                     tp.num_threads)  # fmt: skip
-    batches = [to_device(b, rt.device) for _, b in zip(range(8), epoch_batches(loader, 0, 0))]
-    model = build_model(model_for_data(mp, info), info.image_size).to(rt.device)
-    if v.get("memory_format") == "contiguous":
-        model = model.to(memory_format=torch.contiguous_format)
-    optimizer = make_optimizer(model, tp)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    forward: Any = model
-    if v.get("compile"):
-        from pfactory.model.variants import for_compile
-
-        # what `factory train -S train.compile=true` compiles: the for_compile conversion, the C kernels as
-        # custom ops; automatic dynamic shapes: P goes symbolic on its 1st change
-        forward = torch.compile(for_compile(model), fullgraph=True)
-    bf16 = use_bf16(tp.bf16, rt.device)
-    timer = Timer()
-    times, first = [], 0.0
-    frames_after_warmup = 0
+    v = _Variant(name, data, overrides)
+    times, first, frames_after_warmup = [], 0.0, 0
     for i in range(warmup + steps):
-        t0 = time.perf_counter()
-        train_step(forward, model, batches[i % len(batches)], optimizer, scheduler, tp, rt, timer, bf16)
-        dt = time.perf_counter() - t0
+        dt = v.step(i)
         if i < warmup:
             first += dt
             if i == warmup - 1:
-                timer.totals.clear()
-                if v.get("compile"):
-                    from torch._dynamo.utils import counters
-
-                    frames_after_warmup = sum(counters["frames"].values())
+                v.timer.totals.clear()
+                frames_after_warmup = v.frames()
         else:
             times.append(dt)
-    row: dict[str, Any] = {"variant": name, "samples/s": tp.batch_size / statistics.median(times),
-                           "step ms": 1000 * statistics.median(times)}  # fmt: skip
-    for k in ("targets", "forward", "backward", "optimizer"):
-        row[f"{k} ms"] = 1000 * timer.totals.get(k, 0.0) / steps
+    row = v.row(times, first, steps, v.frames() - frames_after_warmup)
     row["peak RSS MB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    row["warm-up s"] = first
-    if v.get("compile"):
-        from torch._dynamo.utils import counters
-
-        row["recompiles"] = sum(counters["frames"].values()) - frames_after_warmup
-    points = sorted({int(b["points"].shape[1]) for b in batches})
-    row["point counts"] = f"{points[0]}..{points[-1]}"
     return row
+
+
+def interleaved_step_rates(
+    names: list[str], data: Path, steps: int, overrides: list[str], warmup: int = 16
+) -> list[dict[str, Any]]:
+    """The variants in one process on the same in-memory batches, their steps alternating (the first to
+    go rotates each round), so a machine whose speed drifts (a shared VM) slows all of them alike.
+    `warmup` untimed steps each first: every batch twice for a compiled variant (the point count goes
+    dynamic on its 2nd shape). Variants that need their own environment (torch-ops) are refused."""
+    env = [n for n in names if VARIANTS[n].get("env")]
+    if env:
+        raise SystemExit(f"--interleaved: {', '.join(env)} need their own process (environment variables)")
+    built: list[_Variant] = []
+    for n in names:
+        built.append(_Variant(n, data, overrides, built[0].batches if built else None))
+    first = []
+    for v in built:
+        t0 = time.perf_counter()
+        for i in range(warmup):
+            v.step(i)
+        first.append(time.perf_counter() - t0)
+        v.timer.totals.clear()
+    start = built[0].frames()
+    times: list[list[float]] = [[] for _ in built]
+    for i in range(steps):
+        for k in range(len(built)):
+            j = (i + k) % len(built)
+            times[j].append(built[j].step(i))
+    recompiles = built[0].frames() - start  # Dynamo's counter is per process: every compiled variant's
+    return [v.row(t, f, steps, recompiles) for v, t, f in zip(built, times, first)]
 
 
 def cmd_variants(args: argparse.Namespace) -> None:
@@ -273,6 +326,14 @@ def cmd_variants(args: argparse.Namespace) -> None:
 
     if args.child:
         print("VARIANT " + json.dumps(variant_step_rate(args.child, Path(args.data), args.steps, args.set)))
+        return
+    if args.interleaved:
+        rows = interleaved_step_rates(args.variants, Path(args.data), args.steps, args.set)
+        print_table(rows)
+        for r in rows:
+            print(
+                f"{r['variant']}: {r['samples/s'] / rows[0]['samples/s']:.2f}x {rows[0]['variant']} samples/s"
+            )
         return
     rows = []
     for name in args.variants:
@@ -508,9 +569,16 @@ def main(argv: list[str] | None = None) -> None:
             p.add_argument("--steps", type=int, default=20, help="timed steps per variant (after 3 warm-up)")
             p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
             p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+            p.add_argument(
+                "--interleaved",
+                action="store_true",
+                help="all variants in one process, steps alternating (medians robust to a drifting machine)",
+            )
         if name == "explain":
             p.add_argument(
-                "--compile-backend", default="eager", help="torch.compile backend for the epoch (inductor: slow)"
+                "--compile-backend",
+                default="eager",
+                help="torch.compile backend for the epoch (inductor: slow)",
             )
         if name == "ab":
             p.add_argument("--baseline", required=True, help="the other source tree (a checkout)")
