@@ -8,7 +8,7 @@ Out: a printed table and `--json FILE`: per batch size and runner the latency pe
      throughput, the speedup over eager at the same thread count and over the *fastest* eager thread
      count (on a shared 2-core machine, 2 OpenMP threads can lose to 1: the honest baseline is the best
      eager setting), parity of every artifact vs eager, and -- with `--data` and a trained `--model` --
-     mAP of eager vs INT8 (the evaluate stage's KPI code, `pfactory.model.inference`).
+     mAP of eager vs INT8 (the evaluate stage's KPI code, `pfactory.detectors.inference`).
 Measured end to end: padded points + images in, decoded top-K boxes out (pillar scatter and decode
 included for every runner). Runners alternate call by call (`pfactory.inference.latency`).
 
@@ -81,8 +81,8 @@ def _kpis(model: Any, runners: dict[str, Any], data: Path, frames: int, threshol
     import torch
 
     from pfactory.data.loader import make_loader
+    from pfactory.detectors.inference import evaluate_kpis, frames_from_batch
     from pfactory.inference.calibration import batch_to_feed
-    from pfactory.model.inference import evaluate_kpis, frames_from_batch
 
     classes = list(model.params.classes)
     gts: list = []
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
     if args.model is not None:
-        from pfactory.model.io import load_model
+        from pfactory.detectors.io import load_model
 
         model, _ = load_model(args.model)
         model_desc = str(args.model)

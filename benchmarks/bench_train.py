@@ -161,7 +161,7 @@ def cmd_throughput(args: argparse.Namespace) -> None:
     batches = [dict(vars(next(it))) for _ in range(min(4, len(loader)))]
     rows = []
     for camera in (True, False):
-        p = make_params([*args.set, f"model.camera={camera}"])
+        p = make_params([*args.set, f"model.painted_pillars.camera={camera}"])
         r = model_step_rate(p, batches, args.steps, device)
         rows.append({"run": f"model step, camera={camera}", **r})
         if device.type == "cuda":
@@ -189,9 +189,9 @@ def cmd_throughput(args: argparse.Namespace) -> None:
 VARIANTS: dict[str, dict[str, Any]] = {
     "eager": {"set": []},
     "nchw": {"set": [], "memory_format": "contiguous"},
-    "c0686b9-net": {"set": ["model.bev_stem=conv3x3", "model.head_kernel=3", "model.heading=sincos"]},
-    "s2d-head1": {"set": ["model.bev_stem=space_to_depth", "model.head_kernel=1"]},
-    "gather-paint": {"set": ["model.paint_sampler=gather"]},
+    "c0686b9-net": {"set": ["model.painted_pillars.bev_stem=conv3x3", "model.painted_pillars.head_kernel=3", "model.painted_pillars.heading=sincos"]},
+    "s2d-head1": {"set": ["model.painted_pillars.bev_stem=space_to_depth", "model.painted_pillars.head_kernel=1"]},
+    "gather-paint": {"set": ["model.painted_pillars.paint_sampler=gather"]},
     "compiled": {"set": [], "compile": True},
     "fp32": {"set": ["train.bf16=false"]},
     "fp32-compiled": {"set": ["train.bf16=false"], "compile": True},
@@ -475,8 +475,8 @@ def _prepare(params: Any, raw: Path, out: Path) -> Path:
 def _train_and_score(params: Any, data: Path, out: Path, val_data: Path, backend: str) -> dict[str, Any]:
     import tasks.train
     from pfactory.data.loader import make_loader
-    from pfactory.model.inference import evaluate_kpis, predict
-    from pfactory.model.io import load_model
+    from pfactory.detectors.inference import evaluate_kpis, predict
+    from pfactory.detectors.io import load_model
 
     t0 = time.perf_counter()
     c0 = time.process_time()
@@ -520,7 +520,7 @@ def cmd_frames(args: argparse.Namespace) -> None:
             subset = _subset_kitti(raw, work / f"raw_seed{args.seed}_{k}", k)
             data = _prepare(base, subset, work / f"prep_seed{args.seed}_{k}_{tag}")
         for camera in (True, False) if args.ablation else (True,):
-            over = [*args.set, f"model.camera={camera}", "train.checkpoint_every_steps=100000"]
+            over = [*args.set, f"model.painted_pillars.camera={camera}", "train.checkpoint_every_steps=100000"]
             if args.steps:
                 over += [f"train.max_steps={args.steps}", "train.epochs=1000"]
             params = make_params(over)
@@ -541,7 +541,7 @@ def cmd_frames(args: argparse.Namespace) -> None:
 def cmd_ablation(args: argparse.Namespace) -> None:
     rows = []
     for camera in (True, False):
-        over = [*args.set, f"model.camera={camera}", "train.checkpoint_every_steps=100000"]
+        over = [*args.set, f"model.painted_pillars.camera={camera}", "train.checkpoint_every_steps=100000"]
         if args.steps:
             over += [f"train.max_steps={args.steps}", "train.epochs=1000"]
         with tempfile.TemporaryDirectory() as tmp:

@@ -574,6 +574,43 @@ def lineage_cmd(
         console.print(table)
 
 
+@app.command("models")
+def models_cmd(
+    name: Annotated[
+        str | None, typer.Argument(help="An architecture: print its params section's defaults as YAML.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """The installed detector architectures (`model.arch`): name, entry point, where it comes from.
+
+    Built-ins and installed plugin packages register through the entry-point group `pfactory.models`
+    (docs/MODELS.md); a plugin that fails to load is listed with its error. Examples: factory models  |
+    factory models painted_pillars  |  factory run -S model.arch=NAME
+    """
+    from pfactory.detectors import registry
+
+    if name is not None:
+        import yaml
+
+        arch, info = registry.architecture(name)  # a broken or unknown one: one line, exit 2 (main)
+        section = {"model": {"arch": name, name: arch.params().model_dump(mode="json")}}
+        typer.echo(f"# {info.label}\n# {arch.description}\n" + yaml.safe_dump(section, sort_keys=False), nl=False)
+        return
+    rows = registry.listing()
+    from pfactory import plugins
+
+    dup = plugins.duplicates(plugins.MODELS)
+    if as_json:
+        typer.echo(json.dumps([vars(r) for r in rows], indent=2))
+        return
+    width = max([len(r.name) for r in rows] + [4])
+    twidth = max([len(r.target) for r in rows] + [6])
+    for r in rows:
+        state = "" if r.status == "ok" else f"  BROKEN: {r.status}"
+        also = f"  (also declared by: {', '.join(dup[r.name])})" if r.name in dup else ""
+        typer.echo(f"{r.name:<{width}}  {r.target:<{twidth}}  {r.source}{state}{also}")
+
+
 @app.command(
     "bench",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},

@@ -6,16 +6,16 @@ assembles them:
     paths     pfactory/artifacts.py          PathsParams
     synth     pfactory/sensors/synth/params.py  SynthParams
     prepare   pfactory/data/params.py        PrepareParams
-    model     pfactory/model/params.py       ModelParams
+    model     pfactory/detectors/params.py   ModelSection (arch + each architecture's own section, by name)
     train     pfactory/train/params.py       TrainParams
     optimize  pfactory/inference/params.py   OptimizeParams
     evaluate  pfactory/evaluate/params.py    EvaluateParams
     promote   pfactory/registry/params.py    PromoteParams
     gc        here                           GcParams (factory gc's policy after a run; no stage reads it)
 
-Values more than one stage uses are declared once (`SHARED`, `pfactory.params_file`) and flow to the others: the training
-classes and point-cloud range live in `prepare` (the model takes them from the prepared manifest),
-the detection score threshold in `evaluate` (train's validation and optimize's parity use it).
+Values more than one stage uses are declared once (`SHARED`, `pfactory.params_file`) and flow to the others: the
+detection score threshold in `evaluate` (train's validation and optimize's parity use it). The training classes
+and point-cloud range live in `prepare` only: a detector is built for the prepared data's (its manifest).
 Setting one of them in a second place to another value is an error that names the one home.
 
 A stage reads only its own sections (`pfactory.params_file.load_sections`); the whole file is for the
@@ -36,9 +36,9 @@ from pydantic import Field
 
 from pfactory.artifacts import PathsParams
 from pfactory.data.params import PrepareParams
+from pfactory.detectors.params import ModelSection, dump
 from pfactory.evaluate.params import EvaluateParams
 from pfactory.inference.params import OptimizeParams
-from pfactory.model.params import ModelParams
 from pfactory.params_file import (  # noqa: F401  (re-exported: the params API of the CLI, flow and tests)
     SHARED,
     ParamsError,
@@ -73,7 +73,7 @@ class Params(Sections):
     paths: PathsParams = Field(default_factory=PathsParams)
     synth: SynthParams = Field(default_factory=SynthParams)
     prepare: PrepareParams = Field(default_factory=PrepareParams)
-    model: ModelParams = Field(default_factory=ModelParams)
+    model: ModelSection = Field(default_factory=ModelSection)
     train: TrainParams = Field(default_factory=TrainParams)
     optimize: OptimizeParams = Field(default_factory=OptimizeParams)
     evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
@@ -83,6 +83,7 @@ class Params(Sections):
     def to_file_dict(self) -> dict[str, Any]:
         """What `params.yaml` holds: every section, without the shared values' copies."""
         raw = self.model_dump(mode="json")
+        raw["model"] = dump(self.model)
         for used in SHARED:
             node = raw
             for part in used[:-1]:
@@ -94,7 +95,9 @@ class Params(Sections):
 def load_params(path: str | Path | None = "params.yaml", overrides: list[str] | None = None) -> Params:
     """Read, override and validate `params.yaml`; a missing file means the embedded defaults."""
     raw, source = read_params(path, overrides)
-    return validate(Params, raw, source)
+    # The whole file is the flow's and the CLI's: the installed plugin of `model.arch` is recorded (pinned);
+    # a stage verifies that record against what is installed (pfactory.detectors.params).
+    return validate(Params, raw, source, pin=True)
 
 
 def params_to_yaml(params: Params) -> str:

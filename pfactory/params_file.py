@@ -26,8 +26,6 @@ from pfactory.failures import EXIT_USAGE, UserError
 from pfactory.section import Section
 
 SHARED: dict[tuple[str, ...], tuple[str, ...]] = {
-    ("model", "classes"): ("prepare", "classes"),
-    ("model", "pc_range"): ("prepare", "pc_range"),
     ("train", "score_threshold"): ("evaluate", "score_threshold"),
     ("optimize", "parity", "score_threshold"): ("evaluate", "score_threshold"),
 }
@@ -273,12 +271,20 @@ def read_params(
     return raw, source
 
 
-def validate(model: type[Section], raw: dict[str, Any], source: str) -> Any:
-    """`model.model_validate(raw)`, a ValidationError as one ParamsError naming each key."""
+def validate(model: type[Section], raw: dict[str, Any], source: str, pin: bool = False) -> Any:
+    """`model.model_validate(raw)`, a ValidationError as one ParamsError naming each key. A section with an
+    `after_validation(source, pin)` method (`model`: the architecture's own section, checked against the
+    installed plugins) is then resolved by it; its errors name the key too. `pin`: the whole file as the
+    flow and the CLI read it (record the installed plugin); else a stage's (verify what the file pins)."""
     try:
-        return model.model_validate(raw)
+        doc = model.model_validate(raw)
     except ValidationError as e:
         raise ParamsError(_format_validation_error(e, source)) from None
+    for name in type(doc).model_fields:
+        hook = getattr(getattr(doc, name), "after_validation", None)
+        if callable(hook):
+            hook(source, pin)
+    return doc
 
 
 def load_sections(

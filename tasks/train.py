@@ -23,14 +23,14 @@ STAGE = "train"
 
 def sections() -> Mapping[str, type]:
     """What this stage reads of params.yaml (besides `paths`), and `evaluate.score_threshold` (`SHARED`)."""
-    from pfactory.model.params import ModelParams
+    from pfactory.detectors.params import ModelSection
     from pfactory.train.params import TrainParams
 
-    return {"train": TrainParams, "model": ModelParams}
+    return {"train": TrainParams, "model": ModelSection}
 
 
 def run(params: Any, data: str | Path, out: Path, track: bool = True, **options: Any) -> dict[str, Any]:
-    """Train `params.model` with `params.train` on `data`, writing into `out`; returns the summary.
+    """Train the architecture `params.model.arch` with `params.train` on `data`, writing into `out`; returns the summary.
 
     `data` may be an `s3://` prepared output: training reads a verified local copy of it (manifest first,
     every file's sha256 checked) under `paths.artifacts/.state/prepared`. `options` go to

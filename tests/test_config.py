@@ -13,8 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_shipped_params_equal_embedded_defaults():
     # `factory run` on a machine without params.yaml must run the same pipeline.
-    shipped = yaml.safe_load((ROOT / "params.yaml").read_text())
-    assert Params.model_validate(shipped).model_dump() == Params().model_dump()
+    assert load_params(ROOT / "params.yaml").to_file_dict() == load_params(None).to_file_dict()
 
 
 def test_every_schema_section_is_in_params_yaml():
@@ -80,8 +79,6 @@ def test_override_cannot_descend_into_a_value():
 @pytest.mark.parametrize(
     "override, home",
     [
-        ("model.classes=[Car]", "prepare.classes"),
-        ("model.pc_range=[0, -40, -3, 60.8, 40, 1]", "prepare.pc_range"),
         ("train.score_threshold=0.1", "evaluate.score_threshold"),
         ("optimize.parity.score_threshold=0.1", "evaluate.score_threshold"),
     ],
@@ -91,8 +88,19 @@ def test_a_shared_value_is_set_only_in_its_home(override, home):
     with pytest.raises(ParamsError, match=rf"{re.escape(key)} = .* is not set here: it is {home} = "):
         load_params(None, [override])
     default = load_params(None)
-    value = default.train.score_threshold if "score" in key else getattr(default.model, key.split(".")[1])
-    load_params(None, [f"{key}={value}"])  # repeating the home's value (a dumped section) is harmless
+    load_params(None, [f"{key}={default.train.score_threshold}"])  # repeating the home's value is harmless
+
+
+@pytest.mark.parametrize(
+    "override", ["model.classes=[Car]", "model.painted_pillars.pc_range=[0, -40, -3, 60.8, 40, 1]"]
+)
+def test_the_data_facts_are_not_model_params(override):
+    """The classes and the point-cloud range are the prepared data's (prepare.*): a detector is built for its
+    manifest, so setting them under `model` is refused, naming the home."""
+    key = override.split("=")[0]
+    home = "prepare." + key.rsplit(".", 1)[1]
+    with pytest.raises(ParamsError, match=rf"{re.escape(key)} is not set here: it is {re.escape(home)}"):
+        load_params(None, [override])
 
 
 def test_shared_values_flow_from_their_home_and_round_trip():
@@ -100,9 +108,8 @@ def test_shared_values_flow_from_their_home_and_round_trip():
 
     p = load_params(None, ["evaluate.score_threshold=0.2", "prepare.pc_range=[0, -20, -3, 40, 20, 1]"])
     assert p.train.score_threshold == p.optimize.parity.score_threshold == 0.2
-    assert p.model.pc_range == [0, -20, -3, 40, 20, 1] and p.model.classes == p.prepare.classes
     again = Params.model_validate(yaml.safe_load(params_to_yaml(p)))  # a workspace's params.yaml
-    assert again.model_dump() == p.model_dump()
+    assert again.to_file_dict() == p.to_file_dict()
     assert "score_threshold" not in yaml.safe_load(params_to_yaml(p))["train"]
 
 
@@ -110,8 +117,8 @@ def test_a_stage_loads_only_its_own_sections(tmp_path) -> None:
     """`load_sections` (what `python -m tasks.<stage>` uses): the stage's sections and `paths`, its shared
     values read from their homes, the rest of the file left to the stages it belongs to; an override of a
     key it does not read is refused (it would change nothing it does)."""
+    from pfactory.detectors.params import ModelSection as ModelParams
     from pfactory.inference.params import OptimizeParams
-    from pfactory.model.params import ModelParams
     from pfactory.params_file import load_sections
     from pfactory.train.params import TrainParams
 
@@ -119,7 +126,8 @@ def test_a_stage_loads_only_its_own_sections(tmp_path) -> None:
     f.write_text("evaluate: {score_threshold: 0.2, batch_size: 1}\nprepare: {classes: [Car]}\npromote: {bogus: 1}\n")
     train = load_sections(f, ["train.lr=0.002"], {"train": TrainParams, "model": ModelParams})
     assert set(type(train).model_fields) == {"paths", "train", "model"}
-    assert train.train.score_threshold == 0.2 and train.model.classes == ["Car"] and train.train.lr == 0.002
+    assert train.train.score_threshold == 0.2 and train.train.lr == 0.002
+    assert train.model.selected.pillar_size_m == 0.4  # the selected architecture's section, resolved
     opt = load_sections(f, ["evaluate.score_threshold=0.1"], {"optimize": OptimizeParams})
     assert opt.optimize.parity.score_threshold == 0.1
     with pytest.raises(ParamsError, match="not a parameter this stage reads"):

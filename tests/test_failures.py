@@ -25,13 +25,13 @@ from pfactory.config import ParamsError
 from pfactory.data.errors import RejectFractionExceeded, SchemaError
 from pfactory.data.scaleout import PrepareTaskError
 from pfactory.data.storage import OutputError
+from pfactory.detectors.io import CheckpointError
 from pfactory.evaluate.distributed import EvaluateTaskError
 from pfactory.evaluate.inputs import EvaluateInputError
 from pfactory.evaluate.nusc_submission import NuscSubmissionError
 from pfactory.failures import OUTCOME_ENV, UsageError, UserError, read_outcome, stage_outcome
 from pfactory.fsutil import OutputRefused
 from pfactory.inference.errors import BackendUnavailable, ParityError
-from pfactory.model.io import CheckpointError
 from pfactory.registry.errors import EvidenceError, LockTimeout, PromotionRefused, RegistryError, UnknownRef
 from pfactory.sensors.errors import DatasetError
 from pfactory.team.errors import NotAuthenticated, PermissionRefused, TeamError

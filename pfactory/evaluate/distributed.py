@@ -142,8 +142,8 @@ def _load_model(spec: RunnerSpec, threads: int) -> tuple[Any, float]:
             if got is not None and sha256_file(got) != spec.sha256:
                 raise EvaluateTaskError(f"{got}: changed since the evaluation started (sha256)")
         else:
+            from pfactory.detectors.io import WEIGHTS
             from pfactory.inference.runtime import TorchRunner
-            from pfactory.model.io import WEIGHTS
 
             weights = Path(spec.path) / WEIGHTS
             if sha256_file(weights) != spec.sha256:
@@ -173,8 +173,8 @@ def infer_unit(spec: RunnerSpec, data: DataSpec, unit: WorkUnit) -> UnitResult:
     import torch
 
     from pfactory.data.loader import collate
+    from pfactory.detectors.inference import frames_from_batch
     from pfactory.inference.calibration import batch_to_feed
-    from pfactory.model.inference import frames_from_batch
 
     threads = cluster.worker_threads()
     try:

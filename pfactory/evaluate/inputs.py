@@ -160,7 +160,7 @@ def _optimized_spec(
 
 
 def _reference_spec(model: Path, device: str) -> RunnerSpec:
-    from pfactory.model.io import CONFIG, WEIGHTS
+    from pfactory.detectors.io import CONFIG, WEIGHTS
 
     for name in (WEIGHTS, CONFIG):
         if not (model / name).is_file():

@@ -77,7 +77,7 @@ def build_aoti(
     import torch
     from torch.export import Dim
 
-    from pfactory.inference.export import ExportWrapper, example_inputs
+    from pfactory.inference.export import ExportWrapper, deploy_args, example_inputs
 
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -94,9 +94,10 @@ def build_aoti(
         "images": {0: batch} if batch is not None else None,
         "proj": {0: batch} if batch is not None else None,
     }
+    dyn = {k: v for k, v in dyn.items() if k in wrapper.inputs}
     t0 = time.perf_counter()
     # Example batch 2 when dynamic: torch.export specializes dims of size 1.
-    args = example_inputs(model, 2 if dynamic_batch else 1, export_points, cameras)
+    args = deploy_args(model, example_inputs(model, 2 if dynamic_batch else 1, export_points, cameras))
     with torch.no_grad(), export_path():
         exported = torch.export.export(wrapper, args, dynamic_shapes=dyn, strict=False)
     ops = check_graph(exported)
@@ -104,7 +105,10 @@ def build_aoti(
     t0 = time.perf_counter()
     tmp = dst.with_name(f".tmp.{dst.name}")  # the packager insists on a .pt2 suffix
     with torch.no_grad():
-        torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp))
+        torch._inductor.aoti_compile_and_package(
+            exported, package_path=str(tmp),
+            inductor_configs={"aot_inductor.metadata": {"pfactory.inputs": ",".join(wrapper.inputs)}},
+        )  # fmt: skip
     os.replace(tmp, dst)
     return {
         "export_s": round(export_s, 3),
@@ -130,16 +134,19 @@ class AotiRunner(Runner):
         if self.threads:
             torch.set_num_threads(self.threads)
         self.model = torch._inductor.aoti_load_package(str(self.path))
+        # The package's own inputs, in order (a prefix of INPUT_NAMES: lidar-only graphs take two).
+        from pfactory.inference.export import INPUT_NAMES
+
+        names = getattr(self.model, "get_metadata", lambda: {})().get("pfactory.inputs")
+        self.input_names = tuple(names.split(",")) if names else INPUT_NAMES
 
     def run(self, feed: dict[str, np.ndarray]) -> Outputs:
         import torch
 
-        from pfactory.inference.export import INPUT_NAMES
-
         if self.threads and torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)  # process-wide: another runner may have changed it
         with torch.inference_mode():
-            boxes, scores, labels = self.model(*(torch.from_numpy(feed[k]) for k in INPUT_NAMES))
+            boxes, scores, labels = self.model(*(torch.from_numpy(feed[k]) for k in self.input_names))
         return {
             "boxes": boxes.float().numpy(),
             "scores": scores.float().numpy(),

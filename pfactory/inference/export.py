@@ -1,6 +1,8 @@
 """The whole detector -> one ONNX graph, from padded points to decoded boxes, and the checks it must pass.
 
-In:  a `PaintedPillarDetector` (any module with `forward_export(points, num_points, images, proj)`).
+In:  a detector of any architecture (the contract, `pfactory.detectors.contract`): its `forward_export` over the
+     inputs it declares (`deploy_inputs`: points and num_points, then images and proj for a camera model),
+     in its export formulation (its `for_export` hook).
 Out: `model.onnx` with
     inputs   points     [batch, points, 4] float32   padded lidar points (x, y, z, intensity), lidar frame, m
              num_points [batch]            int64     valid rows of `points` per frame (the rest is padding)
@@ -39,10 +41,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pfactory.model.variants import for_export
+from pfactory.detectors.contract import DEPLOY_INPUTS, OUTPUT_NAMES, for_export
 
-INPUT_NAMES = ("points", "num_points", "images", "proj")
-OUTPUT_NAMES = ("boxes", "scores", "labels")
+INPUT_NAMES = DEPLOY_INPUTS  # every input a deployed graph may take; a model's own: `deploy_inputs`
 # Domains a node may use: the ONNX default domain only (no custom ops, no contrib ops).
 ALLOWED_DOMAINS = ("", "ai.onnx")
 # Metadata key under which the exporter records the nn.Module scope of each node (torch >= 2.6).
@@ -55,16 +56,23 @@ class ExportCheckError(ValueError):
 
 
 class ExportWrapper(nn.Module):
-    """Exposes `model.forward_export` as `forward`, so the exporter traces padded points -> boxes."""
+    """Exposes `model.forward_export` as `forward`, so the exporter traces padded points -> boxes. The model's
+    `deploy_inputs` are a prefix of `INPUT_NAMES`; the exporter passes exactly those."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        self.model = for_export(model)  # a copy in the export's formulation (pfactory/model/variants.py)
+        self.inputs = tuple(model.deploy_inputs)
+        self.model = for_export(model)  # the architecture's export formulation (its hook), or itself
 
     def forward(
-        self, points: Tensor, num_points: Tensor, images: Tensor, proj: Tensor
+        self, points: Tensor, num_points: Tensor, images: Tensor | None = None, proj: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        return self.model.forward_export(points, num_points, images, proj)
+        return self.model.forward_export(*(points, num_points, images, proj)[: len(self.inputs)])
+
+
+def deploy_args(model: Any, args: tuple[Tensor, ...] | list[Any]) -> tuple[Any, ...]:
+    """The model's deployed inputs out of the four `INPUT_NAMES`-ordered values `args`."""
+    return tuple(args[: len(model.deploy_inputs)])
 
 
 @dataclass
@@ -105,13 +113,11 @@ def example_inputs(
     Returns points [B, P, 4], num_points [B] (the last frame half full, so padding is exercised),
     images [B, N, 3, H, W], proj [B, N, 3, 4].
     """
-    p = model.params
-    wi, hi = model.image_size
+    pc_range = model.spec.pc_range
+    wi, hi = model.spec.image_size
     g = torch.Generator().manual_seed(seed)
-    lo = torch.tensor([*p.pc_range[:3], 0.0])
-    span = torch.tensor(
-        [p.pc_range[3] - p.pc_range[0], p.pc_range[4] - p.pc_range[1], p.pc_range[5] - p.pc_range[2], 1.0]
-    )
+    lo = torch.tensor([*pc_range[:3], 0.0])
+    span = torch.tensor([pc_range[3] - pc_range[0], pc_range[4] - pc_range[1], pc_range[5] - pc_range[2], 1.0])
     points = torch.rand(batch, num_points, 4, generator=g) * span + lo  # [B, P, 4]
     counts = torch.full((batch,), num_points, dtype=torch.int64)  # [B]
     counts[-1] = max(1, num_points // 2)
@@ -213,7 +219,8 @@ def _error_gist(e: BaseException) -> str:
 
 
 def _trace(wrapper: nn.Module, args: tuple[Tensor, ...], opset: int, dynamic_batch: bool) -> Any:
-    """torch.onnx's dynamo export of `wrapper` on `args`, unoptimized: an `ONNXProgram` (the template)."""
+    """torch.onnx's dynamo export of `wrapper` on `args` (the four example inputs; the model's own are
+    traced), unoptimized: an `ONNXProgram` (the template)."""
     from torch.export import Dim
 
     # Example P > 1 and batch >= 2 when dynamic: torch.export specializes dims of size 0 and 1.
@@ -225,12 +232,14 @@ def _trace(wrapper: nn.Module, args: tuple[Tensor, ...], opset: int, dynamic_bat
         "images": {0: batch} if batch is not None else None,
         "proj": {0: batch} if batch is not None else None,
     }
+    names = wrapper.inputs
+    dyn = {k: v for k, v in dyn.items() if k in names}
     with _quiet():
         return torch.onnx.export(
             wrapper,
-            args,
+            tuple(args[: len(names)]),
             None,
-            input_names=list(INPUT_NAMES),
+            input_names=list(names),
             output_names=list(OUTPUT_NAMES),
             opset_version=opset,
             dynamo=True,
@@ -289,7 +298,7 @@ def _template_parity(wrapper: nn.Module, model: nn.Module, path: Path, cameras: 
     from pfactory.inference.params import ParityParams
     from pfactory.inference.parity import compare_outputs, gate, tolerance_for
 
-    inputs = example_inputs(model, batch, 512, cameras, seed=1)
+    inputs = deploy_args(model, example_inputs(model, batch, 512, cameras, seed=1))
     with torch.no_grad():
         ref = dict(zip(OUTPUT_NAMES, (t.numpy() for t in wrapper(*inputs))))
     so = ort.SessionOptions()
@@ -406,9 +415,10 @@ def check_onnx(path: str | Path) -> dict[str, Any]:
         raise ExportCheckError(f"{path}: ONNX checker / shape inference failed: {e}") from e
     names_in = [v.name for v in model.graph.input]
     names_out = [v.name for v in model.graph.output]
-    if tuple(names_in) != INPUT_NAMES or tuple(names_out) != OUTPUT_NAMES:
+    if tuple(names_in) != INPUT_NAMES[: max(2, len(names_in))] or tuple(names_out) != OUTPUT_NAMES:
         raise ExportCheckError(
-            f"{path}: I/O {names_in} -> {names_out}, expected {list(INPUT_NAMES)} -> {list(OUTPUT_NAMES)}"
+            f"{path}: I/O {names_in} -> {names_out}, expected a prefix of {list(INPUT_NAMES)} (points and "
+            f"num_points at least) -> {list(OUTPUT_NAMES)}"
         )
     custom = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node if n.domain not in ALLOWED_DOMAINS})
     imports = {o.domain: o.version for o in model.opset_import}

@@ -109,6 +109,7 @@ def optimize(
     `opt.backend`/`opt.precision` (None/"auto" = from params); `active`: the MLflow run to log to, or None."""
     import torch
 
+    from pfactory.detectors.io import WEIGHTS, load_model
     from pfactory.inference import manifest as mf
     from pfactory.inference.calibration import load_feeds
     from pfactory.inference.export import OUTPUT_NAMES, export_onnx
@@ -119,7 +120,6 @@ def optimize(
     from pfactory.inference.runtime import TorchRunner, open_runner, resolve_backend
     from pfactory.inference.sensitivity import REPORT as SENSITIVITY
     from pfactory.inference.sensitivity import build_int8, format_report
-    from pfactory.model.io import WEIGHTS, load_model
     from pfactory.tracking import package_versions
 
     t_start = time.perf_counter()
@@ -153,9 +153,10 @@ def optimize(
         # 1. export + checks
         emit_progress("optimize", phase="exporting ONNX")
         meta = {
-            "pfactory.classes": model_config.get("classes", list(model.params.classes)),
-            "pfactory.image_size": list(model.image_size),
-            "pfactory.max_detections": model.params.max_detections,
+            "pfactory.classes": model_config.get("classes", list(model.spec.classes)),
+            "pfactory.image_size": list(model.spec.image_size),
+            "pfactory.max_detections": model.max_detections,
+            "pfactory.arch": model_config["arch"],
             "pfactory.outputs": mf.OUTPUT_CONTRACT,
         }
         exported = export_onnx(
@@ -311,10 +312,13 @@ def optimize(
             "model": {
                 "dir": str(model_dir),
                 "weights_sha256": sha256_file(model_dir / WEIGHTS),
-                "classes": list(model.params.classes),
-                "image_size": list(model.image_size),
+                "arch": model_config["arch"],
+                "plugin": model_config.get("plugin"),
+                "classes": list(model.spec.classes),
+                "image_size": list(model.spec.image_size),
                 "cameras": cameras,
-                "max_detections": model.params.max_detections,
+                "max_detections": model.max_detections,
+                "inputs": list(model.deploy_inputs),
             },
             "outputs": {"names": list(OUTPUT_NAMES), "contract": mf.OUTPUT_CONTRACT},
             "files": hashes,

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from pfactory.inference.errors import ArtifactError, BackendUnavailable
-from pfactory.inference.export import INPUT_NAMES, OUTPUT_NAMES
+from pfactory.inference.export import OUTPUT_NAMES
 from pfactory.inference.manifest import find_artifact, read_manifest, verify_directory
 from pfactory.inference.runner import Outputs, Runner, as_feed, split_run, valid_detections
 
@@ -66,11 +66,14 @@ class OrtRunner(Runner):
                 self.path, device, intra_op_threads, spin, inter_op_threads, exact_u8s8=True
             )
         self.device = "cuda" if self.session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
+        self.input_names = [i.name for i in self.session.get_inputs()]
         batch_dim = self.session.get_inputs()[0].shape[0]
         # A graph exported with a fixed batch (export fallback) declares an int here.
         self.fixed_batch = batch_dim if isinstance(batch_dim, int) else None
 
     def _run_graph(self, feed: dict[str, np.ndarray]) -> Outputs:
+        # The graph's own inputs (a lidar-only architecture declares only points and num_points).
+        feed = {k: feed[k] for k in self.input_names}
         out = self.session.run(list(OUTPUT_NAMES), feed)
         return dict(zip(OUTPUT_NAMES, out))
 
@@ -90,7 +93,7 @@ class TorchRunner(Runner):
         import torch
 
         if isinstance(model, (str, Path)):
-            from pfactory.model.io import load_model
+            from pfactory.detectors.io import load_model
 
             model, _config = load_model(model, map_location="cpu")
         if device == "auto":
@@ -105,7 +108,7 @@ class TorchRunner(Runner):
         import torch
 
         with torch.inference_mode():
-            t = [torch.from_numpy(feed[k]).to(self.device) for k in INPUT_NAMES]
+            t = [torch.from_numpy(feed[k]).to(self.device) for k in self.model.deploy_inputs]
             boxes, scores, labels = self.model.forward_export(*t)
         return {
             "boxes": boxes.float().cpu().numpy(),

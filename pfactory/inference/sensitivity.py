@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from pfactory.detectors.contract import OUTPUT_NAMES
 from pfactory.inference.feed import Feed
 from pfactory.inference.ort_backend import (
     Layer,
@@ -63,7 +64,6 @@ from pfactory.inference.parity import detection_agreement
 
 Outputs = dict[str, np.ndarray]
 REPORT = "sensitivity.json"
-OUTPUT_NAMES = ("boxes", "scores", "labels")
 
 
 def error_of(agreement: dict[str, Any]) -> float:
@@ -180,7 +180,8 @@ def run_feeds(path: Path, feeds: Sequence[Feed], threads: int) -> list[Outputs]:
     """Outputs of the ONNX model at `path` on every feed (CPU, sequential, `threads` intra-op threads)."""
     session = make_session(path, "cpu", threads, spin=False)
     names = [o.name for o in session.get_outputs()][: len(OUTPUT_NAMES)]
-    return [dict(zip(OUTPUT_NAMES, session.run(names, f))) for f in feeds]
+    inputs = [i.name for i in session.get_inputs()]
+    return [dict(zip(OUTPUT_NAMES, session.run(names, {k: f[k] for k in inputs}))) for f in feeds]
 
 
 def build_int8(

@@ -112,9 +112,9 @@ def engine_spec(
     major = trt_major(tensorrt_version)
     tp = params.tensorrt
     by_name = {s.name: s for s in inputs}
-    missing = [n for n in INPUT_NAMES if n not in by_name]
-    if missing:
-        raise ValueError(f"export inputs lack {missing}")
+    names = [n for n in INPUT_NAMES if n in by_name]  # the graph's own: a prefix of INPUT_NAMES
+    if names != list(INPUT_NAMES[: max(2, len(names))]) or len(by_name) != len(names):
+        raise ValueError(f"export inputs {sorted(by_name)}: expected a prefix of {list(INPUT_NAMES)}")
     fixed_batch = isinstance(by_name["points"].shape[0], int)
     b_min, b_opt, b_max = (1, 1, 1) if fixed_batch else (1, 1, max(1, max_batch))
 
@@ -122,7 +122,7 @@ def engine_spec(
         p_min: int, p_opt: int, p_max: int, bounds: tuple[int, int, int]
     ) -> dict[str, tuple[list[int], list[int], list[int]]]:
         out = {}
-        for name in INPUT_NAMES:
+        for name in names:
             rest = _static_dims(by_name[name])
             mn, op, mx = [], [], []
             for b, p, target in ((bounds[0], p_min, mn), (bounds[1], p_opt, op), (bounds[2], p_max, mx)):
@@ -512,13 +512,17 @@ class TensorRTRunner(Runner):
                 f"{plan_path}: TensorRT could not deserialize the engine (other TensorRT version or GPU?)"
             )
         self.context = self.engine.create_execution_context()
+        engine, trt = self.engine, self.trt
+        io = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        # The engine's own inputs, in INPUT_NAMES order (a lidar-only graph takes points and num_points).
+        self.input_names = [n for n in INPUT_NAMES if n in io and engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
 
     def run(self, feed: Feed) -> dict[str, np.ndarray]:
         import torch
 
         trt = self.trt
         held = {}
-        for name in INPUT_NAMES:
+        for name in self.input_names:
             want = np.dtype(trt.nptype(self.engine.get_tensor_dtype(name)))
             t = torch.from_numpy(np.ascontiguousarray(feed[name], dtype=want)).to(self.device)
             self.context.set_input_shape(name, tuple(t.shape))

@@ -30,16 +30,21 @@ Variants are module swaps made when the model is built or converted, never branc
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from pfactory.detectors.contract import DataSpec, Detections, LossContext
 from pfactory.model import variants
 from pfactory.model.decode import decode
 from pfactory.model.layers import GroupNormReLU, conv_norm_act
+from pfactory.model.loss import detection_loss
 from pfactory.model.painting import Painter, ProjectedPainter
 from pfactory.model.params import ModelParams
 from pfactory.model.pillars import CanvasStem, PillarEncoder, scatter_max_nonnegative
+from pfactory.model.targets import build_targets
 
 __all__ = ["PaintedPillarDetector", "build_model", "scatter_max_nonnegative"]  # the last: tests/inference
 
@@ -150,13 +155,22 @@ class CenterHead(nn.Module):
 
 
 class PaintedPillarDetector(nn.Module):
-    """The whole detector; see the module docstring for inputs and outputs."""
+    """The whole detector; see the module docstring for inputs and outputs. It satisfies the detector
+    contract (`pfactory.detectors.contract`): `inputs`, `deploy_inputs`, `spec`, `loss`, `decode`,
+    `forward_export` and the `for_export` / `for_compile` hooks."""
 
-    def __init__(self, p: ModelParams, image_size: tuple[int, int] = (416, 128)) -> None:
-        """`image_size` = (Wi, Hi) of the model-input images (`prepare.image_size`); painting needs it."""
+    inputs = ("points", "num_points", "images", "proj", "cam_valid")
+    deploy_inputs = ("points", "num_points", "images", "proj")
+
+    def __init__(
+        self, p: ModelParams, image_size: tuple[int, int] = (416, 128), spec: DataSpec | None = None
+    ) -> None:
+        """`image_size` = (Wi, Hi) of the model-input images (`prepare.image_size`); painting needs it.
+        `spec`: the prepared data's facts (default: `p`'s classes and range, `image_size`, no camera names)."""
         super().__init__()
         self.params = p
         self.image_size = (int(image_size[0]), int(image_size[1]))
+        self.spec = spec or DataSpec(tuple(p.classes), tuple(p.pc_range), self.image_size)  # type: ignore[arg-type]
         self.camera = p.camera
         if self.camera:
             wi, hi = self.image_size
@@ -210,16 +224,52 @@ class PaintedPillarDetector(nn.Module):
         out = self.forward(points, num_points, images, proj)
         return decode(out["heatmap"], out["reg"], self.params)
 
+    @property
+    def max_detections(self) -> int:
+        """D, the fixed number of decoded entries per frame."""
+        return self.params.max_detections
+
+    def loss(self, out: dict[str, Tensor], batch: Mapping[str, Any], ctx: LossContext) -> dict[str, Tensor]:
+        """Focal heatmap + L1 regression loss of `forward`'s outputs on a batch slice (`pfactory.model.loss`):
+        `{"loss", "heatmap", "reg", "reg/<channel>"}`. The targets are rendered in fp32 (outside autocast);
+        their peak and object counts are summed over DDP processes, so the loss does not depend on their number."""
+        p = self.params
+        boxes = batch["boxes"]  # [B, M, 7]
+        with torch.autocast(boxes.device.type, enabled=False):
+            targets = build_targets(boxes, batch["labels"], p, batch.get("num_boxes"))
+            counts = torch.stack([targets.num_peaks, targets.num_objects]).to(torch.float64)  # [2]
+            counts = ctx.all_reduce_sum(counts)  # global normalizers
+        return detection_loss(
+            out, targets, p.heatmap_weight, p.reg_weight, p.reg_code_weights,
+            num_peaks=counts[0], num_objects=counts[1], world_size=ctx.world_size,
+        )  # fmt: skip
+
+    def decode(self, out: dict[str, Tensor]) -> Detections:
+        """`forward`'s outputs -> boxes [B, D, 7], scores [B, D], labels [B, D] (`pfactory.model.decode`)."""
+        return Detections(*decode(out["heatmap"], out["reg"], self.params))
+
+    def for_export(self) -> nn.Module:
+        """A copy in the ONNX export's formulation (`variants.for_export`)."""
+        return variants.for_export(self)
+
+    def for_compile(self) -> None:
+        """Static-shape painting for torch.compile, in place (`variants.for_compile`)."""
+        variants.for_compile(self)
+
 
 def build_model(
-    p: ModelParams, image_size: tuple[int, int] = (416, 128), sparse_stem: bool | None = None
+    p: ModelParams,
+    image_size: tuple[int, int] = (416, 128),
+    sparse_stem: bool | None = None,
+    spec: DataSpec | None = None,
 ) -> PaintedPillarDetector:
-    """The default detector for `p` (the factory's one model; `model_config.json` + this rebuild it).
+    """The painted pillar detector for `p` (`pfactory.model.arch` builds it for the factory from the
+    `model.painted_pillars` section and the prepared data's `spec`).
 
     Conv weights are channels-last: the scattered canvas already is ([B, H, W, C] memory), and oneDNN
     runs the BEV backbone + head ~20% faster that way (fwd+bwd 179 -> 144 ms per batch of 4, 1 thread).
     `sparse_stem` (default: where the C kernels are built, `kernels.native.available()`): the canvas and
     the 3x3 stem conv as one sparse op (`variants.use_sparse_stem`); the same function, the same weights.
     """
-    model = PaintedPillarDetector(p, image_size).to(memory_format=torch.channels_last)
+    model = PaintedPillarDetector(p, image_size, spec).to(memory_format=torch.channels_last)
     return variants.use_sparse_stem(model, sparse_stem)

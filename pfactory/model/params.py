@@ -1,7 +1,8 @@
-"""Parameters of the detector (`params.model`; the training loop's are in `pfactory/train/params.py`).
+"""Parameters of the default architecture, `painted_pillars` (the training loop's are in `pfactory/train/params.py`).
 
-In: the `model:` section of `params.yaml` (assembled by `pfactory.config.Params`); `classes` and
-`pc_range` come from the prepared data (`prepare:` section, carried by its manifest).
+In: the `model.painted_pillars` section of `params.yaml` (`PaintedPillarsParams`, validated when
+`model.arch` selects it: `pfactory.detectors.params`); `classes` and `pc_range` come from the prepared
+data (`prepare:` section, carried by its manifest) when the network is built (`ModelParams`).
 Out: validated pydantic models; `ModelParams` is also written next to the weights as
 `model_config.json`, so the optimize/evaluate stages rebuild the exact network from it.
 
@@ -17,17 +18,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pfactory.section import PositiveFloat, PositiveInt, Section, check_pc_range
+from pfactory.section import NonNegFloat, PositiveFloat, PositiveInt, Section, check_pc_range
 
 
-class ModelParams(Section):
-    """The camera-painted pillar detector with a center head (DESIGN.md §5, docs/MODEL.md)."""
+class PaintedPillarsParams(Section):
+    """`model.painted_pillars`: the camera-painted pillar detector with a center head (DESIGN.md §5,
+    docs/MODEL.md), the factory's default architecture. The classes and the point-cloud range are the
+    prepared data's (`prepare.classes`, `prepare.pc_range`), given when the network is built (`ModelParams`)."""
 
-    classes: list[str] = Field(default_factory=lambda: ["Car", "Pedestrian", "Cyclist"])
-    """Detected classes in label-index order: the prepared data's (`prepare.classes`, via its manifest)."""
-    pc_range: list[float] = Field(default_factory=lambda: [0.0, -40.0, -3.0, 70.4, 40.0, 1.0])
-    """BEV region (x_min, y_min, z_min, x_max, y_max, z_max), metres, lidar frame; points outside are dropped.
-    The prepared data's (`prepare.pc_range`, via its manifest)."""
     pillar_size_m: PositiveFloat = 0.4
     """Side of a square pillar (BEV cell of the pillar encoder), metres. (x, y) extents must be multiples."""
     camera: bool = True
@@ -79,6 +77,14 @@ class ModelParams(Section):
     projected on it, so an unsure front/back costs pi, never a wrong axis. `sincos`: sin/cos of yaw only
     (the original 8-channel head). On the default data (cars with a hood longer than the trunk, lamps)
     axis_sign lowers the Car heading error, 0.317 -> 0.272 rad val AOE (docs/MODEL.md, "Heading")."""
+    heatmap_weight: NonNegFloat = 1.0
+    """Weight of the focal heatmap loss."""
+    reg_weight: NonNegFloat = 0.25
+    """Weight of the L1 regression loss (CenterPoint: 0.25)."""
+    reg_code_weights: list[NonNegFloat] | None = None
+    """Per-channel weights of the L1 terms, one per regression channel (`ModelParams.reg_channels`:
+    offset x, y; z; log l, w, h; sin, cos of yaw; with `heading: axis_sign` also sin, cos of
+    2 yaw); null = 1.0 for every channel."""
     norm_groups: PositiveInt = 8
     """GroupNorm groups. GroupNorm (not BatchNorm) keeps a sample's output independent of its batch,
     so DDP and single-process runs agree and export needs no running statistics."""
@@ -90,6 +96,53 @@ class ModelParams(Section):
     """Top-K peaks kept per frame by the decoder (fixed K: the exported graph has static shapes)."""
     nms_kernel: Literal[1, 3, 5] = 3
     """Max-pool window of the peak extraction (1 disables it)."""
+
+    @model_validator(mode="after")
+    def _check_layers(self) -> PaintedPillarsParams:
+        if not (len(self.bev_channels) == len(self.bev_strides) == len(self.bev_blocks)):
+            raise ValueError("bev_channels, bev_strides and bev_blocks need one entry per stage")
+        if self.bev_stem == "space_to_depth" and self.bev_strides[0] != 2:
+            raise ValueError(f"bev_stem=space_to_depth needs bev_strides[0] = 2, got {self.bev_strides}")
+        strides = [math.prod(self.bev_strides[: i + 1]) for i in range(len(self.bev_strides))]
+        if self.head_stride not in strides and self.head_stride != 1:
+            raise ValueError(
+                f"head_stride must be 1 or one of the stage strides {strides}, got {self.head_stride}"
+            )
+        for c in (
+            self.image_channels,
+            self.point_channels,
+            *self.bev_channels,
+            self.up_channels,
+            self.head_channels,
+        ):
+            if c % self.norm_groups:
+                raise ValueError(
+                    f"every channel count must be divisible by norm_groups={self.norm_groups}, got {c}"
+                )
+        if self.reg_code_weights is not None and len(self.reg_code_weights) != len(self.reg_channels):
+            raise ValueError(
+                f"reg_code_weights has {len(self.reg_code_weights)} entries, the head regresses "
+                f"{len(self.reg_channels)} channels ({', '.join(self.reg_channels)}): one weight each, or null"
+            )
+        return self
+
+    @property
+    def reg_channels(self) -> tuple[str, ...]:
+        """Names of the regression channels of the head, in order (`pfactory.model.targets`)."""
+        base = ("off_x", "off_y", "z", "log_l", "log_w", "log_h", "sin", "cos")
+        return base + (("sin2", "cos2") if self.heading == "axis_sign" else ())
+
+
+class ModelParams(PaintedPillarsParams):
+    """The painted pillar detector's params with the prepared data's classes and range: what the network is
+    built from and what `model_config.json` stores (`pfactory.model.arch` builds it from the section and the
+    data)."""
+
+    classes: list[str] = Field(default_factory=lambda: ["Car", "Pedestrian", "Cyclist"])
+    """Detected classes in label-index order: the prepared data's (`prepare.classes`, via its manifest)."""
+    pc_range: list[float] = Field(default_factory=lambda: [0.0, -40.0, -3.0, 70.4, 40.0, 1.0])
+    """BEV region (x_min, y_min, z_min, x_max, y_max, z_max), metres, lidar frame; points outside are dropped.
+    The prepared data's (`prepare.pc_range`, via its manifest)."""
 
     @field_validator("pc_range")
     @classmethod
@@ -106,41 +159,16 @@ class ModelParams(Section):
                 raise ValueError(
                     f"model.pc_range {name} extent must be a multiple of pillar_size_m, got {cells:.4f} cells"
                 )
-        if not (len(self.bev_channels) == len(self.bev_strides) == len(self.bev_blocks)):
-            raise ValueError("model.bev_channels, bev_strides and bev_blocks need one entry per stage")
         h, w = self.grid
         if h % self.head_stride or w % self.head_stride:
             raise ValueError(
                 f"model: the pillar grid (H, W)=({h}, {w}) must be divisible by head_stride={self.head_stride}"
             )
-        if self.bev_stem == "space_to_depth" and (self.bev_strides[0] != 2 or h % 2 or w % 2):
+        if self.bev_stem == "space_to_depth" and (h % 2 or w % 2):
             raise ValueError(
-                "model.bev_stem=space_to_depth needs bev_strides[0] = 2 and an even pillar grid, got "
-                f"bev_strides {self.bev_strides}, grid (H, W)=({h}, {w})"
+                f"model: bev_stem=space_to_depth needs an even pillar grid, got (H, W)=({h}, {w})"
             )
-        strides = [math.prod(self.bev_strides[: i + 1]) for i in range(len(self.bev_strides))]
-        if self.head_stride not in strides and self.head_stride != 1:
-            raise ValueError(
-                f"model.head_stride must be 1 or one of the stage strides {strides}, got {self.head_stride}"
-            )
-        for c in (
-            self.image_channels,
-            self.point_channels,
-            *self.bev_channels,
-            self.up_channels,
-            self.head_channels,
-        ):
-            if c % self.norm_groups:
-                raise ValueError(
-                    f"model: every channel count must be divisible by norm_groups={self.norm_groups}, got {c}"
-                )
         return self
-
-    @property
-    def reg_channels(self) -> tuple[str, ...]:
-        """Names of the regression channels of the head, in order (`pfactory.model.targets`)."""
-        base = ("off_x", "off_y", "z", "log_l", "log_w", "log_h", "sin", "cos")
-        return base + (("sin2", "cos2") if self.heading == "axis_sign" else ())
 
     @property
     def grid(self) -> tuple[int, int]:

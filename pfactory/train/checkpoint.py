@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
+from pfactory.detectors.io import CheckpointError, load_state, save_bytes
 from pfactory.fsutil import atomic_write_bytes
-from pfactory.model.io import CheckpointError, load_state, save_bytes
-from pfactory.model.params import ModelParams
 from pfactory.train.data import DataInfo
 from pfactory.train.params import TrainParams
 
@@ -31,10 +30,11 @@ _RESUME_IGNORED = {
 }
 
 
-def trajectory_config(model_p: ModelParams, train_p: TrainParams) -> dict[str, Any]:
-    """The params that determine the training trajectory (a resume must match them)."""
+def trajectory_config(arch: str, model_p: Any, train_p: TrainParams) -> dict[str, Any]:
+    """The params that determine the training trajectory (a resume must match them): the architecture's
+    name and its built params, and the train params that shape the trajectory."""
     t = {k: v for k, v in train_p.model_dump(mode="json").items() if k not in _RESUME_IGNORED}
-    return {"model": model_p.model_dump(mode="json"), "train": t}
+    return {"model": {"arch": arch, **model_p.model_dump(mode="json")}, "train": t}
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 
 from pfactory import artifacts as af
+from pfactory.data.params import PrepareParams
+from pfactory.detectors.contract import DataSpec
 from pfactory.fsutil import sha256_file
 from pfactory.train.params import TrainParams
 from pfactory.train.runtime import Runtime
@@ -27,6 +29,13 @@ class DataInfo:
     val_frames: int
     fingerprint: str  # sha256 of manifest.json: a resumed run must see the same data
     pc_range: list[float] | None = None  # the prepare stage's crop (manifest params), lidar frame, m
+
+    def spec(self) -> DataSpec:
+        """What the detector is built for (`pfactory.detectors.contract.DataSpec`); a manifest without a
+        recorded crop means prepare's default range."""
+        pc_range = self.pc_range if self.pc_range is not None else PrepareParams().pc_range
+        return DataSpec(tuple(self.classes), tuple(float(v) for v in pc_range),  # type: ignore[arg-type]
+                        (int(self.image_size[0]), int(self.image_size[1])), tuple(self.cameras))  # fmt: skip
 
 
 LoaderFactory = Callable[..., Any]

@@ -32,14 +32,6 @@ class TrainParams(Section):
     """Final (and initial) learning rate as a fraction of `lr`."""
     grad_clip: NonNegFloat = 10.0
     """Max global gradient L2 norm (0 disables clipping)."""
-    heatmap_weight: NonNegFloat = 1.0
-    """Weight of the focal heatmap loss."""
-    reg_weight: NonNegFloat = 0.25
-    """Weight of the L1 regression loss (CenterPoint: 0.25)."""
-    reg_code_weights: list[NonNegFloat] | None = None
-    """Per-channel weights of the L1 terms, one per regression channel (`ModelParams.reg_channels`:
-    offset x, y; z; log l, w, h; sin, cos of yaw; with `model.heading: axis_sign` also sin, cos of
-    2 yaw); null = 1.0 for every channel."""
     seed: int = 0
     """Seeds weights, data order and augmentation: same seed -> same loss curve on CPU."""
     device: Literal["auto", "cpu", "cuda"] = "auto"

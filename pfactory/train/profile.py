@@ -10,13 +10,13 @@ from typing import Any
 
 import torch
 
-from pfactory.model.detector import build_model
-from pfactory.model.variants import for_compile
+from pfactory.detectors import registry
+from pfactory.detectors.contract import for_compile
 from pfactory.train.data import LoaderFactory, data_info, epoch_batches, make_loader_factory, to_device
 from pfactory.train.rng import seed_everything
 from pfactory.train.runtime import Timer, setup_runtime, use_bf16
 from pfactory.train.schedule import make_optimizer
-from pfactory.train.trainer import model_for_data, train_step
+from pfactory.train.trainer import train_step
 
 
 def profile_train(params: Any, data: Path, steps: int, out: Path, *, loader_factory: LoaderFactory | None = None,
@@ -37,7 +37,7 @@ def profile_train(params: Any, data: Path, steps: int, out: Path, *, loader_fact
     factory = loader_factory or make_loader_factory(tp)
     loader = factory(data, "train", tp.batch_size, True, getattr(tp, "augment", None), tp.seed, rt.device,
                      tp.num_threads)  # fmt: skip
-    model = build_model(model_for_data(mp, info), info.image_size).to(rt.device)
+    model = registry.build(mp.arch, mp.selected, info.spec()).to(rt.device)
     optimizer = make_optimizer(model, tp)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     forward = torch.compile(for_compile(model)) if tp.compile else model

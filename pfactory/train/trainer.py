@@ -5,7 +5,7 @@ Files out (`out` = `paths.model`):
     checkpoint.pt      everything needed to resume (`pfactory.train.checkpoint`), written atomically
                        every `train.checkpoint_every_steps` steps and at the end
     model.pt           final weights (state dict) + model_config.json: what optimize/evaluate load
-                       (`pfactory.model.io.load_model`)
+                       (`pfactory.detectors.io.load_model`)
     curves.json        one record per step: loss terms, lr, samples/s, data-wait fraction (DVC plots)
     val_curves.json    one record per validation: epoch, step, mAP, NDS, AP per class at each threshold
     metrics.json       final summary: time, throughput, last validation mAP / NDS (DVC metrics)
@@ -38,15 +38,13 @@ from torch import nn
 from kernels import native
 from pfactory import artifacts as af
 from pfactory.artifacts import kpi_scalars
+from pfactory.detectors import registry
+from pfactory.detectors.contract import LossContext, batch_inputs, for_compile
+from pfactory.detectors.inference import evaluate_kpis, predict
+from pfactory.detectors.io import save_model
+from pfactory.detectors.params import ModelSection
 from pfactory.failures import EXIT_FAILED, UserError
 from pfactory.fsutil import atomic_write_json
-from pfactory.model.detector import PaintedPillarDetector, build_model
-from pfactory.model.inference import evaluate_kpis, predict
-from pfactory.model.io import save_model
-from pfactory.model.loss import detection_loss
-from pfactory.model.params import ModelParams
-from pfactory.model.targets import build_targets
-from pfactory.model.variants import for_compile
 from pfactory.progress import emit as emit_progress
 from pfactory.train.checkpoint import (
     CHECKPOINT,
@@ -72,16 +70,6 @@ from pfactory.train.schedule import lr_factor, make_optimizer
 from pfactory.train.tracker import Tracker, progress_bar
 
 
-def model_for_data(mp: ModelParams, info: DataInfo) -> ModelParams:
-    """`mp` with the prepared data's classes and point-cloud range (validated against the pillar grid)."""
-    update: dict[str, Any] = {"classes": list(info.classes)}
-    if info.pc_range is not None:
-        update["pc_range"] = list(info.pc_range)
-    if all(getattr(mp, k) == v for k, v in update.items()):
-        return mp
-    return ModelParams.model_validate({**mp.model_dump(), **update})
-
-
 class TrainingDiverged(UserError, RuntimeError):
     """The loss became NaN/Inf: stop before writing weights that are garbage (the message says the step)."""
 
@@ -92,7 +80,9 @@ COMPILE_CACHE = "compile_cache.bin"  # torch.compile's portable cache artifacts,
 
 
 class Trainer:
-    """One training run of `params.model` with `params.train` on `data`, writing into `out`.
+    """One training run of the architecture `params.model.arch` (its section `params.model.<arch>`, resolved:
+    `pfactory.detectors.params`) with `params.train` on `data`, writing into `out`. The loop knows the
+    detector only through the contract (`pfactory.detectors.contract`): forward, loss, decode.
 
     `max_steps` overrides `train.max_steps`. `loader_factory` replaces the shard loader (tests).
     `progress`: show the rich bar (default: when stderr is a terminal). `track=False`: no MLflow.
@@ -109,20 +99,18 @@ class Trainer:
         loader_factory: LoaderFactory | None = None,
         progress: bool | None = None,
     ) -> None:
-        mp: ModelParams = params.model
+        section: ModelSection = params.model
         tp: TrainParams = params.train
         if max_steps is not None:
             tp = tp.model_copy(update={"max_steps": max_steps})
-        self.mp, self.tp = mp, tp
+        self.section, self.tp = section, tp
+        self.arch, self.plugin = section.arch, section.plugin
         self.data, self.out = data, out = Path(data), Path(out)
         t_start = time.perf_counter()
         self.rt = rt = setup_runtime(tp.device)
         if tp.torch_threads:
             torch.set_num_threads(tp.torch_threads)
         self.info = info = data_info(data)
-        # The detector's classes and range are the prepared data's (prepare.classes / pc_range, carried
-        # by the manifest): labels always mean the classes the head predicts.
-        mp = self.mp = model_for_data(mp, info)
         self.factory = factory = loader_factory or make_loader_factory(tp)
         if tp.batch_size % rt.world_size:
             raise ValueError(
@@ -138,15 +126,17 @@ class Trainer:
 
         # Model, optimizer, schedule (seeded after the loader is built: the same draws as ever);
         # then the checkpoint, if it belongs to this configuration.
+        # The detector's classes and range are the prepared data's (prepare.classes / pc_range, carried
+        # by the manifest): labels always mean the classes the head predicts.
         seed_everything(tp.seed)
-        self.model = model = build_model(mp, info.image_size).to(rt.device)
+        self.model = model = registry.build(self.arch, section.selected, info.spec()).to(rt.device)
         if tp.compile:
-            for_compile(model)  # static-shape painting (pfactory/model/variants.py); the same weights
+            for_compile(model)  # the architecture's torch.compile formulation (its hook); the same weights
         self.optimizer = make_optimizer(model, tp)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, self.total, tp)
         )
-        self.config = trajectory_config(mp, tp)
+        self.config = trajectory_config(self.arch, model.params, tp)
         self.ckpt_path = out / CHECKPOINT
         self.step, self.epoch, self.in_epoch, self.elapsed_before = 0, 0, 0, 0.0
         self.curves: list[dict[str, float]] = []
@@ -169,7 +159,8 @@ class Trainer:
         self.tracker = Tracker(track and rt.is_main)
         # The resolved config: the whole params when given a `pfactory.config.Params`, else its two sections.
         resolved = params.model_dump(mode="json") if hasattr(params, "model_dump") else {}
-        resolved.update({"model": mp.model_dump(mode="json"), "train": tp.model_dump(mode="json")})
+        resolved.update({"model": {"arch": self.arch, "plugin": self.plugin, self.arch: model.params.model_dump(mode="json")},
+                         "train": tp.model_dump(mode="json")})  # fmt: skip
         resolved["dataset"] = {"path": str(data), "fingerprint": info.fingerprint, "train_frames": info.train_frames,
                                "val_frames": info.val_frames, "world_size": rt.world_size}  # fmt: skip
         self.tracker.start(resolved, run_id)
@@ -245,8 +236,8 @@ class Trainer:
             if rt.is_main and tp.compile:
                 self.save_compile_cache()
             if rt.is_main:
-                summary = finish(self.out, self.model, self.info, tp, rt, self.curves, self.val_curves, self.timer,
-                                 train_s, self.tracker, self.resumed)  # fmt: skip
+                summary = finish(self.out, self.model, (self.arch, self.plugin), self.info, tp, rt, self.curves,
+                                 self.val_curves, self.timer, train_s, self.tracker, self.resumed)  # fmt: skip
         except BaseException as e:
             self.tracker.close(e)
             raise
@@ -333,7 +324,7 @@ class Trainer:
 
 def train_step(
     forward: nn.Module,
-    model: PaintedPillarDetector,
+    model: nn.Module,
     batch: dict[str, Any],
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
@@ -342,24 +333,12 @@ def train_step(
     timer: Timer,
     use_bf16: bool,
 ) -> dict[str, float]:
-    """One optimizer step on this process's slice; returns the global-batch loss terms (floats)."""
-    mp = model.params
-    with timer("targets"):
-        targets = build_targets(batch["boxes"], batch["labels"], mp, batch.get("num_boxes"))
-        counts = torch.stack([targets.num_peaks, targets.num_objects]).to(torch.float64)  # [2]
-        counts = all_reduce_sum(counts, rt)  # global normalizers: loss independent of the process count
+    """One optimizer step on this process's slice; returns the global-batch loss terms (floats).
+    `forward`: the detector as run (DDP-wrapped and/or compiled); `model`: the detector itself (its loss)."""
+    ctx = LossContext(lambda t: all_reduce_sum(t, rt), rt.world_size, use_bf16)
     with timer("forward", rt.device), torch.autocast(rt.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-        out = forward(
-            batch["points"],
-            batch["num_points"],
-            batch.get("images"),
-            batch.get("proj"),
-            batch.get("cam_valid"),
-        )
-        terms = detection_loss(
-            out, targets, tp.heatmap_weight, tp.reg_weight, tp.reg_code_weights,
-            num_peaks=counts[0], num_objects=counts[1], world_size=rt.world_size,
-        )  # fmt: skip
+        out = forward(*batch_inputs(model, batch))
+        terms = model.loss(out, batch, ctx)
     with timer("backward", rt.device):
         optimizer.zero_grad(set_to_none=True)
         terms["loss"].backward()
@@ -378,7 +357,7 @@ def train_step(
 
 
 def validate(
-    model: PaintedPillarDetector,
+    model: nn.Module,
     data: Path,
     info: DataInfo,
     factory: LoaderFactory,
@@ -415,7 +394,8 @@ def validate(
 
 def finish(
     out: Path,
-    model: PaintedPillarDetector,
+    model: nn.Module,
+    arch: tuple[str, dict[str, Any] | None],
     info: DataInfo,
     tp: TrainParams,
     rt: Runtime,
@@ -427,12 +407,12 @@ def finish(
     resumed: bool,
 ) -> dict[str, Any]:
     """Write model.pt, model_config.json, curves, metrics; log them; return the summary."""
-    paths = save_model(out, model, info.image_size, info.cameras)
+    paths = save_model(out, model, *arch)
     atomic_write_json(out / af.CURVES, curves)
     atomic_write_json(out / af.VAL_CURVES, [{k: v for k, v in r.items() if k != "kpis"} for r in val_curves])
     final = val_curves[-1] if val_curves else {}
     steps = len(curves)
-    step_time = sum(timer.totals.get(k, 0.0) for k in ("data", "targets", "forward", "backward", "optimizer"))
+    step_time = sum(timer.totals.get(k, 0.0) for k in ("data", "forward", "backward", "optimizer"))
     summary = {
         "steps": steps,
         "epochs": max((r["epoch"] for r in curves), default=-1) + 1,
@@ -450,6 +430,7 @@ def finish(
         "timings_s": {k: round(v, 3) for k, v in timer.totals.items()},
         "val": final.get("kpis"),
         "mlflow_run_id": tracker.run_id,
+        "arch": arch[0],
     }
     # DVC's metrics file: the last validation's mAP and NDS only (evaluate's metrics.json has the headline KPIs;
     # every validation's detail is in the MLflow run, `val/...`; the returned summary keeps the full KPIs).

@@ -161,8 +161,8 @@ def test_s3_raw_to_s3_shards_on_dask_then_train_reads_them(s3, raw_local, tmp_pa
 
     # train reads the published shards (through a verified local copy under paths.artifacts/.state).
     overrides = [
-        "model.image_channels=8", "model.point_channels=16", "model.bev_channels=[16,16,32]",
-        "model.up_channels=16", "model.head_channels=16", "train.epochs=1", "train.torch_threads=1",
+        "model.painted_pillars.image_channels=8", "model.painted_pillars.point_channels=16", "model.painted_pillars.bev_channels=[16,16,32]",
+        "model.painted_pillars.up_channels=16", "model.painted_pillars.head_channels=16", "train.epochs=1", "train.torch_threads=1",
         "train.loader=torch", "train.loader_workers=1", "prepare.image_size=[104,32]",
         f"paths.artifacts={tmp_path / 'artifacts'}",
     ]  # fmt: skip

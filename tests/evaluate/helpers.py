@@ -18,8 +18,8 @@ def build_eval_setup(root: Path, frames: int = 16, cameras: int = 1) -> dict[str
     import tasks.optimize
     from pfactory.data.params import PrepareParams
     from pfactory.data.prepare import prepare_dataset
+    from pfactory.detectors.io import save_model
     from pfactory.inference.params import OptimizeParams
-    from pfactory.model.io import save_model
     from pfactory.sensors.synth.dataset import generate_dataset
 
     nus = cameras > 1

@@ -231,7 +231,7 @@ def half_written(workspace: Path) -> list[str]:
         f = a / "model" / name
         if f.exists():
             try:
-                from pfactory.model.io import load_state
+                from pfactory.detectors.io import load_state
 
                 load_state(f)
             except Exception as e:  # any failure to load: half-written

@@ -96,7 +96,7 @@ def test_optimize_weights_are_a_directory(prepared: Path, tmp_path: Path, ledger
     model = tmp_path / "model"
     model.mkdir()
     (model / "model.pt").mkdir()
-    from pfactory.model.io import CONFIG_FORMAT
+    from pfactory.detectors.io import CONFIG_FORMAT
 
     _config(model, CONFIG_FORMAT)
     r = factory("optimize", "--model", str(model), "--data", str(prepared), "--out", str(tmp_path / "o"))
@@ -108,7 +108,7 @@ def test_optimize_malicious_weights(prepared: Path, tmp_path: Path, ledger) -> N
     model.mkdir()
     marker = tmp_path / "PWNED"
     (model / "model.pt").write_bytes(malicious_pickle(marker))
-    from pfactory.model.io import CONFIG_FORMAT
+    from pfactory.detectors.io import CONFIG_FORMAT
 
     _config(model, CONFIG_FORMAT)
     r = factory("optimize", "--model", str(model), "--data", str(prepared), "--out", str(tmp_path / "o"))

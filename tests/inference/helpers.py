@@ -41,7 +41,7 @@ def trained_tiny(root, epochs: int = 16, train_frames: int = 32, val_frames: int
     Returns {"model", "model_dir", "calibration" (train-split feeds), "held_out" (val-split feeds),
     "held_out_batches" (the loader batches, with ground truth)}.
     """
-    from pfactory.model.io import load_model
+    from pfactory.detectors.io import load_model
     from tests.train.test_trainer import FakeLoader, fake_prepared, train_fake
 
     data = fake_prepared(root / "data", train=train_frames, val=val_frames)

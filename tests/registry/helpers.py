@@ -42,8 +42,8 @@ def build_bench(root: Path) -> dict[str, Path]:
             return paths
         from pfactory.data.params import PrepareParams
         from pfactory.data.prepare import prepare_dataset
+        from pfactory.detectors.io import save_model
         from pfactory.inference.params import OptimizeParams
-        from pfactory.model.io import save_model
         from pfactory.sensors.synth.dataset import generate_dataset
 
         if str(ROOT) not in sys.path:

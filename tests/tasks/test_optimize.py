@@ -27,7 +27,7 @@ def dataset(tmp_path_factory) -> dict[str, Path]:
     """8 synthetic KITTI frames prepared at the tiny model's input size, and a random-init tiny model."""
     from pfactory.data.params import PrepareParams
     from pfactory.data.prepare import prepare_dataset
-    from pfactory.model.io import save_model
+    from pfactory.detectors.io import save_model
     from pfactory.sensors.synth.dataset import generate_dataset
 
     root = tmp_path_factory.mktemp("optimize")

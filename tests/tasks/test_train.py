@@ -25,8 +25,8 @@ def prepared_synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 TINY_OVERRIDES = [
-    "model.image_channels=8", "model.point_channels=16", "model.bev_channels=[16,16,32]", "model.up_channels=16",
-    "model.head_channels=16", "train.epochs=1", "train.torch_threads=1", "train.loader_workers=1",
+    "model.painted_pillars.image_channels=8", "model.painted_pillars.point_channels=16", "model.painted_pillars.bev_channels=[16,16,32]", "model.painted_pillars.up_channels=16",
+    "model.painted_pillars.head_channels=16", "train.epochs=1", "train.torch_threads=1", "train.loader_workers=1",
 ]  # fmt: skip
 
 
@@ -34,7 +34,7 @@ def test_train_on_prepared_synthetic_data_with_dali(prepared_synth: Path, tmp_pa
     """The real chain: synth -> prepare -> `run` with the DALI shard loader -> outputs that load."""
     import tasks.train
     from pfactory.config import load_params
-    from pfactory.model.io import load_model
+    from pfactory.detectors.io import load_model
 
     params = load_params(None, [*TINY_OVERRIDES, "train.loader=dali"])
     summary = tasks.train.run(params, prepared_synth, tmp_path / "model", track=False, progress=False)

@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # subprocess entry (python tests/train/test_trainer.py) imports tasks, kernels
     sys.path.insert(0, str(ROOT))
 
-from pfactory.model.params import ModelParams  # noqa: E402
+from pfactory.detectors.params import ModelSection, resolve  # noqa: E402
+
+PC_RANGE = [0.0, -8.0, -3.0, 16.0, 8.0, 1.0]
 from pfactory.train.params import TrainParams  # noqa: E402
 
 IMAGE_HW = (32, 64)
@@ -47,6 +49,7 @@ def fake_prepared(root: Path, train: int = 16, val: int = 4) -> Path:
         "classes": CLASSES,
         "cameras": ["image_2"],
         "image": {"shape": [3, *IMAGE_HW]},
+        "params": {"pc_range": PC_RANGE},  # the prepare stage's crop: the detector is built for it
         "splits": {"train": {"frames": train, "shards": []}, "val": {"frames": val, "shards": []}},
     }
     (root / "manifest.json").write_text(json.dumps(manifest))
@@ -143,10 +146,9 @@ def fake_loader_factory(data, split, batch_size, shuffle, augment, seed, device,
 
 
 def tiny_params(**train_over) -> SimpleNamespace:
-    model = ModelParams(
-        pc_range=[0.0, -8.0, -3.0, 16.0, 8.0, 1.0], pillar_size_m=0.4, image_channels=8, point_channels=16,
-        bev_channels=[16, 16, 32], up_channels=16, head_channels=16, max_detections=20,
-    )  # fmt: skip
+    section = {"painted_pillars": dict(pillar_size_m=0.4, image_channels=8, point_channels=16,
+                                       bev_channels=[16, 16, 32], up_channels=16, head_channels=16, max_detections=20)}  # fmt: skip
+    model = resolve(ModelSection.model_validate(section), "test")
     train = TrainParams(**{"epochs": 2, "batch_size": 4, "lr": 3e-3, "checkpoint_every_steps": 3,
                            "torch_threads": 1, **train_over})  # fmt: skip
     return SimpleNamespace(model=model, train=train)
@@ -191,7 +193,7 @@ def test_same_seed_same_loss_curve(tmp_path: Path) -> None:
 
 
 def test_outputs_load_and_describe_the_model(tmp_path: Path) -> None:
-    from pfactory.model.io import load_model
+    from pfactory.detectors.io import load_model
 
     data = fake_prepared(tmp_path / "prepared")
     summary = train_fake(data, tmp_path / "out", val_every_epochs=1)
@@ -209,7 +211,8 @@ def test_outputs_load_and_describe_the_model(tmp_path: Path) -> None:
     assert ckpt["done"] and ckpt["step"] == 8 and set(ckpt["rng"]) >= {"torch", "numpy", "python"}
     model, config = load_model(out)
     assert config["image_size"] == [IMAGE_HW[1], IMAGE_HW[0]] and config["classes"] == CLASSES
-    assert model.params == tiny_params().model
+    assert model.params.model_dump(exclude={"classes", "pc_range"}) == tiny_params().model.selected.model_dump()
+    assert config["arch"] == "painted_pillars" and config["plugin"] is None and config["pc_range"] == PC_RANGE
     val = json.loads((out / "val_curves.json").read_text())
     assert [r["epoch"] for r in val] == [1, 2] and "Car/ap_2.0" in val[-1]
     assert summary["samples_per_s"] > 0 and 0 <= summary["data_wait_fraction"] < 1
@@ -299,7 +302,8 @@ def test_mlflow_run_has_params_step_metrics_and_artifacts(tmp_path: Path, monkey
 
     run = mlflow.get_run(summary["mlflow_run_id"])
     assert run.info.status == "FINISHED"
-    assert run.data.params["train.model.pillar_size_m"] == "0.4" and "train.train.lr" in run.data.params
+    assert run.data.params["train.model.painted_pillars.pillar_size_m"] == "0.4" and "train.train.lr" in run.data.params
+    assert run.data.params["train.model.arch"] == "painted_pillars"
     for key in ("train/loss", "train/heatmap", "train/reg", "train/lr", "train/samples_per_s",
                 "train/data_wait_fraction", "train/peak_memory_mb", "time/forward_s", "val/mAP", "val/Car/ap_2.0"):  # fmt: skip
         assert key in run.data.metrics, key

@@ -1,6 +1,6 @@
 """Batched inference over a loader -> per-frame detections, and the KPIs of the evaluate stage.
 
-In:  a detector, batches in the loader's format (`points`, `num_points`, `images`, `proj`, `cam_valid`,
+In:  a detector (any architecture: only the contract, `pfactory.detectors.contract`), batches in the loader's format (`points`, `num_points`, `images`, `proj`, `cam_valid`,
      `boxes`, `labels`, `num_boxes`, `frame_ids`), the class names.
 Out: `(gt_frames, pred_frames)` as `pfactory.metrics.FrameDetections` (lidar frame, float64), and
      `evaluate_kpis(...)` -> the `DetectionKpis` of `pfactory.metrics.evaluate_detections` (nuScenes AP at
@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from pfactory.detectors.contract import batch_inputs
 from pfactory.metrics import DetectionKpis, FrameDetections, KpiParams, evaluate_detections
-from pfactory.model.decode import decode
 
 
 def frames_from_batch(
@@ -59,7 +59,8 @@ def predict(
     device: torch.device | str = "cpu",
     autocast_dtype: torch.dtype | None = None,
 ) -> tuple[list[FrameDetections], list[FrameDetections]]:
-    """Run `model` (a `PaintedPillarDetector`, not DDP-wrapped) over `batches`; returns (gt, pred) frames."""
+    """Run `model` (a detector, not DDP-wrapped: its `forward` then `decode`) over `batches`; returns (gt, pred)
+    frames."""
     was_training = model.training
     model.eval()
     device = torch.device(device)
@@ -73,10 +74,8 @@ def predict(
             with torch.autocast(
                 device.type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None
             ):
-                out = model(t["points"], t["num_points"], t.get("images"), t.get("proj"), t.get("cam_valid"))
-            boxes, scores, labels = decode(
-                out["heatmap"], out["reg"], model.params
-            )  # [B, D, 7], [B, D], [B, D]
+                out = model(*batch_inputs(model, t))
+            boxes, scores, labels = model.decode(out)  # [B, D, 7], [B, D], [B, D]
             g, p = frames_from_batch(batch, boxes, scores, labels, classes, score_threshold)
             gts += g
             preds += p

@@ -1,9 +1,11 @@
-"""Saving and loading a trained detector: `model.pt` (state dict) + `model_config.json`.
+"""Saving and loading a trained detector of any architecture: `model.pt` (state dict) + `model_config.json`.
 
 In/out of the train stage's directory (`paths.model`):
     model.pt           the weights: a plain state dict, loadable with `torch.load(weights_only=True)`
-    model_config.json  `{"format", "model": ModelParams, "image_size": [W, H], "classes", "cameras"}`
-`load_model(dir)` rebuilds the exact network from the config (what optimize/evaluate call).
+    model_config.json  `{"format", "arch": name, "plugin": record or null, "model": the detector's params,
+                       "image_size": [W, H], "classes", "pc_range", "cameras"}`
+`load_model(dir)` rebuilds the exact network from the config through the registry (what optimize/evaluate
+call). Format 1-2 configs (before architectures had names) are the default architecture's.
 """
 
 from __future__ import annotations
@@ -15,12 +17,11 @@ from typing import Any
 import torch
 
 from pfactory import artifacts as af
+from pfactory.detectors.contract import DATA_KEYS, DataSpec
 from pfactory.failures import EXIT_USAGE, UserError
 from pfactory.fsutil import atomic_write_bytes, atomic_write_json, read_json_object
-from pfactory.model.detector import PaintedPillarDetector, build_model
-from pfactory.model.params import ModelParams
 
-CONFIG_FORMAT = 2
+CONFIG_FORMAT = 3
 # Format 1 configs predate these ModelParams fields; they mean the network of that time.
 _FORMAT1_MODEL = {"bev_stem": "conv3x3", "head_kernel": 3, "heading": "sincos"}
 WEIGHTS = af.WEIGHTS
@@ -35,22 +36,23 @@ def save_bytes(obj: Any) -> bytes:
 
 
 def save_model(
-    out: str | Path,
-    model: PaintedPillarDetector,
-    image_size: tuple[int, int],
-    cameras: list[str] | None = None,
-    extra: dict[str, Any] | None = None,
+    out: str | Path, model: Any, arch: str, plugin: dict[str, Any] | None, extra: dict[str, Any] | None = None
 ) -> dict[str, Path]:
-    """Write `model.pt` and `model_config.json` atomically into `out`; returns their paths."""
+    """Write `model.pt` and `model_config.json` atomically into `out` for a detector of architecture `arch`
+    (`plugin`: its record when it comes from an installed distribution); returns their paths."""
     out = Path(out)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     weights = atomic_write_bytes(out / WEIGHTS, save_bytes(state), clean_stale=True)
+    spec: DataSpec = model.spec
     config = {
         "format": CONFIG_FORMAT,
+        "arch": arch,
+        "plugin": plugin,
         "model": model.params.model_dump(mode="json"),
-        "image_size": list(image_size),
-        "classes": list(model.params.classes),
-        "cameras": list(cameras or []),
+        "image_size": list(spec.image_size),
+        "classes": list(spec.classes),
+        "pc_range": list(spec.pc_range),
+        "cameras": list(spec.cameras),
         **(extra or {}),
     }
     cfg = atomic_write_json(out / CONFIG, config)
@@ -113,16 +115,52 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
         )
     if int(config.get("format", 0)) < 2 and isinstance(config.get("model"), dict):
         config["model"] = {**_FORMAT1_MODEL, **config["model"]}
+    if int(config.get("format", 0)) < 3 and isinstance(config.get("model"), dict):  # the default architecture
+        config["arch"], config["plugin"] = "painted_pillars", None
+        config["pc_range"] = config["model"].get("pc_range", [0.0, -40.0, -3.0, 70.4, 40.0, 1.0])
+        config.setdefault("classes", config["model"].get("classes"))
     return config
 
 
-def load_model(
-    model_dir: str | Path, map_location: str | torch.device = "cpu"
-) -> tuple[PaintedPillarDetector, dict]:
+def data_spec(config: dict[str, Any]) -> DataSpec:
+    """The `DataSpec` a `model_config.json` was trained for."""
+    return DataSpec(
+        tuple(config["classes"]), tuple(float(v) for v in config["pc_range"]),  # type: ignore[arg-type]
+        (int(config["image_size"][0]), int(config["image_size"][1])), tuple(config.get("cameras") or ()),
+    )  # fmt: skip
+
+
+def build_from_config(config: dict[str, Any]) -> Any:
+    """The (untrained) detector a `model_config.json` describes, built through the registry."""
+    from pfactory.detectors import registry
+
+    _warn_other_plugin(config)
+    params = {k: v for k, v in dict(config["model"]).items() if k not in DATA_KEYS}
+    return registry.build(config["arch"], params, data_spec(config))
+
+
+def _warn_other_plugin(config: dict[str, Any]) -> None:
+    """One stderr line when the model was trained with another version of its plugin than the installed."""
+    import sys
+
+    from pfactory import plugins
+
+    was = config.get("plugin")
+    if not was:
+        return
+    try:
+        now = plugins.info(plugins.MODELS, config["arch"]).record()
+    except plugins.PluginError:
+        return  # build() says it in one line
+    if now.get("files_sha256") != was.get("files_sha256"):
+        print(f"model: trained with {was.get('name')} {was.get('source')} (files {str(was.get('files_sha256'))[:12]}); "
+              f"installed is {now['source']} (files {now['files_sha256'][:12]})", file=sys.stderr)  # fmt: skip
+
+
+def load_model(model_dir: str | Path, map_location: str | torch.device = "cpu") -> tuple[Any, dict]:
     """Rebuild the detector of `model_dir` and load its weights (`weights_only=True`); eval mode."""
     config = read_config(model_dir)
-    params = ModelParams.model_validate(config["model"])
-    model = build_model(params, tuple(config["image_size"]))
+    model = build_from_config(config)
     state = load_state(Path(model_dir) / WEIGHTS, map_location)
     try:
         model.load_state_dict(state)

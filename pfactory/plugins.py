@@ -1,0 +1,176 @@
+"""Plugins by name: Python entry points, resolved lazily (DESIGN.md §5b).
+
+Two groups: `pfactory.models` (detector architectures, `pfactory.detectors`) and `pfactory.datasets` (raw
+dataset layouts, `pfactory.sensors.datasets`). Built-in ones are entry points of this project's own
+distribution (pyproject.toml), installed ones of theirs: the factory lists both the same way and imports
+one only when it is chosen, so a broken plugin breaks nothing but runs that select it (the failure mode of
+import-time registries: open-mmlab/mmdetection3d#2183). Nothing is registered by an import side effect.
+
+In:  a group and a name (`model.arch`, a dataset layout).
+Out: `PluginInfo` (name, `module:attr`, where it comes from: `built-in` or the distribution's name and
+     version) without importing anything; `load(...)` -> the object and its info, or one `PluginError`
+     line naming the plugin, its package and what is wrong (exit 2); `files_hash(info)`: a sha256 over
+     the plugin's files, so lineage and DVC's run-cache key change when its code does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pfactory.failures import EXIT_USAGE, UserError
+
+MODELS = "pfactory.models"
+DATASETS = "pfactory.datasets"
+PROJECT_DIST = "perception-factory"  # pyproject.toml's [project] name: entry points of it are built-in
+_KIND = {MODELS: "model", DATASETS: "dataset"}
+
+
+class PluginError(UserError, ValueError):
+    """A plugin that is not installed, fails to import or breaks its contract: one line naming it."""
+
+    exit_code = EXIT_USAGE
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """One entry point of a plugin group, as found (nothing imported)."""
+
+    group: str
+    name: str
+    target: str  # "module:attr"
+    dist: str | None  # the distribution that declares it
+    version: str | None
+
+    @property
+    def builtin(self) -> bool:
+        return self.dist == PROJECT_DIST
+
+    @property
+    def source(self) -> str:
+        """`built-in`, or `<distribution> <version>`."""
+        if self.builtin:
+            return "built-in"
+        return f"{self.dist or '?'} {self.version or '?'}"
+
+    @property
+    def label(self) -> str:
+        """How messages name it: `model plugin 'x' (dist 1.0, module:attr)`."""
+        kind = _KIND.get(self.group, self.group)
+        return f"{kind} plugin {self.name!r} ({self.source}, {self.target})"
+
+    def record(self) -> dict[str, Any]:
+        """What lineage records (MLflow params, model_config.json, the model card): with the files hash."""
+        return {
+            "name": self.name,
+            "target": self.target,
+            "source": self.source,
+            "dist": self.dist,
+            "version": self.version,
+            "files_sha256": files_hash(self),
+        }
+
+
+def entries(group: str) -> dict[str, PluginInfo]:
+    """Every entry point of `group` by name (sorted), read from installed metadata; nothing is imported.
+    Two distributions declaring one name: the built-in wins; between two others, the first found (a
+    duplicate is reported by `factory models`, `duplicates(group)`)."""
+    found: dict[str, PluginInfo] = {}
+    for ep in metadata.entry_points(group=group):
+        dist = getattr(ep, "dist", None)
+        info = PluginInfo(group, ep.name, ep.value, dist.name if dist else None, dist.version if dist else None)
+        if ep.name not in found or (info.builtin and not found[ep.name].builtin):
+            found[ep.name] = info
+    return dict(sorted(found.items()))
+
+
+def duplicates(group: str) -> dict[str, list[str]]:
+    """Names declared by more than one distribution: name -> the sources (the one used is `entries`')."""
+    seen: dict[str, list[str]] = {}
+    for ep in metadata.entry_points(group=group):
+        dist = getattr(ep, "dist", None)
+        seen.setdefault(ep.name, []).append(f"{dist.name} {dist.version}" if dist else "?")
+    return {k: v for k, v in seen.items() if len(v) > 1}
+
+
+def info(group: str, name: str) -> PluginInfo:
+    """The entry point `name` of `group`; PluginError listing what is installed when there is none."""
+    found = entries(group)
+    if name not in found:
+        kind = _KIND.get(group, group)
+        known = ", ".join(found) or "none"
+        raise PluginError(
+            f"no {kind} plugin named {name!r} is installed (entry-point group {group}; installed: {known}); "
+            f"`factory {'models' if group == MODELS else 'datasets'}` lists them"
+        )
+    return found[name]
+
+
+def load(group: str, name: str) -> tuple[Any, PluginInfo]:
+    """Import the object the entry point `name` of `group` names; PluginError (one line) when it fails."""
+    pi = info(group, name)
+    module, _, attr = pi.target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module.strip())
+        for part in attr.strip().split(".") if attr.strip() else []:
+            obj = getattr(obj, part)
+    except Exception as e:  # whatever the plugin's import raises: one line, never a traceback
+        detail = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+        raise PluginError(f"{pi.label} cannot be loaded: {detail}") from None
+    return obj, pi
+
+
+def _plugin_files(pi: PluginInfo) -> list[Path]:
+    """The files that make the plugin's code: its distribution's files (RECORD), minus bytecode and
+    metadata; for an editable install (a .pth / finder pointing at a source folder), that folder's .py
+    files; for a built-in, the package that holds the entry point's module (the project's other code is
+    DVC's business: dvc.yaml's deps)."""
+    module = pi.target.partition(":")[0].strip()
+    top = module.split(".")[0]
+    if pi.builtin:
+        package = module.rsplit(".", 1)[0] if "." in module else module
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.origin:
+            return []
+        origin = Path(spec.origin)
+        folder = origin.parent if origin.name == "__init__.py" else origin
+        return sorted(folder.rglob("*.py")) if folder.is_dir() else [folder]
+    dist = metadata.distribution(pi.dist) if pi.dist else None
+    files: list[Path] = []
+    if dist is not None and dist.files:
+        for f in dist.files:
+            name = str(f)
+            if name.endswith((".pyc", "RECORD", "INSTALLER", "REQUESTED")) or "__pycache__" in name:
+                continue
+            path = Path(str(f.locate()))
+            if path.is_file():
+                files.append(path)
+    # Editable installs record only their hook: hash the source the module really comes from.
+    spec = importlib.util.find_spec(top)
+    if spec is not None and spec.origin and not any(Path(spec.origin) == f for f in files):
+        origin = Path(spec.origin)
+        folder = origin.parent if origin.name == "__init__.py" else origin
+        files += sorted(folder.rglob("*.py")) if folder.is_dir() else [folder]
+    return sorted(set(files))
+
+
+def files_hash(pi: PluginInfo) -> str:
+    """sha256 over the plugin's files (relative name + bytes, sorted): changes whenever its code does."""
+    h = hashlib.sha256()
+    for path in _plugin_files(pi):
+        h.update(path.name.encode() + b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def drop_cached(group: str) -> None:
+    """Forget imported plugin modules of `group` (tests that install a plugin mid-process)."""
+    for pi in entries(group).values():
+        sys.modules.pop(pi.target.partition(":")[0].strip(), None)
