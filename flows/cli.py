@@ -611,6 +611,34 @@ def models_cmd(
         typer.echo(f"{r.name:<{width}}  {r.target:<{twidth}}  {r.source}{state}{also}")
 
 
+@app.command("datasets")
+def datasets_cmd(
+    name: Annotated[str | None, typer.Argument(help="A layout: load it and print what a root of it holds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """The installed raw dataset layouts, in the order a root is offered to them: name, entry point, source.
+
+    Built-ins and installed plugin packages register through the entry-point group `pfactory.datasets`
+    (docs/DATASETS.md); a plugin that fails to load is listed with its error. Examples: factory datasets  |
+    factory datasets folder
+    """
+    from pfactory.sensors import datasets
+
+    if name is not None:
+        cls, info = datasets.reader_class(name)  # a broken or unknown one: one line, exit 2 (main)
+        typer.echo(f"{info.name}  {info.target}  {info.source}\n{cls.describe}")
+        return
+    rows = datasets.listing()
+    if as_json:
+        typer.echo(json.dumps([vars(r) for r in rows], indent=2))
+        return
+    width = max([len(r.name) for r in rows] + [4])
+    twidth = max([len(r.target) for r in rows] + [6])
+    for r in rows:
+        state = "" if r.status == "ok" else f"  BROKEN: {r.status}"
+        typer.echo(f"{r.name:<{width}}  {r.target:<{twidth}}  {r.source}{state}")
+
+
 @app.command(
     "bench",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},

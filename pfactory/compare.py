@@ -322,6 +322,10 @@ def compare_runs(
             None if c in (None, "None") else c[:10] + ("+dirty" if t.get("git.dirty") == "True" else "")
         )
     facts("git.commit", commits)
+    # The architecture and where it came from (built-in, or a plugin's distribution and version): runs of
+    # different architectures compare side by side on the same rows.
+    facts("model.arch", [p.get("model.arch") or "painted_pillars" for p in params])
+    facts("model.source", [p.get("model.plugin.source") or "built-in" for p in params])
     facts("promotion.decision", [t.get("promotion.decision") for t in tags])
 
     kpi_rows, latency_rows, flagged = _kpi_keys(metric_keys)

@@ -34,6 +34,7 @@ class Mutation:
     old: str
     new: str
     tests: tuple[str, ...]
+    pytest_args: tuple[str, ...] = ()  # e.g. ("--full",): a mutation only the heavy tier can catch
 
 
 MUTATIONS = (
@@ -73,6 +74,15 @@ MUTATIONS = (
         "infer_unit, (spec, data, u)) for u in units[:-1]]",
         ("tests/evaluate", "tests/tasks/test_evaluate.py"),
     ),
+    Mutation(
+        "quality", "drop the box regression term from the default architecture's training loss (it still "
+        "trains, its loss still falls, every unit test of the loss's parts passes)",
+        "pfactory/model/loss.py",
+        "    total = heatmap_weight * focal + reg_weight * l1  # []\n",
+        "    total = heatmap_weight * focal + 0.0 * reg_weight * l1  # []\n",
+        ("tests/quality/test_quality.py",),
+        ("--full", "-k", "painted_pillars"),
+    ),
 )
 
 
@@ -101,7 +111,7 @@ def run_tests(root: Path, m: Mutation) -> tuple[int, list[str], float]:
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
     t0 = time.perf_counter()
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *m.tests],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *m.pytest_args, *m.tests],
         cwd=root, env=env, capture_output=True, text=True,
     )
     failed = sorted(set(re.findall(r"^FAILED (\S+)", r.stdout, flags=re.M)))

@@ -7,7 +7,7 @@ Files out (`out` = `paths.eval`, built in a temporary sibling and renamed into p
     pr/<class>.csv                DVC plots: precision-recall at the 2 m threshold (101 points)
     report/predictions.parquet    every GT / optimized / reference box, sorted (pfactory.evaluate.predictions)
     report/kitti/{ground_truth,optimized,reference}/<frame_id>.txt   KITTI label / result files (calibration-free)
-    kitti_results/<frame_id>.txt, kitti_frames.txt   KITTI data (paths.raw / --raw): result files the KITTI
+    kitti_results/<frame_id>.txt, kitti_frames.txt   KITTI data (manifest's raw / --raw): result files the KITTI
                                   evaluator accepts, in the frame's own camera frame (pfactory.evaluate.kitti_results)
     report/results_nusc.json      nuScenes data only: the optimized model's detections as a nuScenes detection
                                   submission (pfactory.evaluate.nusc_submission), global frame from `raw`'s tables
@@ -59,9 +59,10 @@ def run(
 
     `dask_address`: None -> `evaluate.dask_address` -> a LocalCluster of `evaluate.workers`; "local:N"; or a
     scheduler address. `track`: one MLflow run (`pfactory.tracking.stage_run`). `progress`: a rich bar on
-    stderr (None = when stderr is a terminal). `raw`: the raw dataset of `data`; KITTI data also gets KITTI
-    result files and KITTI's official metric (pfactory.evaluate.kitti_results); for
-    nuScenes data its tables place `report/results_nusc.json` in the global frame. Raises `EvaluateInputError` on a bad input (before any
+    stderr (None = when stderr is a terminal). `raw`: the raw dataset of `data` (None: the one its manifest
+    names, `pfactory.evaluate.evaluation.open_raw`); KITTI data also gets KITTI result files and KITTI's
+    official metric (pfactory.evaluate.kitti_results); for nuScenes data its tables place
+    `report/results_nusc.json` in the global frame. Raises `EvaluateInputError` on a bad input (before any
     work starts), `EvaluateTaskError` when a unit fails on a worker.
     """
     from pfactory import artifacts as af
@@ -100,10 +101,9 @@ def body(p: Any, o: Any) -> dict:
     ref = None if o.no_reference else o.reference or Path(p.paths.model)
     if ref is not None and o.reference is None and not (ref / af.WEIGHTS).is_file():
         ref = None  # the default reference is optional; an explicit --reference must exist
-    raw = o.raw or (Path(p.paths.raw) if Path(p.paths.raw).is_dir() else None)
     metrics = run(
         p, o.model or Path(p.paths.optimized), ref, o.data or Path(p.paths.prepared),
-        o.out or Path(p.paths.eval), dask_address=o.dask, track=not o.no_track, raw=raw,
+        o.out or Path(p.paths.eval), dask_address=o.dask, track=not o.no_track, raw=o.raw,
     )  # fmt: skip
     if o.summary:
         import json
@@ -130,7 +130,7 @@ COMMAND = Command(
         Option("dask", DASK_HELP.format(key="evaluate.dask_address")),
         Option("no_track", "Do not open an MLflow run.", bool, False),
         Option("raw", "Raw dataset of --data (KITTI: KITTI's metric + result files; nuScenes: results_nusc.json). "
-               "Default: paths.raw, if present.", Path),
+               "Default: the one --data's manifest names, if unchanged.", Path),
         Option("summary", "Print the KPI table on stderr.", bool, True),
     ),
     body,

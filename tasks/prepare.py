@@ -1,6 +1,6 @@
 """The `prepare` stage: a raw dataset (paths.raw) -> training-ready shards (paths.prepared).
 
-Files in: a KITTI- or nuScenes-layout dataset directory. Files out: `manifest.json`,
+Files in: a raw dataset directory of any registered layout (KITTI, nuScenes, plugins: docs/DATASETS.md). Files out: `manifest.json`,
 `rejected.jsonl`, `{train,val}/shard-*.parquet` (format: `pfactory.data.shards`), written
 atomically. Metrics back: frame counts per split, refused frames, throughput, seconds per part.
 Lineage: an MLflow run "prepare" with the raw dataset as an MLflow dataset input (name = the
@@ -99,7 +99,8 @@ COMMAND = Command(
     "Example: factory prepare --raw ../shared/data/real/kitti --out /tmp/prepared\n"
     "Example: factory prepare --raw s3://bucket/raw/kitti --out s3://bucket/prepared --dask local:2",
     (
-        Option("raw", "Raw dataset (KITTI or nuScenes layout): a directory or s3://bucket/prefix. Default: paths.raw."),
+        Option("raw", "Raw dataset (any registered layout: KITTI, nuScenes, plugins): a directory or s3://bucket/prefix. "
+               "Default: paths.raw."),
         Option("out", "Output for shards: a directory or s3://bucket/prefix. Default: paths.prepared."),
         Option("dask", DASK_HELP.format(key="prepare.dask_address")),
     ),

@@ -23,8 +23,24 @@ PACKAGES = ("flows", "tasks", "pfactory", "kernels")
 SCRIPT_DIRS = ("benchmarks",)
 # Imports made by name at run time, which ast cannot see: module -> the modules it may import.
 # `kernels._dispatch.triton_module(name)` imports `kernels.<name>`, the Triton kernels.
+# The plugin registries import the built-in plugins by entry point (pyproject.toml's `pfactory.models` and
+# `pfactory.datasets` groups): each registry "imports" its group's built-in target modules.
+
+
+def _entry_point_modules(group: str) -> set[str]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    targets = doc.get("project", {}).get("entry-points", {}).get(group, {})
+    return {t.partition(":")[0].strip() for t in targets.values()}
+
+
 DYNAMIC = {
-    "kernels._dispatch": lambda mods: {m for m in mods if m.startswith("kernels._") and m.endswith("_triton")}
+    "kernels._dispatch": lambda mods: {m for m in mods if m.startswith("kernels._") and m.endswith("_triton")},
+    "pfactory.detectors.registry": lambda mods: _entry_point_modules("pfactory.models") & set(mods),
+    "pfactory.sensors.datasets": lambda mods: _entry_point_modules("pfactory.datasets") & set(mods),
 }
 
 

@@ -31,10 +31,11 @@ is used where the data already live in DALI: the train loader's augmentations
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from pfactory.geometry import count_points_in_boxes, quaternion_to_matrix
+from pfactory.geometry import count_points_in_boxes
 from pfactory.sensors.frame import Boxes3D
 
 
@@ -52,21 +53,16 @@ class LidarResult:
     n_points_roi: int = -1  # points inside the ROI and outside the ego radius, before voxel down-sampling
 
 
-def reference_transform(dataset: object, frame_id: str, reference_frame: str = "ego_axes") -> np.ndarray:
+def reference_transform(dataset: Any, frame_id: str, reference_frame: str = "ego_axes") -> np.ndarray:
     """`T_ref_from_lidar [4, 4]` for one frame of `dataset` (see the module docstring).
 
-    KITTI (and `reference_frame="lidar"`): the identity. nuScenes: the rotation of the
-    LIDAR_TOP calibrated_sensor record of that sample (`T_ego_from_lidar`'s rotation block).
+    `reference_frame="lidar"`: the identity. `ego_axes`: the reader's own rule
+    (`DatasetReader.reference_transform`: the identity for KITTI, the rotation of the LIDAR_TOP
+    calibrated_sensor record for nuScenes).
     """
-    T = np.eye(4)
-    if reference_frame == "lidar" or getattr(dataset, "layout", None) != "nuscenes":
-        return T
-    sd = dataset.sample_data(frame_id).get("LIDAR_TOP")  # type: ignore[attr-defined]
-    cs = dataset.tables["calibrated_sensor"].get(sd.get("calibrated_sensor_token")) if sd else None  # type: ignore[attr-defined]
-    if cs is None:  # the reader has refused such a frame already; keep the raw frame
-        return T
-    T[:3, :3] = quaternion_to_matrix(np.asarray(cs["rotation"], dtype=np.float64))
-    return T
+    if reference_frame == "lidar":
+        return np.eye(4)
+    return dataset.reference_transform(frame_id)
 
 
 def transform_xyz(points: np.ndarray, T: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

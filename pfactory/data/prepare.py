@@ -1,6 +1,6 @@
 """Raw dataset -> training-ready shards: the body of the `prepare` stage (streaming).
 
-In: a raw dataset directory (KITTI or nuScenes layout) and `PrepareParams`. Out, in `out/`
+In: a raw dataset directory (any registered layout: `pfactory.sensors.datasets`) and `PrepareParams`. Out, in `out/`
 (built in a staging sibling and renamed into place on success):
 `manifest.json`, `rejected.jsonl`, `train/shard-*.parquet`, `val/shard-*.parquet`
 (format: `pfactory.data.shards`).
@@ -31,7 +31,6 @@ restarts cleanly and, since every step is deterministic, writes the same bytes a
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import time
@@ -61,6 +60,7 @@ from pfactory.data.shards import (
 from pfactory.fsutil import atomic_directory, sha256_bytes, sha256_file
 from pfactory.sensors.checks import rel_path
 from pfactory.sensors.datasets import open_dataset
+from pfactory.sensors.digest import hash_frame, tables_digest
 from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.frame import Frame
 
@@ -99,44 +99,48 @@ def _malloc_trim() -> Callable[[], object] | None:
 
 
 def frame_files(dataset: Any, frame_id: str) -> list[tuple[str, Path]]:
-    """The raw files one frame is made of (those that exist): `(name in the dataset, path)`.
+    """The raw files one frame is made of (those that exist): `(name in the dataset, path)`, as the
+    reader lists them (`DatasetReader.frame_files`: KITTI `velodyne/000001.bin`, nuScenes the table's
+    `filename`), so the hash does not depend on where the dataset lives or on symlinks."""
+    return dataset.frame_files(frame_id)
 
-    The name is the path as the layout spells it (KITTI `velodyne/000001.bin`, nuScenes the
-    table's `filename`), so the hash does not depend on where the dataset lives or on symlinks.
-    """
-    if dataset.layout == "kitti":
-        from pfactory.sensors.kitti import KITTI_PARTS
 
-        named = [
-            (f"{part}/{frame_id}{ext}", dataset.part_path(part, frame_id))
-            for part, ext in KITTI_PARTS.items()
-        ]
+@dataclass(frozen=True)
+class RawOrigin:
+    """Where a prepare run's raw data comes from: the manifest's `source` besides its frame count and
+    content hash (`source.sha256`), so that evaluate can reopen it (`pfactory.evaluate.raw_source`)."""
+
+    layout: str  # the reader's name (entry point of `pfactory.datasets`)
+    root: str  # the raw dataset's path or URL as given to prepare: a relative path stays relative
+    plugin: dict[str, Any]  # the layout's plugin record (`PluginInfo.record`; files_sha256 for plugins only)
+
+    def record(self) -> dict[str, Any]:
+        """The manifest's `source` entries (besides frames and sha256)."""
+        return {"layout": self.layout, "root": self.root, "plugin": self.plugin}
+
+
+def raw_origin(raw: str | Path, layout: str) -> RawOrigin:
+    """The `RawOrigin` of raw data at `raw` (a directory or URL) read by the reader `layout`. The root is
+    spelled as given (posix form for a local path) so that the manifest stays byte-identical between reruns
+    and machines; the plugin record has a files hash for an installed plugin only (a built-in reader's code
+    is the project's, which DVC tracks as the stage's deps: hashing it here would change the prepared
+    output with every edit of an unrelated module of pfactory/sensors)."""
+    from pfactory import plugins
+    from pfactory.data.storage import is_url
+
+    info = plugins.info(plugins.DATASETS, layout)
+    if info.builtin:
+        record = {
+            "name": info.name,
+            "target": info.target,
+            "source": info.source,
+            "dist": info.dist,
+            "version": info.version,
+        }
     else:
-        named = []
-        for sd in dataset.sample_data(frame_id).values():
-            with contextlib.suppress(DatasetError):
-                named.append((str(sd.get("filename")), dataset.resolve(sd.get("filename"), "filename")))
-    return [(name, p) for name, p in named if p.is_file()]
-
-
-def hash_frame(files: list[tuple[str, Path]], known: dict[Path, bytes] | None = None) -> str:
-    """sha256 over `name \t sha256(content)` lines of a frame's files (sorted by name).
-
-    `known`: contents already in memory (the encoded images), hashed without a second read.
-    """
-    lines = []
-    for name, p in sorted(files):
-        digest = sha256_bytes(known[p]) if known and p in known else sha256_file(p)
-        lines.append(f"{name}\t{digest}")
-    return sha256_bytes("\n".join(lines).encode())
-
-
-def tables_digest(dataset: Any) -> str | None:
-    """sha256 over the nuScenes table files (None for KITTI, whose frames are self-contained)."""
-    if dataset.layout != "nuscenes":
-        return None
-    files = [(f"{dataset.version}/{p.name}", p) for p in Path(dataset.table_dir).glob("*.json")]
-    return hash_frame(files)
+        record = info.record()
+    root = str(raw) if is_url(raw) else Path(raw).as_posix()
+    return RawOrigin(layout, root, record)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -561,7 +565,7 @@ def prepare_dataset(
         manifest, rejected = write_outputs(
             tmp,
             params,
-            dataset.layout,
+            raw_origin(raw, dataset.layout),
             ids,
             digests,
             tables_digest(dataset),
@@ -577,7 +581,7 @@ def prepare_dataset(
 def write_outputs(
     tmp: Any,
     params: PrepareParams,
-    layout: str,
+    origin: RawOrigin,
     ids: list[str],
     digests: list[str],
     tables: str | None,
@@ -588,8 +592,9 @@ def write_outputs(
     """Write `rejected.jsonl`, then `manifest.json` (last: its presence marks a complete output) into the
     build directory `tmp` (a Path, or anything with `write_bytes(rel, data)`: `pfactory.data.storage`).
 
-    `rejected_at`: (global frame index, refusal) pairs in any order; `digests`: `frame_id \t sha256`
-    lines in dataset order; `shards` with their bytes and sha256 filled in."""
+    `origin`: where the raw data comes from (`raw_origin`); `rejected_at`: (global frame index, refusal)
+    pairs in any order; `digests`: `frame_id \t sha256` lines in dataset order; `shards` with their bytes
+    and sha256 filled in."""
     rejected = [r for _, r in sorted(rejected_at, key=lambda x: x[0])]
     data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rejected).encode()
     put = tmp.write_bytes if not isinstance(tmp, Path) else (lambda rel, b: (tmp / rel).write_bytes(b))
@@ -598,7 +603,7 @@ def write_outputs(
     passed = len(rejected) <= params.max_reject_fraction * len(ids)
     input_digest = sha256_bytes(("\n".join(digests) + f"\ntables\t{tables}").encode())
     manifest = _manifest(
-        params, layout, ids, input_digest, shards, rejected, sha256_bytes(data), sorted(cameras), passed
+        params, origin, ids, input_digest, shards, rejected, sha256_bytes(data), sorted(cameras), passed
     )
     assert n_ok + len(rejected) == len(ids), "every frame is either in a shard or refused"
     put(MANIFEST, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
@@ -638,7 +643,7 @@ def finish(
 
 def _manifest(
     params: PrepareParams,
-    layout: str,
+    origin: RawOrigin,
     ids: list[str],
     input_digest: str,
     shards: dict[str, list[ShardInfo]],
@@ -647,7 +652,7 @@ def _manifest(
     cameras: list[str],
     passed: bool,
 ) -> dict[str, Any]:
-    """manifest.json: deterministic (no times, no absolute paths) so reruns are byte-identical."""
+    """manifest.json: deterministic (no times; the raw root as given) so reruns are byte-identical."""
     from pfactory.tracking import package_versions
 
     W, H = params.image_size
@@ -657,7 +662,7 @@ def _manifest(
         "schema_version": SCHEMA_VERSION,
         "passed": passed,
         "counts": {**counts, "rejected": len(rejected), "total": len(ids)},
-        "source": {"layout": layout, "frames": len(ids), "sha256": input_digest},
+        "source": {**origin.record(), "frames": len(ids), "sha256": input_digest},
         "image": {
             "shape": [3, H, W],
             "dtype": "float16",

@@ -412,7 +412,7 @@ def _prepare_scaled(
         manifest, rejected = write_outputs(
             build,
             params,
-            source.layout,
+            source.origin,
             ids,
             [d for i in sorted(units) for d in units[i].digests],
             source.tables,

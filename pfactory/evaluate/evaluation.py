@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pfactory import artifacts as af
 from pfactory.evaluate.params import EvaluateParams
@@ -56,7 +56,7 @@ def evaluate(
     progress: bool,
     active: Any,
     write_report: Callable[..., Any] | None = None,
-    raw: Path | None = None,
+    raw: Path | Literal[False] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `optimized` (and `model`, the PyTorch reference, unless None) on `data`; build `out`.
 
@@ -64,11 +64,12 @@ def evaluate(
     rich bar per model on stderr. `active`: the MLflow run to log to (None: no tracking). `write_report`:
     `(report_dir, doc, gt, pred, optimized, data, worst_n)` writes the run report (the task passes
     `pfactory.report.stage.write_stage_report`; None: no report page, e.g. a champion's re-evaluation). `raw`: the raw dataset
-    the prepared data came from; when it is KITTI, the stage also writes KITTI result files and scores
-    KITTI's official metric against its label_2 (`pfactory.evaluate.kitti_results`). when it is nuScenes,
-    `report/results_nusc.json` is written too (`nusc_submission`; kpis.json `nusc_results`). Raises
-    `EvaluateInputError` on a bad input (before any work starts), `EvaluateTaskError` when a unit
-    fails on a worker.
+    the prepared data came from (`open_raw`): None reopens the one its manifest names, False uses none (a
+    champion's re-evaluation). With it, the layout's reader names the writer of the benchmark's own result
+    files (`DatasetReader.results_writer`): KITTI result files and KITTI's official metric against its
+    label_2 (`pfactory.evaluate.kitti_results`), nuScenes `report/results_nusc.json`
+    (`nusc_submission`; kpis.json `nusc_results`). Raises `EvaluateInputError` on a bad input (before any
+    work starts), `EvaluateTaskError` when a unit fails on a worker.
     """
     from pfactory.evaluate.distributed import dask_client, run_units
     from pfactory.evaluate.inputs import resolve_inputs
@@ -82,9 +83,7 @@ def evaluate(
         optimized, model if ev.reference else None, data, ev.split, ev.backend, ev.precision, ev.device,
         ev.slice_frames, ev.batch_size, ev.score_threshold,
     )  # fmt: skip
-    from pfactory.evaluate.nusc_submission import plan_submission
-
-    nusc_poses = plan_submission(data, ev.split, raw)  # None unless nuScenes data and its raw tables
+    benchmark = results_writer(data, ev.split, raw)  # the layout's result-file writer, or None
     timings["plan_s"] = time.perf_counter() - t_start
     results: dict[str, dict[int, Any]] = {k: {} for k in KINDS}
     runs: dict[str, dict[str, Any]] = {}
@@ -115,12 +114,12 @@ def evaluate(
                     timings[f"{spec.kind}_s"] = stats.wall_s
         t0 = time.perf_counter()
         doc, kpis, ref_kpis, gt, preds = score(ev, inputs, results)
-        doc.update(_kitti(tmp, raw, preds["optimized"], inputs))
-        if nusc_poses is not None:
-            from pfactory.evaluate.nusc_submission import RESULTS_FILE, write_submission
+        if benchmark is not None:
+            doc.update(benchmark.write(tmp, preds["optimized"]))
+        from pfactory.evaluate.kitti_results import RESULTS_DIR, write_no_results
 
-            doc["nusc_results"] = write_submission(report / RESULTS_FILE, preds["optimized"], nusc_poses)
-            doc["nusc_results"]["file"] = f"report/{RESULTS_FILE}"
+        if not (tmp / RESULTS_DIR).is_dir():  # the stage's declared DVC outputs exist for every dataset
+            write_no_results(tmp)
         timings["kpi_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         write_reports(ev, inputs, tmp, doc, kpis, ref_kpis)
@@ -156,20 +155,81 @@ def evaluate(
     return metrics
 
 
-def _kitti(tmp: Path, raw: Path | None, preds: list, inputs: Any) -> dict[str, Any]:
-    """kpis.json's KITTI entries (pfactory.evaluate.kitti_results) when the prepared data is KITTI's; for other
-    data the result folder and frame list are written empty (they are the stage's declared DVC outputs)."""
-    import json
+def open_raw(data: Path, raw: Path | Literal[False] | None) -> tuple[Any, str | None]:
+    """The raw dataset prepared `data` came from, opened by its layout's reader, and a one-line note when
+    the benchmark's result files cannot be written from it; `(None, None)` for `raw=False`.
 
-    from pfactory.evaluate.kitti_results import kitti_evaluation, write_no_results
+    `raw` None: the root its manifest names (`source.root`, relative to the working directory as prepare was
+    given it); when that data is gone, cannot be opened, is on object storage, or its content hash differs
+    from `source.sha256` (recomputed: every file is read once), the note says so and the result is None
+    (the evaluation itself needs only the shards). An explicit `raw` (`--raw`) must open as the manifest's
+    layout (`EvaluateInputError` otherwise, before any work); a content hash that differs is noted, and the
+    files are still written from it."""
+    from pfactory import plugins
+    from pfactory.data.shards import open_prepared
+    from pfactory.data.storage import is_url
+    from pfactory.evaluate.inputs import EvaluateInputError
+    from pfactory.sensors.datasets import open_dataset, reader_class
+    from pfactory.sensors.digest import source_digest
+    from pfactory.sensors.errors import DatasetError
 
-    entries: dict[str, Any] = {}
+    if raw is False:
+        return None, None
+    where = f"{Path(data) / af.PREPARED_MANIFEST}"
+    source = open_prepared(data).manifest.get("source", {})
+    layout, want = source.get("layout"), source.get("sha256")
     if raw is not None:
-        manifest = json.loads((Path(inputs.data.root) / af.PREPARED_MANIFEST).read_text())
-        entries = kitti_evaluation(tmp, Path(raw), preds, manifest.get("source", {}).get("layout", ""))
-    if not entries:
-        write_no_results(tmp)
-    return entries
+        title = str(layout)
+        try:
+            title = reader_class(title)[0].title or title
+            dataset = open_dataset(raw, layout=layout)
+        except (DatasetError, plugins.PluginError) as e:
+            raise EvaluateInputError(
+                f"{raw}: the raw {title} dataset the data was prepared from ({where}: source.layout {layout!r}), "
+                f"to write the benchmark's result files (--raw): {e}"
+            ) from None
+        got = source_digest(dataset)
+        note = (
+            None
+            if got == want
+            else (
+                f"the raw data {raw} (--raw) differs from what {where} was prepared from (content sha256 "
+                f"{got[:12]}, recorded {str(want)[:12]}): its result files are written from it anyway"
+            )
+        )
+        return dataset, note
+    root = source.get("root")
+    if not root:
+        return None, f"{where} names no raw data (source.root): no benchmark result files; pass --raw"
+    if is_url(root):
+        return (
+            None,
+            f"the raw data {root} ({where}) is on object storage: no benchmark result files; pass --raw",
+        )
+    if not Path(root).is_dir():
+        return None, f"the raw data {root} named by {where} is gone: no benchmark result files; pass --raw"
+    try:
+        dataset = open_dataset(Path(root), layout=layout)
+    except (DatasetError, plugins.PluginError) as e:
+        return None, f"the raw data {root} named by {where} cannot be opened ({e}): no benchmark result files"
+    got = source_digest(dataset)
+    if got != want:
+        return None, (
+            f"the raw data {root} has changed since {where} was prepared (content sha256 {got[:12]}, recorded "
+            f"{str(want)[:12]}): no benchmark result files; pass --raw to write them from it anyway"
+        )
+    return dataset, None
+
+
+def results_writer(data: Path, split: str, raw: Path | Literal[False] | None) -> Any:
+    """The writer of the benchmark's own result files for `split` of prepared `data` (`open_raw`'s dataset,
+    its reader's `results_writer`), built now so that a wrong raw dataset fails before any work; None when
+    there is no raw dataset or the layout has no writer. The note of `open_raw` goes to stderr, one line."""
+    dataset, note = open_raw(data, raw)
+    if note:
+        print(f"evaluate: {note}", file=sys.stderr)
+    writer = type(dataset).result_writer() if dataset is not None else None
+    return None if writer is None else writer(dataset, Path(data), split)
 
 
 class _Slim:
@@ -210,5 +270,7 @@ def evaluate_to_kpis(ev: EvaluateParams, optimized: Path, data: Path) -> dict[st
     configure_environment()  # Dask scratch inside the project, offline MLflow
     with tempfile.TemporaryDirectory(prefix="pfactory-reeval-") as tmp:
         out = Path(tmp) / "eval"
-        evaluate(ev, Path(optimized), None, Path(data), out, ev.dask_address, sys.stderr.isatty(), None)
+        evaluate(
+            ev, Path(optimized), None, Path(data), out, ev.dask_address, sys.stderr.isatty(), None, raw=False
+        )
         return af.kpis(out)

@@ -1,8 +1,9 @@
 """The evaluate stage's KITTI benchmark output: result files the KITTI evaluator accepts, and KITTI's metric.
 
-In:  the raw dataset the prepared data came from (`paths.raw`, KITTI layout: `label_2/`, `calib/`,
-     `image_2/`), the evaluated frame ids and the optimized model's detections (`FrameDetections` in the
-     prepared reference frame: x forward, y left, z up, box centre; for KITTI it is the lidar frame).
+In:  the raw dataset the prepared data came from (the one its manifest names, or `--raw`; KITTI layout:
+     `label_2/`, `calib/`, `image_2/`; `KittiResults` is the writer `KittiDataset.results_writer` names), the
+     evaluated frame ids and the optimized model's detections (`FrameDetections` in the prepared reference
+     frame: x forward, y left, z up, box centre; for KITTI it is the lidar frame).
 Out: `<eval>/kitti_results/<frame_id>.txt`, one per evaluated frame (empty: no detections), 16 columns:
          type  -1  -1  alpha  x1 y1 x2 y2  h w l  x y z  ry  score
      in the frame's own rectified camera frame (`KittiCalib.T_rect_from_lidar`, the exact inverse of how the
@@ -159,23 +160,35 @@ def write_no_results(out: Path) -> None:
     (out / FRAMES_FILE).write_text("")
 
 
-def kitti_evaluation(
-    out: Path, raw: Path | None, preds: list[FrameDetections], layout: str
-) -> dict[str, Any]:
+def kitti_evaluation(out: Path, split: Path | None, preds: list[FrameDetections]) -> dict[str, Any]:
     """The kpis.json KITTI entries of an evaluation built in `out`: `kitti`, `kitti_R11`, `kitti_loose`,
-    `kitti_loose_R11`, `kitti_info` and `kitti_results` (the folder, relative to the eval directory); {} when
-    the data is not KITTI (the prepared manifest's `source.layout`) or `raw` holds no KITTI labels."""
-    split = kitti_split(raw)
-    if layout != "kitti" or split is None:
+    `kitti_loose_R11`, `kitti_info` and `kitti_results` (the folder, relative to the eval directory), scored
+    against the label_2 of the KITTI split `split`; {} when `split` is None or holds no label_2."""
+    if split is None or not (Path(split) / "label_2").is_dir():
         return {}
     from pfactory.metrics.kitti_eval import evaluate_kitti_files
 
+    split = Path(split)
     stats = write_kitti_results(out, split, preds)
     ids = [f.frame_id for f in preds]
     gt_files = {i: split / "label_2" / f"{i}.txt" for i in ids}
     pred_files = {i: out / RESULTS_DIR / f"{i}.txt" for i in ids}
     blocks = evaluate_kitti_files(gt_files, pred_files)
     blocks["kitti_info"]["results"] = stats
-    blocks["kitti_info"]["labels"] = "label_2 of the raw dataset (paths.raw), the evaluated frames"
+    blocks["kitti_info"]["labels"] = (
+        "label_2 of the raw dataset the data was prepared from, the evaluated frames"
+    )
     blocks["kitti_results"] = RESULTS_DIR
     return blocks
+
+
+class KittiResults:
+    """The KITTI benchmark's result-file writer (`KittiDataset.results_writer`; the
+    `pfactory.sensors.reader.ResultWriter` contract): result files + KITTI's official metric."""
+
+    def __init__(self, dataset: Any, prepared: Path, split: str):
+        self.split = Path(dataset.root)  # the KITTI split directory (label_2/, calib/, image_2/)
+
+    def write(self, out: Path, preds: list[FrameDetections]) -> dict[str, Any]:
+        """`kitti_evaluation(out, split, preds)`: the files under `out` and kpis.json's KITTI entries."""
+        return kitti_evaluation(out, self.split, preds)

@@ -114,21 +114,29 @@ def load_poses(raw: Path, frame_ids: list[str], reference_frame: str) -> NuscPos
     `reference_frame`: the prepared manifest's (`ego_axes` | `lidar`). Raises `NuscSubmissionError`
     when `raw` is not a nuScenes layout, or a sample is missing or has no usable LIDAR_TOP pose.
     """
-    from pfactory.data.lidar import reference_transform
     from pfactory.sensors.errors import DatasetError
-    from pfactory.sensors.nuscenes import LIDAR_CHANNEL, NuScenesDataset, find_nuscenes_version
+    from pfactory.sensors.nuscenes import NuScenesDataset, find_nuscenes_version
 
     raw = Path(raw)
     version = find_nuscenes_version(raw) if raw.is_dir() else None
     if version is None:
         raise NuscSubmissionError(
             f"{raw}: the raw nuScenes dataset the data was prepared from (samples/ and a v1.0-* table folder), "
-            "to place the detections in the global frame (paths.raw / --raw)"
+            "to place the detections in the global frame (the manifest's source.root / --raw)"
         )
     try:
         ds = NuScenesDataset(raw, version)
     except DatasetError as e:
         raise NuscSubmissionError(str(e)) from e
+    return dataset_poses(ds, frame_ids, reference_frame)
+
+
+def dataset_poses(ds: Any, frame_ids: list[str], reference_frame: str) -> NuscPoses:
+    """`load_poses` of an open `NuScenesDataset`."""
+    from pfactory.data.lidar import reference_transform
+    from pfactory.sensors.errors import DatasetError
+    from pfactory.sensors.nuscenes import LIDAR_CHANNEL
+
     poses: dict[str, np.ndarray] = {}
     for fid in frame_ids:
         sd = ds.sample_data(fid).get(LIDAR_CHANNEL) if fid in ds.tables["sample"] else None
@@ -146,18 +154,23 @@ def load_poses(raw: Path, frame_ids: list[str], reference_frame: str) -> NuscPos
     return NuscPoses(ds.table_dir, poses)
 
 
-def plan_submission(data: Path, split: str, raw: Path | None) -> NuscPoses | None:
-    """The global poses of `split`'s samples when the prepared `data` comes from a nuScenes layout and `raw`
-    is given (the evaluate stage, before any work: a wrong `raw` fails early); else None (KITTI data, or
-    no raw dataset: a promotion's re-evaluation writes no submission)."""
-    from pfactory.data.shards import open_prepared
+class NuscResults:
+    """The nuScenes benchmark's result-file writer (`NuScenesDataset.results_writer`; the
+    `pfactory.sensors.reader.ResultWriter` contract): `report/results_nusc.json`, kpis.json's `nusc_results`.
+    The poses are looked up when it is built, before the evaluation's work (a wrong dataset fails early:
+    `NuscSubmissionError`)."""
 
-    if raw is None:
-        return None
-    manifest = open_prepared(data).manifest
-    if manifest.get("source", {}).get("layout") != "nuscenes":
-        return None
-    return load_poses(Path(raw), split_frame_ids(data, split), manifest.get("reference_frame", "ego_axes"))
+    def __init__(self, dataset: Any, prepared: Path, split: str):
+        from pfactory.data.shards import open_prepared
+
+        reference_frame = open_prepared(prepared).manifest.get("reference_frame", "ego_axes")
+        self.poses = dataset_poses(dataset, split_frame_ids(prepared, split), reference_frame)
+
+    def write(self, out: Path, preds: list[FrameDetections]) -> dict[str, Any]:
+        """`out/report/results_nusc.json` for `preds`; returns `{"nusc_results": summary}`."""
+        summary = write_submission(out / "report" / RESULTS_FILE, preds, self.poses)
+        summary["file"] = f"report/{RESULTS_FILE}"
+        return {"nusc_results": summary}
 
 
 def submission(

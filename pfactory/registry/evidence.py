@@ -289,7 +289,19 @@ class Evidence:
                 t[f"data.prepared.{k}"] = self.extra["prepared"][k]
         if self.backend.get("weights_sha256"):
             t["model.weights_sha256"] = self.backend["weights_sha256"]
+        t.update(arch_tags(self.backend.get("arch"), self.backend.get("plugin")))
         return t
+
+
+def arch_tags(arch: str | None, plugin: Mapping[str, Any] | None) -> dict[str, str]:
+    """The architecture and, for an installed plugin, its distribution, version and files hash (what made
+    the model: lineage, `factory compare`, the model card)."""
+    t = {"model.arch": arch or "painted_pillars", "model.source": "built-in"}
+    if plugin:
+        t.update({"model.source": str(plugin.get("source")), "model.plugin.dist": str(plugin.get("dist")),
+                  "model.plugin.version": str(plugin.get("version")),
+                  "model.plugin.files_sha256": str(plugin.get("files_sha256"))})  # fmt: skip
+    return t
 
 
 def _fmt(x: float) -> str:
@@ -355,6 +367,8 @@ def read_evidence(optimized: Path, kpis_file: Path, latency_batch: int = 1) -> E
             "primary": runner,
             "manifest_sha256": sha256_file(optimized / MANIFEST),
             "weights_sha256": (manifest.get("model") or {}).get("weights_sha256"),
+            "arch": (manifest.get("model") or {}).get("arch") or "painted_pillars",
+            "plugin": (manifest.get("model") or {}).get("plugin"),
             "files": dict(manifest.get("files") or {}),
         },
         extra=extra,

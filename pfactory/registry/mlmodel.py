@@ -118,6 +118,9 @@ def log_detector(
         raise FileNotFoundError(f"{optimized / af.BACKEND}: missing; not an optimized directory")
     verify_directory(optimized, dict(manifest))  # what is logged and served is what optimize gated
     served = served_artifact(manifest)
+    if example is not None:  # the graph's own inputs (a lidar-only architecture takes points, num_points)
+        names = [i["name"] for i in manifest["onnx"]["inputs"]]
+        example = {k: example[k] for k in names}
     info = Model.log(
         artifact_path=None,
         name=MODEL_NAME,
@@ -137,6 +140,8 @@ def log_detector(
             "precision": served["precision"],
             "classes": list(manifest.get("model", {}).get("classes", [])),
             "output_contract": manifest.get("outputs", {}).get("contract", ""),
+            "arch": manifest.get("model", {}).get("arch", "painted_pillars"),
+            "plugin": manifest.get("model", {}).get("plugin"),
         },
         tags=dict(tags or {}),
     )

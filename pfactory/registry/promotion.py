@@ -463,6 +463,12 @@ def lineage(ref: str, default_model: str, default_alias: str = "champion") -> di
         "created": mv.creation_timestamp,
         "description": mv.description,
         "git": {"commit": tags.get("git.commit"), "dirty": tags.get("git.dirty")},
+        # the architecture, and for a plugin its distribution, version and files hash (evidence.arch_tags)
+        "model_arch": {
+            k.removeprefix("model."): v
+            for k, v in tags.items()
+            if k.startswith(("model.arch", "model.source", "model.plugin."))
+        },
         "data": {k.removeprefix("data."): v for k, v in tags.items() if k.startswith("data.")},
         "kpis": json.loads(tags["kpis.summary"]) if "kpis.summary" in tags else None,
         "parity": {k.removeprefix("parity."): v for k, v in tags.items() if k.startswith("parity.")},

@@ -143,6 +143,9 @@ def model_card(release: Mapping[str, Any], audit: Sequence[Mapping[str, Any]]) -
         "",
         f"- registry: `models:/{release['model']}/{release['version']}` (alias `{release['alias']}`), "
         f"previous champion: {release['from'] if release['from'] is not None else 'none'}",
+        f"- architecture: `{ev['backend'].get('arch', 'painted_pillars')}` ("
+        + (f"plugin {ev['backend']['plugin'].get('source')}, files sha256 `{ev['backend']['plugin'].get('files_sha256')}`"
+           if ev["backend"].get("plugin") else "built-in") + ")",
         f"- MLflow run: `{lin.get('run_id')}`",
         f"- git commit: `{lin.get('git_commit')}` (dirty: {lin.get('git_dirty')})",
         f"- data: prepared `{ev['data']['prepared_hash']}`"

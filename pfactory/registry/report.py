@@ -83,6 +83,7 @@ def lineage_view(lin: Mapping[str, Any]) -> list[Any]:
         ("run", f"{run.get('id')} ({run.get('name')}, {run.get('status')})" if run else "-"),
         ("stage runs", ", ".join(f"{s['name']} {s['id'][:8]}" for s in run.get("stages", [])) or "-"),
         ("git commit", f"{lin['git']['commit']} (dirty: {lin['git']['dirty']})"),
+        *((f"model.{k}", v) for k, v in sorted((lin.get("model_arch") or {}).items())),
         *((f"data.{k}", v) for k, v in sorted(lin["data"].items())),
         *((f"latency.{k}", v) for k, v in sorted(lin["latency"].items())),
         (

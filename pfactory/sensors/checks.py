@@ -29,8 +29,6 @@ MAX_RANGE_M = 1000.0
 PRINCIPAL_POINT_TOL = 0.25
 # Rotation blocks: |R R^T - I| below this. KITTI prints 7 significant digits (error ~1e-7).
 ORTHONORMAL_TOL = 1e-3
-# Intensity ranges per layout (KITTI reflectance is stored in [0, 1], nuScenes in 0..255).
-INTENSITY_RANGE = {"kitti": (0.0, 1.0), "nuscenes": (0.0, 255.0)}
 # Image extensions a KITTI image_2 file might carry; only `.png` is read.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 # Points exactly at the sensor origin are no returns (a zero-filled or sparse file); more than this share is
@@ -92,12 +90,14 @@ def read_checked(path: Path, max_bytes: int) -> tuple[bytes | None, str]:
     return path.read_bytes(), ""
 
 
-def check_points_file(path: Path, dims: int, layout: str, min_points: int = MIN_POINTS) -> list[tuple[str, str]]:
+def check_points_file(
+    path: Path, dims: int, intensity_range: tuple[float, float], min_points: int = MIN_POINTS
+) -> list[tuple[str, str]]:
     """`check_points_bytes` of a file, refusing one too big for a sweep from its size alone (not read)."""
     raw, why = read_checked(path, max_point_bytes(dims))
     if raw is None:
         return [("points", f"a lidar sweep of at most {MAX_POINTS} points (float32 x{dims}): {why}")]
-    return check_points_bytes(raw, dims, layout, min_points)
+    return check_points_bytes(raw, dims, intensity_range, min_points)
 
 
 def check_focal(fx: float, fy: float) -> str:
@@ -130,9 +130,10 @@ class FrameCheck:
 
 
 def check_points_bytes(
-    raw: bytes, dims: int, layout: str, min_points: int = MIN_POINTS
+    raw: bytes, dims: int, intensity_range: tuple[float, float], min_points: int = MIN_POINTS
 ) -> list[tuple[str, str]]:
-    """Problems of a float32 `[N, dims]` point file given its bytes, as `(field, reason)` pairs."""
+    """Problems of a float32 `[N, dims]` point file given its bytes, as `(field, reason)` pairs; intensities
+    (column 3) must lie in `intensity_range` (the reader's units: `DatasetReader.intensity_range`)."""
     if len(raw) == 0:
         return [("points", f"float32 x{dims} records, got an empty (0-byte) file")]
     if len(raw) % (4 * dims):
@@ -164,7 +165,7 @@ def check_points_bytes(
         far = int((np.abs(good[:, :3]) > MAX_RANGE_M).any(1).sum())
         if far:
             out.append(("points", f"coordinates within +-{MAX_RANGE_M:g} m, {far} points beyond"))
-        lo, hi = INTENSITY_RANGE[layout]
+        lo, hi = intensity_range
         inten = good[:, 3]
         n_out = int(((inten < lo) | (inten > hi)).sum())
         if n_out:

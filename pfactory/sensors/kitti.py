@@ -14,6 +14,7 @@ rotated into the lidar frame. The image of camera 2 is `K = P2[:, :3]` with
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from pfactory.sensors.checks import (
 from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.frame import Boxes3D, CameraView, Frame
 from pfactory.sensors.io import image_size, read_points
-from pfactory.sensors.reader import DatasetReader
+from pfactory.sensors.reader import DatasetReader, RemoteListing, RemoteStore
 
 KITTI_PARTS = {"velodyne": ".bin", "image_2": ".png", "calib": ".txt", "label_2": ".txt"}
 KITTI_CLASSES = ("Car", "Van", "Truck", "Pedestrian", "Person_sitting", "Cyclist", "Tram", "Misc", "DontCare")
@@ -310,6 +311,10 @@ class KittiDataset(DatasetReader):
     """Reader for one KITTI object split directory (with velodyne/, image_2/, calib/, label_2/)."""
 
     layout = "kitti"
+    title = "KITTI"
+    describe = "a KITTI object layout (training/velodyne, image_2, calib, label_2)"
+    intensity_range = (0.0, 1.0)  # reflectance
+    results_writer = "pfactory.evaluate.kitti_results:KittiResults"
 
     def __init__(self, split_dir: str | Path):
         self.root = Path(split_dir)
@@ -334,6 +339,52 @@ class KittiDataset(DatasetReader):
 
     def part_path(self, part: str, frame_id: str) -> Path:
         return self.root / part / f"{frame_id}{KITTI_PARTS[part]}"
+
+    def frame_files(self, frame_id: str) -> list[tuple[str, Path]]:
+        """`(part/<id><ext>, path)` of each part file of the frame that exists."""
+        named = [
+            (f"{part}/{frame_id}{ext}", self.part_path(part, frame_id)) for part, ext in KITTI_PARTS.items()
+        ]
+        return [(name, p) for name, p in named if p.is_file()]
+
+    def replicate(self, out: Path, n: int, samples: list[str] | None = None) -> Path:
+        """`n` frames `000000..n-1` under `out/training`, frame i a symlink per part to the files of frame
+        `samples[i % len(samples)]` (default: every frame)."""
+        ids = samples or self.frame_ids()
+        root = Path(out) / "training"
+        for part, ext in KITTI_PARTS.items():
+            (root / part).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                target = self.part_path(part, ids[i % len(ids)]).resolve()
+                link = root / part / f"{i:06d}{ext}"
+                if not link.is_symlink():
+                    os.symlink(target, link)
+        return Path(out)
+
+    @classmethod
+    def list_remote(cls, store: RemoteStore, scratch: Path) -> RemoteListing | None:
+        """KITTI on object storage: the names in each part folder (`training/` or the root); each unit
+        downloads every file of each part that names one of its frames, so duplicate names are caught as
+        locally. No shared files."""
+        for cand in ("training", ""):
+            pre = f"{cand}/" if cand else ""
+            if all(store.is_dir(f"{pre}{p}") for p in ("velodyne", "calib", "image_2")):
+                break
+        else:
+            return None
+        names = {p: store.names(f"{pre}{p}") for p in KITTI_PARTS}
+        index = kitti_names_index(names)
+
+        def unit_files(ids: list[str]) -> list[str]:
+            out: set[str] = set()
+            for fid in ids:
+                key = _kitti_key(fid)
+                for part, by_key in index.items():
+                    out.update(f"{pre}{part}/{n}" for n in by_key.get(key, []))
+            return sorted(out)
+
+        dirs = [f"{pre}{p}" for p in KITTI_PARTS if store.is_dir(f"{pre}{p}")]
+        return RemoteListing(kitti_ids_from_names(names), dirs, unit_files)
 
     def _read(self, frame_id: str, with_labels: bool) -> Frame:
         paths = {part: self.part_path(part, frame_id) for part in KITTI_PARTS}
@@ -643,7 +694,7 @@ def _inspect_kitti(
                 add(present["calib"], f, r)
 
     if "velodyne" in present:
-        for f, r in check_points_file(present["velodyne"], 4, "kitti", min_points):
+        for f, r in check_points_file(present["velodyne"], 4, ds.intensity_range, min_points):
             add(present["velodyne"], f, r)
 
     images: dict[str, np.ndarray] = {}

@@ -20,6 +20,7 @@ class loads (`DEVKIT_TABLES`: attribute, visibility, log, scene, map and a map m
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
@@ -54,7 +55,7 @@ from pfactory.sensors.checks import (
 from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.frame import Boxes3D, CameraView, Frame
 from pfactory.sensors.io import image_size, read_points
-from pfactory.sensors.reader import DatasetReader
+from pfactory.sensors.reader import DatasetReader, RemoteListing, RemoteStore
 
 TABLES = (
     "sample",
@@ -145,6 +146,10 @@ class NuScenesDataset(DatasetReader):
     """Reader for a nuScenes-layout dataset root with tables in `root/<version>/`."""
 
     layout = "nuscenes"
+    title = "nuScenes"
+    describe = "a nuScenes layout (samples/ and a v1.0-* table folder)"
+    intensity_range = (0.0, 255.0)
+    results_writer = "pfactory.evaluate.nusc_submission:NuscResults"
 
     def __init__(self, root: str | Path, version: str):
         self.root = Path(root)
@@ -288,6 +293,104 @@ class NuScenesDataset(DatasetReader):
     def detect(cls, root: Path) -> NuScenesDataset | None:
         version = find_nuscenes_version(root)
         return None if version is None else cls(root, version)
+
+    def frame_files(self, frame_id: str) -> list[tuple[str, Path]]:
+        """`(the table's filename, path)` of each key-frame sample_data file of the sample that exists
+        (a filename escaping the root is left out: the frame's checks refuse it)."""
+        named = []
+        for sd in self.sample_data(frame_id).values():
+            try:
+                named.append((str(sd.get("filename")), self.resolve(sd.get("filename"), "filename")))
+            except DatasetError:
+                continue
+        return [(name, p) for name, p in named if p.is_file()]
+
+    def shared_files(self) -> list[tuple[str, Path]]:
+        """The JSON tables, `(<version>/<name>.json, path)`: every sample depends on them."""
+        return [(f"{self.version}/{p.name}", p) for p in Path(self.table_dir).glob("*.json")]
+
+    def reference_transform(self, frame_id: str) -> np.ndarray:
+        """The rotation of the sample's LIDAR_TOP calibrated_sensor record (`T_ego_from_lidar`'s rotation
+        block, origin kept at the sensor); the identity when the record is missing (such a frame is refused
+        by the reader already)."""
+        T = np.eye(4)
+        sd = self.sample_data(frame_id).get(LIDAR_CHANNEL)
+        cs = self.tables["calibrated_sensor"].get(sd.get("calibrated_sensor_token")) if sd else None
+        if cs is None:
+            return T
+        T[:3, :3] = quaternion_to_matrix(np.asarray(cs["rotation"], dtype=np.float64))
+        return T
+
+    def replicate(self, out: Path, n: int, samples: list[str] | None = None) -> Path:
+        """`n` samples under `out`, sample i cloning every record of `samples[i % len(samples)]` (default:
+        all) under new tokens; `out/samples` is a symlink to this dataset's (the sensor files are shared)."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        if not (out / "samples").exists():
+            os.symlink(Path(self.root).resolve() / "samples", out / "samples")
+        base = samples or self.frame_ids()
+        t = self.tables
+        rows: dict[str, list[dict]] = {
+            "sensor": list(t["sensor"].values()),
+            "category": list(t["category"].values()),
+            "calibrated_sensor": list(t["calibrated_sensor"].values()),
+        }
+        for name in ("sample", "sample_data", "ego_pose", "sample_annotation", "instance"):
+            rows[name] = []
+        for i in range(n):
+            src_tok = base[i % len(base)]
+            tag = f"-r{i:06d}"
+            s = dict(t["sample"][src_tok])
+            s["token"] = src_tok + tag
+            s["timestamp"] = int(s.get("timestamp", 0)) + i  # distinct, ordered by i
+            rows["sample"].append(s)
+            for sd in self.sample_data(src_tok).values():
+                ep = dict(t["ego_pose"][sd["ego_pose_token"]])
+                ep["token"] = ep["token"] + tag
+                rows["ego_pose"].append(ep)
+                rec = dict(sd, token=sd["token"] + tag, sample_token=s["token"], ego_pose_token=ep["token"])
+                rows["sample_data"].append(rec)
+            for ann in self.annotations(src_tok):
+                inst = dict(t["instance"][ann["instance_token"]])
+                inst["token"] = inst["token"] + tag
+                rows["instance"].append(inst)
+                rows["sample_annotation"].append(
+                    dict(ann, token=ann["token"] + tag, sample_token=s["token"], instance_token=inst["token"])
+                )
+        table_dir = out / self.version
+        table_dir.mkdir(parents=True, exist_ok=True)
+        for name, recs in rows.items():
+            (table_dir / f"{name}.json").write_text(json.dumps(recs))
+        return out
+
+    @classmethod
+    def list_remote(cls, store: RemoteStore, scratch: Path) -> RemoteListing | None:
+        """nuScenes on object storage: `samples/` and a `v1.0-*` folder at the root. The driver reads a
+        local copy of the tables (in `scratch`, with an empty samples/); every unit downloads the tables
+        once per worker process (`shared`) and the files its samples' sample_data records name."""
+        top = store.top()
+        versions = sorted(n for n in top if n.startswith("v1.0-") and store.is_dir(n))
+        if "samples" not in top or not versions:
+            return None
+        version = versions[0]
+        tables = [f"{version}/{n}" for n in store.names(version) if n.endswith(".json")]
+        (scratch / "samples").mkdir(parents=True, exist_ok=True)
+        (scratch / version).mkdir(parents=True, exist_ok=True)
+        store.download(tables, scratch)
+        reader = cls(scratch, version)
+
+        def unit_files(ids: list[str]) -> list[str]:
+            names: set[str] = set()
+            for fid in ids:
+                for sd in reader.sample_data(fid).values():
+                    try:
+                        path = reader.resolve(sd.get("filename"), "filename")
+                    except DatasetError:  # refused by the frame's checks, as locally
+                        continue
+                    names.add(path.relative_to(reader.root).as_posix())
+            return sorted(names)
+
+        return RemoteListing(reader.check_ids(), ["samples", version], unit_files, tables, reader, scratch)
 
     def dataset_problems(self) -> list[Problem]:
         _nuscenes_channels(self)  # built once here, before check_dataset's threads need it
@@ -724,7 +827,7 @@ def _inspect_nuscenes(
             )
             continue
         if channel == LIDAR_CHANNEL:
-            for f, r in check_points_file(path, 5, "nuscenes", min_points):
+            for f, r in check_points_file(path, 5, ds.intensity_range, min_points):
                 add(path, f, r)
             continue
         if not channel.startswith("CAM"):

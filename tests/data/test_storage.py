@@ -106,13 +106,27 @@ def _upload(local: Path, url: str) -> None:
     fs.put([str(p) for p in files], [f"{url}/{p.relative_to(local).as_posix()}" for p in files])
 
 
+def _manifest_digest(data: bytes) -> str:
+    """sha256 of a manifest.json without `source.root`: the raw data's location as given (a bucket URL or a
+    local path) is the one thing that differs between the same data prepared from either."""
+    import hashlib
+    import json
+
+    doc = json.loads(data)
+    doc.get("source", {}).pop("root", None)
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
 def _local_published(root: Path) -> dict[str, str]:
     """`tree(root)` of a local prepared output without its ownership marker: a local directory says it is
     prepare's own output with `.pfactory-output`; an object-storage prefix with its manifest (published last)
-    and `.pfactory-publishing` (`pfactory.data.storage`), so the published objects never carry the marker."""
+    and `.pfactory-publishing` (`pfactory.data.storage`), so the published objects never carry the marker.
+    The manifest is compared without `source.root` (`_manifest_digest`)."""
     from pfactory.fsutil import OUTPUT_MARKER
 
-    return {k: v for k, v in tree(root).items() if k != OUTPUT_MARKER}
+    out = {k: v for k, v in tree(root).items() if k != OUTPUT_MARKER}
+    out["manifest.json"] = _manifest_digest((root / "manifest.json").read_bytes())
+    return out
 
 
 def _remote_tree(url: str) -> dict[str, str]:
@@ -121,7 +135,9 @@ def _remote_tree(url: str) -> dict[str, str]:
     from pfactory.data.storage import Location
 
     loc = Location(url)
-    return {rel: hashlib.sha256(loc.read_bytes(rel)).hexdigest() for rel in loc.files()}
+    out = {rel: hashlib.sha256(loc.read_bytes(rel)).hexdigest() for rel in loc.files()}
+    out["manifest.json"] = _manifest_digest(loc.read_bytes("manifest.json"))
+    return out
 
 
 def test_s3_raw_to_s3_shards_on_dask_then_train_reads_them(s3, raw_local, tmp_path) -> None:
@@ -170,7 +186,8 @@ def test_s3_raw_to_s3_shards_on_dask_then_train_reads_them(s3, raw_local, tmp_pa
         load_params(None, overrides), out, tmp_path / "model", track=False, progress=False
     )
     assert summary["steps"] >= 1 and (tmp_path / "model" / "model.pt").is_file()
-    assert tree(next((tmp_path / "artifacts" / ".state" / "prepared").iterdir())) == tree(tmp_path / "local")
+    copy = next((tmp_path / "artifacts" / ".state" / "prepared").iterdir())
+    assert _local_published(copy) == _local_published(tmp_path / "local")
 
 
 def test_nuscenes_layout_from_s3(s3, synth_nuscenes, tmp_path) -> None:

@@ -18,9 +18,9 @@ def build_eval_setup(root: Path, frames: int = 16, cameras: int = 1) -> dict[str
     import tasks.optimize
     from pfactory.data.params import PrepareParams
     from pfactory.data.prepare import prepare_dataset
-    from pfactory.detectors.io import save_model
     from pfactory.inference.params import OptimizeParams
     from pfactory.sensors.synth.dataset import generate_dataset
+    from tests.model.helpers import save_trained
 
     nus = cameras > 1
     generate_dataset(
@@ -35,7 +35,7 @@ def build_eval_setup(root: Path, frames: int = 16, cameras: int = 1) -> dict[str
             max_reject_fraction=0.5, pc_range=pc_range,
         ),
     )  # fmt: skip
-    save_model(root / "model", helpers.make_model(), helpers.IMAGE_SIZE, result.manifest["cameras"])
+    save_trained(root / "model", helpers.make_model(), result.manifest["cameras"])
     opt = OptimizeParams.model_validate(
         {
             "precision": "fp32",

@@ -120,9 +120,9 @@ def test_check_onnx_refuses_custom_domains(tmp_path) -> None:
 
 
 def test_torch_runner_loads_a_model_dir(tmp_path, tiny_model) -> None:
-    from pfactory.detectors.io import save_model
+    from tests.model.helpers import save_trained
 
-    save_model(tmp_path / "model", tiny_model, tiny_model.image_size, ["image_2"])
+    save_trained(tmp_path / "model", tiny_model, ["image_2"])
     feed = make_feed(tiny_model, 1, 256, seed=6)
     a = TorchRunner(tmp_path / "model").run(feed)
     with torch.inference_mode():

@@ -66,3 +66,14 @@ def random_batch(
         "labels": labels,
         "num_boxes": torch.full((batch,), boxes - 1),
     }
+
+
+def save_trained(out, model, cameras) -> dict:
+    """`pfactory.detectors.io.save_model` of a default-architecture test model, as trained on data with
+    `cameras` (the prepared data's camera names: a trained model's `spec.cameras`)."""
+    from dataclasses import replace
+
+    from pfactory.detectors.io import save_model
+
+    model.spec = replace(model.spec, cameras=tuple(cameras))
+    return save_model(out, model, "painted_pillars", None)

@@ -42,9 +42,9 @@ def build_bench(root: Path) -> dict[str, Path]:
             return paths
         from pfactory.data.params import PrepareParams
         from pfactory.data.prepare import prepare_dataset
-        from pfactory.detectors.io import save_model
         from pfactory.inference.params import OptimizeParams
         from pfactory.sensors.synth.dataset import generate_dataset
+        from tests.model.helpers import save_trained
 
         if str(ROOT) not in sys.path:
             sys.path.insert(0, str(ROOT))
@@ -59,7 +59,7 @@ def build_bench(root: Path) -> dict[str, Path]:
                     max_reject_fraction=0.5, pc_range=[0.0, -8.0, -3.0, 16.0, 8.0, 1.0], voxel_size=None,
                 ),
             )  # fmt: skip
-        save_model(paths["model"], helpers.make_model(), helpers.IMAGE_SIZE, ["image_2"])
+        save_trained(paths["model"], helpers.make_model(), ["image_2"])
         opt = OptimizeParams.model_validate(
             {
                 "precision": "fp32", "dynamic_batch": False, "intra_op_threads": 1, "export_points": 512,

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pfactory.detectors.inference import frames_from_batch
 from pfactory.evaluate.report import kpi_delta
 from pfactory.inference.params import ParityParams
 from pfactory.inference.parity import compare_outputs, parity_report
 from pfactory.inference.runtime import OrtRunner
 from pfactory.metrics import evaluate_detections
-from pfactory.model.inference import frames_from_batch
 from pfactory.registry.evidence import Evidence, agreement_summary, delta_summary, kpi_summary
 from pfactory.registry.gates import apply_gates
 from pfactory.registry.params import PromoteParams

@@ -27,8 +27,8 @@ def dataset(tmp_path_factory) -> dict[str, Path]:
     """8 synthetic KITTI frames prepared at the tiny model's input size, and a random-init tiny model."""
     from pfactory.data.params import PrepareParams
     from pfactory.data.prepare import prepare_dataset
-    from pfactory.detectors.io import save_model
     from pfactory.sensors.synth.dataset import generate_dataset
+    from tests.model.helpers import save_trained
 
     root = tmp_path_factory.mktemp("optimize")
     generate_dataset(root / "raw", frames=8, seed=3, cameras=1, image_size=(208, 64))
@@ -40,7 +40,7 @@ def dataset(tmp_path_factory) -> dict[str, Path]:
             max_reject_fraction=0.5, pc_range=[0.0, -8.0, -3.0, 16.0, 8.0, 1.0],
         ),
     )  # fmt: skip
-    save_model(root / "model", make_model(), IMAGE_SIZE, ["image_2"])
+    save_trained(root / "model", make_model(), ["image_2"])
     return {"root": root, "prepared": root / "prepared", "model": root / "model"}
 
 
