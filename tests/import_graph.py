@@ -23,8 +23,9 @@ PACKAGES = ("flows", "tasks", "pfactory", "kernels")
 SCRIPT_DIRS = ("benchmarks",)
 # Imports made by name at run time, which ast cannot see: module -> the modules it may import.
 # `kernels._dispatch.triton_module(name)` imports `kernels.<name>`, the Triton kernels.
-# The plugin registries import the built-in plugins by entry point (pyproject.toml's `pfactory.models` and
-# `pfactory.datasets` groups): each registry "imports" its group's built-in target modules.
+# The plugin registries load the built-in plugins by entry point (pyproject.toml's `pfactory.models` and
+# `pfactory.datasets` groups): what a stage may run (its DVC deps, `closure`) includes them, but they are no
+# import edge of the structure (a registry does not depend on its plugins; the plugins depend on the contract).
 
 
 def _entry_point_modules(group: str) -> set[str]:
@@ -39,9 +40,17 @@ def _entry_point_modules(group: str) -> set[str]:
 
 DYNAMIC = {
     "kernels._dispatch": lambda mods: {m for m in mods if m.startswith("kernels._") and m.endswith("_triton")},
-    "pfactory.detectors.registry": lambda mods: _entry_point_modules("pfactory.models") & set(mods),
-    "pfactory.sensors.datasets": lambda mods: _entry_point_modules("pfactory.datasets") & set(mods),
 }
+PLUGIN_LOADS = {
+    "pfactory.detectors.registry": "pfactory.models",
+    "pfactory.sensors.datasets": "pfactory.datasets",
+}
+
+
+def plugin_loads(name: str) -> set[str]:
+    """The built-in plugin modules that registry module `name` loads by entry point (none for others)."""
+    group = PLUGIN_LOADS.get(name)
+    return _entry_point_modules(group) & set(modules()) if group else set()
 
 
 @cache
@@ -110,6 +119,7 @@ def closure(start: str) -> set[str]:
             continue
         seen.add(name)
         todo.extend(imports_of(name))
+        todo.extend(plugin_loads(name))
         todo.extend(parents(name))
     return seen
 

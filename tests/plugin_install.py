@@ -11,6 +11,7 @@ test process itself (whose entry points stay the project's), so tests stay indep
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,16 +22,20 @@ from pathlib import Path
 def install_plugin(src: Path, target: Path) -> dict[str, str]:
     """Install the package at `src` (a folder with a pyproject.toml) into `target`; returns a copy of
     `os.environ` with `PYTHONPATH` = `target` first, then the project's root (so `pfactory`, `tasks` and
-    `flows` import as from the checkout). Raises RuntimeError with pip's output when the install fails."""
+    `flows` import as from the checkout). Installing again into the same target replaces the package (an
+    older version's dist-info is removed: `--target` would keep it beside the new one). Raises RuntimeError
+    with pip's output when the install fails."""
     src, target = Path(src).resolve(), Path(target).resolve()
     if not (src / "pyproject.toml").is_file():
         raise FileNotFoundError(f"{src}: a plugin package (pyproject.toml), got none")
     target.mkdir(parents=True, exist_ok=True)
+    for old in target.glob(f"{_dist_name(src)}-*.dist-info"):
+        shutil.rmtree(old)
     with tempfile.TemporaryDirectory(prefix="plugin-src-") as tmp:
         copy = Path(tmp) / src.name
         shutil.copytree(src, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
         cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-               "--disable-pip-version-check", "-q", "--target", str(target), str(copy)]  # fmt: skip
+               "--disable-pip-version-check", "--upgrade", "-q", "--target", str(target), str(copy)]  # fmt: skip
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if res.returncode != 0:
         raise RuntimeError(f"pip install of {src} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
@@ -38,6 +43,14 @@ def install_plugin(src: Path, target: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(target), str(root), *filter(None, [env.get("PYTHONPATH")])])
     return env
+
+
+def _dist_name(src: Path) -> str:
+    """The distribution name of a source folder's pyproject.toml, normalized as a dist-info folder is."""
+    found = re.search(r'^name = "([^"]+)"', (src / "pyproject.toml").read_text(), re.MULTILINE)
+    if not found:
+        raise ValueError(f"{src / 'pyproject.toml'}: no [project] name")
+    return re.sub(r"[-_.]+", "_", found.group(1)).lower()
 
 
 def broken_plugin(target: Path, group: str, name: str, target_spec: str, dist: str = "broken-plugin") -> None:
