@@ -32,6 +32,7 @@ from pfactory.evaluate.nusc_submission import NuscSubmissionError
 from pfactory.failures import OUTCOME_ENV, UsageError, UserError, read_outcome, stage_outcome
 from pfactory.fsutil import OutputRefused
 from pfactory.inference.errors import BackendUnavailable, ParityError
+from pfactory.plugins import PluginError
 from pfactory.registry.errors import EvidenceError, LockTimeout, PromotionRefused, RegistryError, UnknownRef
 from pfactory.sensors.errors import DatasetError
 from pfactory.team.errors import NotAuthenticated, PermissionRefused, TeamError
@@ -45,6 +46,7 @@ ERRORS: dict[type[UserError], tuple[Callable[[], UserError], int]] = {
     OutputRefused: (lambda: OutputRefused("out", "holds a user's files"), 2),
     ParamsError: (lambda: ParamsError("train.lr: expected a number"), 2),
     CheckpointError: (lambda: CheckpointError("model.pt: truncated"), 2),
+    PluginError: (lambda: PluginError("model plugin 'x' (dist 0.1, m:ARCH) cannot be loaded: ..."), 2),
     SchemaError: (lambda: SchemaError("prepared: schema 9 is newer"), 2),
     RejectFractionExceeded: (lambda: RejectFractionExceeded(12, 12, 0.1, "rejected.jsonl"), 1),
     DatasetError: (lambda: DatasetError("calib/0.txt", "P2", "12 numbers"), 1),

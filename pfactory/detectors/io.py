@@ -119,6 +119,12 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
         config["arch"], config["plugin"] = "painted_pillars", None
         config["pc_range"] = config["model"].get("pc_range", [0.0, -40.0, -3.0, 70.4, 40.0, 1.0])
         config.setdefault("classes", config["model"].get("classes"))
+    for key, kind in (("arch", str), ("model", dict), ("image_size", list), ("classes", list), ("pc_range", list)):
+        if not isinstance(config.get(key), kind):
+            raise CheckpointError(
+                f"{path}: field {key!r} is {type(config.get(key)).__name__}, expected a {kind.__name__} "
+                "(not a model config this pfactory wrote; run `factory train`)"
+            )
     return config
 
 

@@ -51,7 +51,8 @@ def _record(ledger, case: str, r, words: str, extra_ok: bool = True) -> None:
 
 
 def _config(model: Path, fmt: int) -> None:
-    doc = {"format": fmt, "model": {}, "image_size": [104, 32], "classes": ["Car"], "cameras": ["image_2"]}
+    doc = {"format": fmt, "arch": "painted_pillars", "plugin": None, "model": {}, "image_size": [104, 32],
+           "classes": ["Car"], "pc_range": [0.0, -40.0, -3.0, 70.4, 40.0, 1.0], "cameras": ["image_2"]}  # fmt: skip
     (model / "model_config.json").write_text(json.dumps(doc))
 
 
