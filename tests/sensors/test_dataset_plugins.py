@@ -262,3 +262,46 @@ def test_a_plugin_whose_module_is_missing_is_one_line_and_the_rest_still_list(pl
     out = res.stdout.strip().splitlines()
     assert res.returncode == 0 and out[0] == "KittiDataset", res.stderr
     assert "a folder per frame" in out[1] and "skipped: dataset plugin 'broken'" in out[1]
+
+
+@pytest.mark.full
+@pytest.mark.slow
+def test_the_example_layout_runs_prepare_train_optimize_evaluate(plugin_env, raw, tmp_path) -> None:
+    """The dataset plugin through the stages as a user runs them (`python -m tasks.<stage>`, what dvc.yaml
+    calls): its folder layout prepares, a tiny detector trains on it, optimize gates it and evaluate scores
+    it, reopening the raw data through the plugin (the manifest names it; no --raw)."""
+    env, _ = plugin_env
+    convert = ("from pfactory_folder_dataset.convert import convert; import sys; "
+               "convert(__import__('pathlib').Path(sys.argv[1]), __import__('pathlib').Path(sys.argv[2]))")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", convert, str(raw), str(tmp_path / "folder")], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())  # paths relative to tmp_path
+    tiny = ["prepare.image_size=[104,32]", "prepare.val_fraction=0.5", "train.epochs=2", "train.batch_size=2",
+            "model.painted_pillars.image_channels=8", "model.painted_pillars.point_channels=16",
+            "model.painted_pillars.bev_channels=[16,16,32]", "model.painted_pillars.up_channels=16",
+            "model.painted_pillars.head_channels=16", "optimize.int8.calibration_frames=2",
+            "optimize.parity.frames=2", "optimize.latency.iterations=3", "optimize.latency.warmup=1",
+            "optimize.latency.batch_sizes=[1]", "evaluate.workers=1"]  # fmt: skip
+
+    def stage(name: str, *args: str) -> subprocess.CompletedProcess:
+        sections = {"prepare": ("prepare",), "train": ("model", "train"), "optimize": ("optimize",),
+                    "evaluate": ("evaluate",)}[name]  # fmt: skip
+        sets = [x for o in tiny if o.split(".")[0] in sections for x in ("-S", o)]
+        res = subprocess.run([sys.executable, "-m", f"tasks.{name}", "--params", str(tmp_path / "params.yaml"),
+                              *sets, *args], env={**env, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"},
+                             cwd=ROOT, capture_output=True, text=True, timeout=1200)  # fmt: skip
+        assert res.returncode == 0, f"{name}: {res.stderr[-3000:]}"
+        return res
+
+    stage("prepare", "--raw", str(tmp_path / "folder"), "--out", str(tmp_path / "prepared"))
+    manifest = json.loads((tmp_path / "prepared" / "manifest.json").read_text())
+    assert manifest["source"]["layout"] == "folder"
+    stage("train", "--data", str(tmp_path / "prepared"), "--out", str(tmp_path / "model"), "--no-track")
+    stage("optimize", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "prepared"),
+          "--out", str(tmp_path / "optimized"))  # fmt: skip
+    res = stage("evaluate", "--model", str(tmp_path / "optimized"), "--data", str(tmp_path / "prepared"),
+                "--out", str(tmp_path / "eval"), "--reference", str(tmp_path / "model"), "--no-track")  # fmt: skip
+    kpis = json.loads((tmp_path / "eval" / "kpis.json").read_text())
+    assert 0.0 <= kpis["mAP"] <= 1.0 and set(kpis["classes"]) == {"Car", "Pedestrian", "Cyclist"}
+    assert kpis.get("delta") is not None  # scored against the PyTorch reference too
