@@ -35,20 +35,35 @@ def _api() -> dict[str, Any]:
             "data_info": t.data_info, "epoch_batches": t.epoch_batches, "make_loader_factory": t.make_loader_factory,
             "to_device": t.to_device, "seed_everything": t.seed_everything, "Timer": t.Timer,
             "setup_runtime": t.setup_runtime, "make_optimizer": t.make_optimizer, "train_step": t.train_step,
-            "model_for_data": lambda mp, info: mp, "use_bf16": _cuda_only_bf16,
+            "build": lambda mp, info: _old_build(mp, info.image_size), "use_bf16": _cuda_only_bf16,
         }  # fmt: skip
     return {
         "data_info": data.data_info, "epoch_batches": data.epoch_batches,
         "make_loader_factory": data.make_loader_factory, "to_device": data.to_device,
         "seed_everything": rng.seed_everything, "Timer": runtime.Timer, "setup_runtime": runtime.setup_runtime,
         "make_optimizer": schedule.make_optimizer, "train_step": trainer.train_step,
-        "model_for_data": trainer.model_for_data, "use_bf16": getattr(runtime, "use_bf16", _cuda_only_bf16),
+        "build": _build_for(trainer), "use_bf16": getattr(runtime, "use_bf16", _cuda_only_bf16),
     }  # fmt: skip
+
+
+def _old_build(mp, image_size):
+    from pfactory.model.detector import build_model
+
+    return build_model(mp, image_size)
+
+
+def _build_for(trainer):
+    """The detector as this checkout's trainer builds it: through the registry (architectures by name), or
+    (older commits) `build_model(model_for_data(...))`."""
+    if hasattr(trainer, "model_for_data"):
+        return lambda mp, info: _old_build(trainer.model_for_data(mp, info), info.image_size)
+    from pfactory.detectors import registry
+
+    return lambda mp, info: registry.build(mp.arch, mp.selected, info.spec())
 
 
 def main() -> None:
     from pfactory.config import load_params
-    from pfactory.model.detector import build_model
 
     data, steps, warmup, overrides = (
         Path(sys.argv[1]),
@@ -65,7 +80,7 @@ def main() -> None:
     loader = api["make_loader_factory"](tp)(data, "train", tp.batch_size, True, tp.augment, tp.seed, rt.device,
                                             tp.num_threads)  # fmt: skip
     batches = [api["to_device"](b, rt.device) for _, b in zip(range(8), api["epoch_batches"](loader, 0, 0))]
-    model = build_model(api["model_for_data"](mp, info), info.image_size).to(rt.device)
+    model = api["build"](mp, info).to(rt.device)
     optimizer = api["make_optimizer"](model, tp)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     bf16 = api["use_bf16"](tp.bf16, rt.device)

@@ -110,14 +110,14 @@ def _fmt(v: Any) -> str:
 def model_step_rate(params: Any, batches: list[dict], steps: int, device: torch.device, bf16: bool = False,
                     compile: bool = False) -> dict[str, float]:  # fmt: skip
     """samples/s of forward + loss + backward + AdamW on in-memory batches (no data loading)."""
-    from pfactory.model.detector import build_model
-    from pfactory.model.loss import detection_loss
-    from pfactory.model.targets import build_targets
-    from pfactory.model.variants import for_compile
+    from pfactory.detectors import registry
+    from pfactory.detectors.contract import DataSpec, LossContext, batch_inputs, for_compile
 
     torch.manual_seed(0)
     image_wh = (batches[0]["images"].shape[-1], batches[0]["images"].shape[-2])
-    model = build_model(params.model, image_wh).to(device)
+    spec = DataSpec(tuple(params.prepare.classes), tuple(params.prepare.pc_range), image_wh)
+    model = registry.build(params.model.arch, params.model.selected, spec).to(device)
+    ctx = LossContext(lambda t: t)
     fwd = torch.compile(for_compile(model)) if compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in batches]
@@ -128,10 +128,8 @@ def model_step_rate(params: Any, batches: list[dict], steps: int, device: torch.
             torch.cuda.synchronize()
         t0, c0 = time.perf_counter(), time.process_time()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            out = fwd(b["points"], b["num_points"], b["images"], b["proj"], b["cam_valid"])
-            loss = detection_loss(out, build_targets(b["boxes"], b["labels"], params.model, b["num_boxes"]))[
-                "loss"
-            ]
+            out = fwd(*batch_inputs(model, b))
+            loss = model.loss(out, b, ctx)["loss"]
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -207,12 +205,11 @@ class _Variant:
     def __init__(
         self, name: str, data: Path, overrides: list[str], batches: list[dict] | None = None
     ) -> None:
-        from pfactory.model.detector import build_model
+        from pfactory.detectors import registry
         from pfactory.train.data import data_info, epoch_batches, make_loader_factory, to_device
         from pfactory.train.rng import seed_everything
         from pfactory.train.runtime import Timer, setup_runtime, use_bf16
         from pfactory.train.schedule import make_optimizer
-        from pfactory.train.trainer import model_for_data
 
         v = VARIANTS[name]
         self.name, self.compiled = name, bool(v.get("compile"))
@@ -226,14 +223,14 @@ class _Variant:
                                                   self.tp.seed, self.rt.device, self.tp.num_threads)  # fmt: skip
             batches = [to_device(b, self.rt.device) for _, b in zip(range(8), epoch_batches(loader, 0, 0))]
         self.batches = batches
-        self.model = build_model(model_for_data(mp, info), info.image_size).to(self.rt.device)
+        self.model = registry.build(mp.arch, mp.selected, info.spec()).to(self.rt.device)
         if v.get("memory_format") == "contiguous":
             self.model = self.model.to(memory_format=torch.contiguous_format)
         self.optimizer = make_optimizer(self.model, self.tp)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: 1.0)
         self.forward: Any = self.model
         if self.compiled:
-            from pfactory.model.variants import for_compile
+            from pfactory.detectors.contract import for_compile
 
             # what `factory train -S train.compile=true` compiles: the for_compile conversion, the C kernels
             # as custom ops; automatic dynamic shapes: P goes symbolic on its 1st change
@@ -378,25 +375,24 @@ def cmd_explain(args: argparse.Namespace) -> None:
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from pfactory.model.detector import build_model
-    from pfactory.model.loss import detection_loss
-    from pfactory.model.targets import build_targets
+    from pfactory.detectors import registry
+    from pfactory.detectors.contract import LossContext
     from pfactory.train.data import data_info, epoch_batches, make_loader_factory
-    from pfactory.train.trainer import model_for_data
 
     params = make_params(args.set)
     mp, tp = params.model, params.train
     info = data_info(Path(args.data))
     loader = make_loader_factory(tp)(Path(args.data), "train", tp.batch_size, True, tp.augment, tp.seed,
                                      torch.device("cpu"), tp.num_threads)  # fmt: skip
-    from pfactory.model.variants import for_compile
+    from pfactory.detectors.contract import for_compile
 
-    model = for_compile(build_model(model_for_data(mp, info), info.image_size))
-    p = model.params
+    model = for_compile(registry.build(mp.arch, mp.selected, info.spec()))
+    ctx = LossContext(lambda t: t)
 
     def step(points, num_points, images, proj, cam_valid, boxes, labels, num_boxes):
         out = model(points, num_points, images, proj, cam_valid)
-        return detection_loss(out, build_targets(boxes, labels, p, num_boxes))["loss"]
+        batch = {"boxes": boxes, "labels": labels, "num_boxes": num_boxes}
+        return model.loss(out, batch, ctx)["loss"]
 
     keys = ("points", "num_points", "images", "proj", "cam_valid", "boxes", "labels", "num_boxes")
     batches = [tuple(b[k] for k in keys) for b in epoch_batches(loader, 0, 0)]
