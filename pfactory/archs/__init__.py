@@ -1,0 +1,1 @@
+"""Built-in detector architectures besides the default (pfactory/model)."""
