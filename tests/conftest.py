@@ -343,6 +343,7 @@ def xdist_unit(module: str) -> str:
     return XDIST_GROUPS[max(prefixes, key=len)] if prefixes else module
 
 
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs without pytest-xdist: then the hook is unknown
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # pytest-xdist's hook (controller only)
     if config.getvalue("dist") != "loadfile":
         return None
