@@ -596,19 +596,18 @@ def models_cmd(
         section = {"model": {"arch": name, name: arch.params().model_dump(mode="json")}}
         typer.echo(f"# {info.label}\n# {arch.description}\n" + yaml.safe_dump(section, sort_keys=False), nl=False)
         return
-    rows = registry.listing()
+    _print_listing(registry.listing(), "pfactory.models", as_json)
+
+
+def _print_listing(rows: list, group: str, as_json: bool) -> None:
+    """`factory models` / `factory datasets`: JSON, or one aligned line a plugin (`plugins.format_rows`)."""
     from pfactory import plugins
 
-    dup = plugins.duplicates(plugins.MODELS)
     if as_json:
         typer.echo(json.dumps([vars(r) for r in rows], indent=2))
         return
-    width = max([len(r.name) for r in rows] + [4])
-    twidth = max([len(r.target) for r in rows] + [6])
-    for r in rows:
-        state = "" if r.status == "ok" else f"  BROKEN: {r.status}"
-        also = f"  (also declared by: {', '.join(dup[r.name])})" if r.name in dup else ""
-        typer.echo(f"{r.name:<{width}}  {r.target:<{twidth}}  {r.source}{state}{also}")
+    for line in plugins.format_rows(rows, group):
+        typer.echo(line)
 
 
 @app.command("datasets")
@@ -628,15 +627,7 @@ def datasets_cmd(
         cls, info = datasets.reader_class(name)  # a broken or unknown one: one line, exit 2 (main)
         typer.echo(f"{info.name}  {info.target}  {info.source}\n{cls.describe}")
         return
-    rows = datasets.listing()
-    if as_json:
-        typer.echo(json.dumps([vars(r) for r in rows], indent=2))
-        return
-    width = max([len(r.name) for r in rows] + [4])
-    twidth = max([len(r.target) for r in rows] + [6])
-    for r in rows:
-        state = "" if r.status == "ok" else f"  BROKEN: {r.status}"
-        typer.echo(f"{r.name:<{width}}  {r.target:<{twidth}}  {r.source}{state}")
+    _print_listing(datasets.listing(), "pfactory.datasets", as_json)
 
 
 @app.command(

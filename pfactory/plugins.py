@@ -77,6 +77,31 @@ class PluginInfo:
         }
 
 
+@dataclass(frozen=True)
+class Row:
+    """One line of a plugin listing (`factory models`, `factory datasets`)."""
+
+    name: str
+    target: str
+    source: str
+    status: str  # "ok" or the one-line error
+    description: str = ""
+
+
+def format_rows(rows: list[Row], group: str) -> list[str]:
+    """The listing as aligned text lines: name, `module:attr`, source; a broken plugin's error, and the other
+    distributions that declare the same name (the one used is `entries`')."""
+    dup = duplicates(group)
+    width = max([len(r.name) for r in rows] + [4])
+    twidth = max([len(r.target) for r in rows] + [6])
+    lines = []
+    for r in rows:
+        state = "" if r.status == "ok" else f"  BROKEN: {r.status}"
+        also = f"  (also declared by: {', '.join(dup[r.name])})" if r.name in dup else ""
+        lines.append(f"{r.name:<{width}}  {r.target:<{twidth}}  {r.source}{state}{also}")
+    return lines
+
+
 def entries(group: str) -> dict[str, PluginInfo]:
     """Every entry point of `group` by name (sorted), read from installed metadata; nothing is imported.
     Two distributions declaring one name: the built-in wins; between two others, the first found (a

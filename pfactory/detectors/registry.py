@@ -12,7 +12,6 @@ report its state, never raising).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from pfactory import plugins
@@ -50,24 +49,13 @@ def build(name: str, params: Any, spec: DataSpec) -> Any:
     return model
 
 
-@dataclass(frozen=True)
-class Row:
-    """One line of `factory models`."""
-
-    name: str
-    target: str
-    source: str
-    status: str  # "ok" or the one-line error
-    description: str = ""
-
-
-def listing() -> list[Row]:
+def listing() -> list[plugins.Row]:
     """Every installed architecture, loaded to check it; a broken one is listed with its error."""
     rows = []
     for name, info in plugins.entries(plugins.MODELS).items():
         try:
             arch, _ = architecture(name)
-            rows.append(Row(name, info.target, info.source, "ok", arch.description.split("\n")[0]))
+            rows.append(plugins.Row(name, info.target, info.source, "ok", arch.description.split("\n")[0]))
         except plugins.PluginError as e:
-            rows.append(Row(name, info.target, info.source, str(e)))
+            rows.append(plugins.Row(name, info.target, info.source, str(e)))
     return rows

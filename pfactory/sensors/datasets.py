@@ -80,22 +80,11 @@ def expected_layouts(found: list[Layout] | None = None) -> str:
     return f"{text} (skipped: {broken})" if broken else text
 
 
-@dataclass(frozen=True)
-class Row:
-    """One line of a `factory datasets` listing."""
-
-    name: str
-    target: str
-    source: str
-    status: str  # "ok" or the one-line error
-    description: str = ""
-
-
-def listing() -> list[Row]:
+def listing() -> list[plugins.Row]:
     """Every registered layout in the order roots are offered to them, loaded to check it; a broken one is
     listed with its error (for a `factory datasets` command: name, `module:attr`, source, status)."""
     return [
-        Row(x.name, x.info.target, x.info.source, x.error or "ok", x.reader.describe if x.reader else "")
+        plugins.Row(x.name, x.info.target, x.info.source, x.error or "ok", x.reader.describe if x.reader else "")
         for x in layouts()
     ]
 
