@@ -124,7 +124,12 @@ def primary_latency(optimized: Path) -> dict[str, float]:
         stats = latency_summary(latency, runner, 1, str(optimized / af.LATENCY))
     except EvidenceError:
         return {}
-    return {"latency/p50_ms": stats["p50_ms"], "latency/p99_ms": stats["p99_ms"]}
+    out = {"latency/p50_ms": stats["p50_ms"], "latency/p99_ms": stats["p99_ms"]}
+    served = [a for a in manifest.get("artifacts", []) if a.get("backend") == primary["backend"]
+              and a.get("precision") == primary["precision"] and a.get("bytes")]  # fmt: skip
+    if served:  # the deployed file's size: architectures compare on it too (`factory compare`)
+        out["artifact/primary_mb"] = round(served[0]["bytes"] / 2**20, 3)
+    return out
 
 
 def collect_metrics(ws: Workspace) -> tuple[dict[str, float], dict[str, Any]]:

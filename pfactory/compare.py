@@ -38,7 +38,7 @@ from pfactory.tracking import EXPERIMENT
 STAGES = stage_names()  # declared once, in dvc.yaml
 HEADLINE_KPIS = ("eval/mAP", "eval/NDS")
 TP_ERRORS = ("ate", "ase", "aoe")
-LATENCY_KEYS = ("latency/p50_ms", "latency/p99_ms")
+LATENCY_KEYS = ("latency/p50_ms", "latency/p99_ms", "artifact/primary_mb")  # the size is shown, not flagged
 SECTIONS = ("run", "kpi", "latency", "time", "param")
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 _CLASS_AP = re.compile(r"eval/([^/]+)/mean_ap")
@@ -400,7 +400,7 @@ def _cell(row: Row, i: int, baseline_index: int) -> str:
         text = f"{v:.4f}"
         d = row.deltas[i]
         return text + (f" ({d:+.4f})" if d is not None else " (base)" if i == baseline_index else "")
-    unit = " ms" if row.key.endswith("_ms") else " s" if row.key.endswith("_s") else ""
+    unit = " ms" if row.key.endswith("_ms") else " s" if row.key.endswith("_s") else " MiB" if row.key.endswith("_mb") else ""
     text = f"{v:.3g}{unit}" if v < 100 else f"{v:.0f}{unit}"
     d = row.deltas[i]
     return text + (f" (x{d:.2f})" if d is not None else " (base)" if i == baseline_index else "")
