@@ -6,8 +6,8 @@ used; the floors sit under what the default size reaches (docs/MODELS.md, "Quali
 the 2-3x CPU differences between machines (the figures are KPIs, not timings: they do not depend on speed).
 The scores are those of train's last validation (`val_curves.json`): the val split's nuScenes-definition KPIs
 computed by the same function as the evaluate stage (`pfactory.detectors.inference.evaluate_kpis`).
-`scripts/mutation_check.py` plants a quality bug (the box regression term dropped from the loss) that this
-test catches.
+`scripts/mutation_check.py --only quality` plants a quality bug (the box regression term dropped from the
+default's loss) that this test catches.
 
     bash scripts/test.sh tests/quality -m full    # ~6-10 min per architecture on 2 cores
 """
