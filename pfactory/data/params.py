@@ -6,7 +6,7 @@ model takes them (`pfactory.train.data.data_info`), so the detector always match
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -82,6 +82,27 @@ class PrepareParams(Section):
     unit_frames: PositiveInt = 16
     """A work unit: this many consecutive frame ids (never one frame). 16 frames = one DALI batch, ~0.5-1 s
     on one core for the default sizes, against Dask's ~1 ms per task; memory per worker is bounded by it."""
+    plugins: list[dict[str, Any]] | None = None
+    """The installed dataset-layout plugins (entry-point group `pfactory.datasets`; distribution, version, files
+    sha256 each), pinned by the factory like `model.plugin`: a root is offered to every installed reader, so
+    any of them may read the data, and DVC's run-cache must never restore shards another version prepared.
+    `factory run` writes them into each run's params.yaml; a stage whose params pin other records refuses to
+    run (exit 2, one line). Built-in layouts are none of them: their code is a DVC dependency (dvc.yaml)."""
+
+    def after_validation(self, source: str, pin: bool = False) -> None:
+        """`pfactory.params_file.validate`'s hook: record (`pin`) or verify the installed dataset plugins."""
+        from pfactory import plugins as pl
+
+        installed = [pi.record() for pi in pl.entries(pl.DATASETS).values() if not pi.builtin]
+        if pin or self.plugins is None:
+            self.plugins = installed
+        elif self.plugins != installed:
+            was = ", ".join(f"{p.get('name')} ({p.get('source')})" for p in self.plugins) or "none"
+            now = ", ".join(f"{p['name']} ({p['source']})" for p in installed) or "none"
+            raise pl.PluginError(
+                f"{source}: prepare.plugins pins the dataset plugins {was}, but installed are {now} (or their files "
+                "changed): run it again with `factory run` (it pins the installed ones) or set prepare.plugins: null"
+            )
 
     @field_validator("dask_address")
     @classmethod

@@ -300,8 +300,24 @@ def test_the_example_layout_runs_prepare_train_optimize_evaluate(plugin_env, raw
     stage("train", "--data", str(tmp_path / "prepared"), "--out", str(tmp_path / "model"), "--no-track")
     stage("optimize", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "prepared"),
           "--out", str(tmp_path / "optimized"))  # fmt: skip
-    res = stage("evaluate", "--model", str(tmp_path / "optimized"), "--data", str(tmp_path / "prepared"),
-                "--out", str(tmp_path / "eval"), "--reference", str(tmp_path / "model"), "--no-track")  # fmt: skip
+    stage("evaluate", "--model", str(tmp_path / "optimized"), "--data", str(tmp_path / "prepared"),
+            "--out", str(tmp_path / "eval"), "--reference", str(tmp_path / "model"), "--no-track")  # fmt: skip
     kpis = json.loads((tmp_path / "eval" / "kpis.json").read_text())
     assert 0.0 <= kpis["mAP"] <= 1.0 and set(kpis["classes"]) == {"Car", "Pedestrian", "Cyclist"}
     assert kpis.get("delta") is not None  # scored against the PyTorch reference too
+
+
+def test_installed_dataset_plugins_are_pinned_params_of_prepare(tmp_path: Path) -> None:
+    """`prepare.plugins` records the installed dataset plugins (DVC's `prepare` param: another version of one
+    recomputes prepare); the flow re-pins what is installed, a stage refuses a stale record (exit 2)."""
+    from pfactory.config import load_params
+    from pfactory.data.params import PrepareParams
+    from pfactory.params_file import load_sections
+    from pfactory.plugins import PluginError
+
+    assert load_params(None).prepare.plugins == []  # none installed in this process
+    f = tmp_path / "params.yaml"
+    f.write_text("prepare:\n  plugins: [{name: folder, source: pfactory-folder-dataset 0.0.9, files_sha256: abc}]\n")
+    with pytest.raises(PluginError, match=r"prepare\.plugins pins the dataset plugins folder"):
+        load_sections(f, [], {"prepare": PrepareParams})
+    assert load_params(f).prepare.plugins == []  # `factory run` pins the installed ones
