@@ -29,6 +29,9 @@ DEFAULT_CLASS_MAP: dict[str, str] = {
 
 SCALE_OUT = ("dask_address", "workers", "threads_per_worker", "unit_frames")
 """PrepareParams fields that say where the work runs, not what it computes (not in the manifest)."""
+NOT_IN_MANIFEST = (*SCALE_OUT, "plugins")
+"""... and the installed dataset plugins' records (`plugins`): a DVC param, so another version recomputes; the
+manifest records the one that read the data (`source.plugin`), not every one installed."""
 
 # Model input side, pixels: a prepared frame holds a float16 C x H x W image per camera; 4096 x 4096 x 3 is
 # 100 MB per camera already (the default is 416 x 128). [100000, 100000] would be 60 GB a frame.

@@ -46,7 +46,7 @@ import numpy as np
 from pfactory.data.camera import CameraBatchError, CameraPipeline, ResizeGeometry, resize_geometry
 from pfactory.data.errors import RejectFractionExceeded
 from pfactory.data.lidar import LidarResult, process_lidar, reference_transform
-from pfactory.data.params import SCALE_OUT, PrepareParams
+from pfactory.data.params import NOT_IN_MANIFEST, PrepareParams
 from pfactory.data.shards import (
     MANIFEST,
     REJECTED,
@@ -691,7 +691,7 @@ def _manifest(
             for s in SPLITS
         },
         "rejected": {"file": REJECTED, "count": len(rejected), "sha256": rejected_sha},
-        "params": params.model_dump(mode="json", exclude=set(SCALE_OUT)),
+        "params": params.model_dump(mode="json", exclude=set(NOT_IN_MANIFEST)),
         "versions": versions,
     }
     if not passed:
