@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pfactory.dag import stage_names
+from pfactory.detectors.params import DEFAULT_ARCH  # records from before architectures had names
 from pfactory.tracking import EXPERIMENT
 
 STAGES = stage_names()  # declared once, in dvc.yaml
@@ -324,7 +325,7 @@ def compare_runs(
     facts("git.commit", commits)
     # The architecture and where it came from (built-in, or a plugin's distribution and version): runs of
     # different architectures compare side by side on the same rows.
-    facts("model.arch", [p.get("model.arch") or "painted_pillars" for p in params])
+    facts("model.arch", [p.get("model.arch") or DEFAULT_ARCH for p in params])
     facts("model.source", [p.get("model.plugin.source") or "built-in" for p in params])
     facts("promotion.decision", [t.get("promotion.decision") for t in tags])
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import sys
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -151,51 +150,35 @@ def load(group: str, name: str) -> tuple[Any, PluginInfo]:
     return obj, pi
 
 
-def _plugin_files(pi: PluginInfo) -> list[Path]:
-    """The files that make the plugin's code: its distribution's files (RECORD), minus bytecode and
-    metadata; for an editable install (a .pth / finder pointing at a source folder), that folder's .py
-    files; for a built-in, the package that holds the entry point's module (the project's other code is
-    DVC's business: dvc.yaml's deps)."""
-    module = pi.target.partition(":")[0].strip()
-    top = module.split(".")[0]
-    if pi.builtin:
-        package = module.rsplit(".", 1)[0] if "." in module else module
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.origin:
-            return []
-        origin = Path(spec.origin)
-        folder = origin.parent if origin.name == "__init__.py" else origin
-        return sorted(folder.rglob("*.py")) if folder.is_dir() else [folder]
+def _plugin_files(pi: PluginInfo) -> dict[str, Path]:
+    """The files that make the plugin's code, by a name relative to where they are installed: its
+    distribution's files (RECORD), minus bytecode and install metadata; for an editable install (RECORD holds
+    only the hook), also the .py files of the folder its top-level module really comes from."""
+    files: dict[str, Path] = {}
     dist = metadata.distribution(pi.dist) if pi.dist else None
-    files: list[Path] = []
-    if dist is not None and dist.files:
-        for f in dist.files:
-            name = str(f)
-            if name.endswith((".pyc", "RECORD", "INSTALLER", "REQUESTED")) or "__pycache__" in name:
-                continue
-            path = Path(str(f.locate()))
-            if path.is_file():
-                files.append(path)
-    # Editable installs record only their hook: hash the source the module really comes from.
-    spec = importlib.util.find_spec(top)
-    if spec is not None and spec.origin and not any(Path(spec.origin) == f for f in files):
+    for f in (dist.files or []) if dist is not None else []:
+        name = str(f)
+        if name.endswith((".pyc", "RECORD", "INSTALLER", "REQUESTED")) or "__pycache__" in name:
+            continue
+        path = Path(str(f.locate()))
+        if path.is_file():
+            files[name] = path
+    spec = importlib.util.find_spec(pi.target.partition(":")[0].strip().split(".")[0])
+    if spec is not None and spec.origin and Path(spec.origin) not in files.values():
         origin = Path(spec.origin)
         folder = origin.parent if origin.name == "__init__.py" else origin
-        files += sorted(folder.rglob("*.py")) if folder.is_dir() else [folder]
-    return sorted(set(files))
+        for path in sorted(folder.rglob("*.py")) if folder.is_dir() else [folder]:
+            files[path.relative_to(folder.parent).as_posix()] = path
+    return files
 
 
 def files_hash(pi: PluginInfo) -> str:
-    """sha256 over the plugin's files (relative name + bytes, sorted): changes whenever its code does."""
+    """sha256 over the plugin's files (relative name + bytes, sorted by name): changes whenever its code does,
+    a rename included."""
     h = hashlib.sha256()
-    for path in _plugin_files(pi):
-        h.update(path.name.encode() + b"\0")
+    for name, path in sorted(_plugin_files(pi).items()):
+        h.update(name.encode() + b"\0")
         h.update(path.read_bytes())
         h.update(b"\0")
     return h.hexdigest()
 
-
-def drop_cached(group: str) -> None:
-    """Forget imported plugin modules of `group` (tests that install a plugin mid-process)."""
-    for pi in entries(group).values():
-        sys.modules.pop(pi.target.partition(":")[0].strip(), None)

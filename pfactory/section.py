@@ -40,6 +40,43 @@ class Section(BaseModel):
         return v
 
 
+class PillarGrid:
+    """The BEV grids of a pillar architecture's params: a mixin for any object with `pc_range` (x_min, y_min,
+    z_min, x_max, y_max, z_max, metres, lidar frame), `pillar_size_m` and `head_stride` (the default's
+    `ModelParams`, centerpoint_lidar's `Geometry`)."""
+
+    pc_range: Any
+    pillar_size_m: float
+    head_stride: int
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Pillar grid (H rows along y, W columns along x)."""
+        x0, y0, _, x1, y1, _ = self.pc_range
+        return round((y1 - y0) / self.pillar_size_m), round((x1 - x0) / self.pillar_size_m)
+
+    @property
+    def head_grid(self) -> tuple[int, int]:
+        """Head grid (H rows along y, W columns along x)."""
+        h, w = self.grid
+        return h // self.head_stride, w // self.head_stride
+
+    @property
+    def head_cell_m(self) -> float:
+        """Side of a head cell, metres."""
+        return self.pillar_size_m * self.head_stride
+
+
+def pillar_misfit(pc_range: Any, pillar_size_m: float) -> tuple[str, float] | None:
+    """None when the (x, y) extents of `pc_range` are whole multiples of `pillar_size_m`; else the axis
+    ("x" or "y") that is not and its extent in pillars."""
+    for i, name in ((0, "x"), (1, "y")):
+        cells = (pc_range[i + 3] - pc_range[i]) / pillar_size_m
+        if abs(cells - round(cells)) > 1e-4:
+            return name, cells
+    return None
+
+
 def check_pc_range(v: list[float]) -> list[float]:
     """A point-cloud range `(x_min, y_min, z_min, x_max, y_max, z_max)` with each min < max, metres."""
     if len(v) != 6 or not all(v[i] < v[i + 3] for i in range(3)):

@@ -18,6 +18,7 @@ import torch
 
 from pfactory import artifacts as af
 from pfactory.detectors.contract import DATA_KEYS, DataSpec
+from pfactory.detectors.params import DEFAULT_ARCH  # records from before architectures had names
 from pfactory.failures import EXIT_USAGE, UserError
 from pfactory.fsutil import atomic_write_bytes, atomic_write_json, read_json_object
 
@@ -116,8 +117,8 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
     if int(config.get("format", 0)) < 2 and isinstance(config.get("model"), dict):
         config["model"] = {**_FORMAT1_MODEL, **config["model"]}
     if int(config.get("format", 0)) < 3 and isinstance(config.get("model"), dict):  # the default architecture
-        config["arch"], config["plugin"] = "painted_pillars", None
-        config["pc_range"] = config["model"].get("pc_range", [0.0, -40.0, -3.0, 70.4, 40.0, 1.0])
+        config["arch"], config["plugin"] = DEFAULT_ARCH, None
+        config["pc_range"] = config["model"].get("pc_range")  # ModelParams always held it; checked below
         config.setdefault("classes", config["model"].get("classes"))
     for key, kind in (("arch", str), ("model", dict), ("image_size", list), ("classes", list), ("pc_range", list)):
         if not isinstance(config.get(key), kind):

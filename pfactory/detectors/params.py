@@ -43,7 +43,7 @@ class ModelSection(Section):
 
     @model_validator(mode="after")
     def _sections_are_mappings(self) -> ModelSection:
-        for name, value in (self.__pydantic_extra__ or {}).items():
+        for name, value in self.__pydantic_extra__.items():
             if name in DATA_KEYS:
                 raise ValueError(
                     f"model.{name} is not set here: it is prepare.{name} (a fact of the prepared data; a "
@@ -56,10 +56,10 @@ class ModelSection(Section):
     def section(self, name: str | None = None) -> Any:
         """The validated section of `name` (default: the selected architecture); call `resolve` first."""
         name = name or self.arch
-        value = (self.__pydantic_extra__ or {}).get(name)
+        value = self.__pydantic_extra__.get(name)
         if not isinstance(value, Section) and name == self.arch:
             resolve(self, "params")  # built in code (`Params()`), not read from a file: resolve now
-            value = (self.__pydantic_extra__ or {}).get(name)
+            value = self.__pydantic_extra__.get(name)
         if not isinstance(value, Section):
             raise KeyError(f"model.{name}: not the selected architecture ({self.arch}), so not validated")
         return value
@@ -85,7 +85,7 @@ def resolve(section: ModelSection, source: str, pin: bool = False) -> ModelSecti
     from pfactory.detectors import registry
     from pfactory.params_file import ParamsError, _format_validation_error
 
-    extra = section.__pydantic_extra__ if section.__pydantic_extra__ is not None else {}
+    extra = section.__pydantic_extra__  # a dict with extra="allow": the architectures' sections, written into
     installed = plugins.entries(plugins.MODELS)
     if section.arch not in installed:
         known = ", ".join(installed) or "none"
@@ -135,7 +135,7 @@ def resolve(section: ModelSection, source: str, pin: bool = False) -> ModelSecti
 def dump(section: ModelSection) -> dict[str, Any]:
     """What params.yaml holds for `model`: arch, plugin, and each architecture's section."""
     out: dict[str, Any] = {"arch": section.arch}
-    for name, value in (section.__pydantic_extra__ or {}).items():
+    for name, value in section.__pydantic_extra__.items():
         out[name] = value.model_dump(mode="json") if isinstance(value, Section) else value
     out["plugin"] = section.plugin
     return out

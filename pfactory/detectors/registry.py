@@ -23,8 +23,6 @@ from pfactory.detectors.contract import (
     check_detector,
 )
 
-DEFAULT_ARCH = "painted_pillars"
-
 
 def architecture(name: str) -> tuple[Architecture, plugins.PluginInfo]:
     """The architecture `name`, contract-checked; PluginError (one line, exit 2) otherwise."""

@@ -18,7 +18,15 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pfactory.section import NonNegFloat, PositiveFloat, PositiveInt, Section, check_pc_range
+from pfactory.section import (
+    NonNegFloat,
+    PillarGrid,
+    PositiveFloat,
+    PositiveInt,
+    Section,
+    check_pc_range,
+    pillar_misfit,
+)
 
 
 class PaintedPillarsParams(Section):
@@ -133,7 +141,7 @@ class PaintedPillarsParams(Section):
         return base + (("sin2", "cos2") if self.heading == "axis_sign" else ())
 
 
-class ModelParams(PaintedPillarsParams):
+class ModelParams(PaintedPillarsParams, PillarGrid):
     """The painted pillar detector's params with the prepared data's classes and range: what the network is
     built from and what `model_config.json` stores (`pfactory.model.arch` builds it from the section and the
     data)."""
@@ -153,12 +161,12 @@ class ModelParams(PaintedPillarsParams):
     def _check(self) -> ModelParams:
         if not self.classes or len(set(self.classes)) != len(self.classes):
             raise ValueError(f"model.classes must be non-empty and unique, got {self.classes}")
-        for i, name in ((0, "x"), (1, "y")):
-            cells = (self.pc_range[i + 3] - self.pc_range[i]) / self.pillar_size_m
-            if abs(cells - round(cells)) > 1e-4:
-                raise ValueError(
-                    f"model.pc_range {name} extent must be a multiple of pillar_size_m, got {cells:.4f} cells"
-                )
+        misfit = pillar_misfit(self.pc_range, self.pillar_size_m)
+        if misfit is not None:
+            name, cells = misfit
+            raise ValueError(
+                f"model.pc_range {name} extent must be a multiple of pillar_size_m, got {cells:.4f} cells"
+            )
         h, w = self.grid
         if h % self.head_stride or w % self.head_stride:
             raise ValueError(
@@ -170,19 +178,3 @@ class ModelParams(PaintedPillarsParams):
             )
         return self
 
-    @property
-    def grid(self) -> tuple[int, int]:
-        """Pillar grid (H rows along y, W columns along x)."""
-        x0, y0, _, x1, y1, _ = self.pc_range
-        return round((y1 - y0) / self.pillar_size_m), round((x1 - x0) / self.pillar_size_m)
-
-    @property
-    def head_grid(self) -> tuple[int, int]:
-        """Head grid (H rows along y, W columns along x)."""
-        h, w = self.grid
-        return h // self.head_stride, w // self.head_stride
-
-    @property
-    def head_cell_m(self) -> float:
-        """Side of a head cell, metres."""
-        return self.pillar_size_m * self.head_stride

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
+from pfactory.detectors.params import DEFAULT_ARCH  # records from before architectures had names
 from pfactory.registry.errors import EvidenceError
 
 KPIS = af.KPIS
@@ -296,7 +297,7 @@ class Evidence:
 def arch_tags(arch: str | None, plugin: Mapping[str, Any] | None) -> dict[str, str]:
     """The architecture and, for an installed plugin, its distribution, version and files hash (what made
     the model: lineage, `factory compare`, the model card)."""
-    t = {"model.arch": arch or "painted_pillars", "model.source": "built-in"}
+    t = {"model.arch": arch or DEFAULT_ARCH, "model.source": "built-in"}
     if plugin:
         t.update({"model.source": str(plugin.get("source")), "model.plugin.dist": str(plugin.get("dist")),
                   "model.plugin.version": str(plugin.get("version")),
@@ -367,7 +368,7 @@ def read_evidence(optimized: Path, kpis_file: Path, latency_batch: int = 1) -> E
             "primary": runner,
             "manifest_sha256": sha256_file(optimized / MANIFEST),
             "weights_sha256": (manifest.get("model") or {}).get("weights_sha256"),
-            "arch": (manifest.get("model") or {}).get("arch") or "painted_pillars",
+            "arch": (manifest.get("model") or {}).get("arch") or DEFAULT_ARCH,
             "plugin": (manifest.get("model") or {}).get("plugin"),
             "files": dict(manifest.get("files") or {}),
         },

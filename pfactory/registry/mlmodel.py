@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from pfactory import artifacts as af
+from pfactory.detectors.params import DEFAULT_ARCH  # records from before architectures had names
 
 MODEL_NAME = "detector"  # the LoggedModel's name (its artifact folder in the run's "Logged models")
 EXAMPLE_MAX_POINTS = 4096  # the input example keeps the first points of its frame (a few MB of JSON)
@@ -140,7 +141,7 @@ def log_detector(
             "precision": served["precision"],
             "classes": list(manifest.get("model", {}).get("classes", [])),
             "output_contract": manifest.get("outputs", {}).get("contract", ""),
-            "arch": manifest.get("model", {}).get("arch", "painted_pillars"),
+            "arch": manifest.get("model", {}).get("arch", DEFAULT_ARCH),
             "plugin": manifest.get("model", {}).get("plugin"),
         },
         tags=dict(tags or {}),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pfactory import artifacts as af
+from pfactory.detectors.params import DEFAULT_ARCH  # records from before architectures had names
 from pfactory.fsutil import atomic_directory, atomic_write_json, atomic_write_text, sha256_file
 
 CARD = af.MODEL_CARD
@@ -143,7 +144,7 @@ def model_card(release: Mapping[str, Any], audit: Sequence[Mapping[str, Any]]) -
         "",
         f"- registry: `models:/{release['model']}/{release['version']}` (alias `{release['alias']}`), "
         f"previous champion: {release['from'] if release['from'] is not None else 'none'}",
-        f"- architecture: `{ev['backend'].get('arch', 'painted_pillars')}` ("
+        f"- architecture: `{ev['backend'].get('arch', DEFAULT_ARCH)}` ("
         + (f"plugin {ev['backend']['plugin'].get('source')}, files sha256 `{ev['backend']['plugin'].get('files_sha256')}`"
            if ev["backend"].get("plugin") else "built-in") + ")",
         f"- MLflow run: `{lin.get('run_id')}`",

@@ -103,7 +103,7 @@ class Trainer:
         tp: TrainParams = params.train
         if max_steps is not None:
             tp = tp.model_copy(update={"max_steps": max_steps})
-        self.section, self.tp = section, tp
+        self.tp = tp
         self.arch, self.plugin = section.arch, section.plugin
         self.data, self.out = data, out = Path(data), Path(out)
         t_start = time.perf_counter()

@@ -76,12 +76,17 @@ def _matrix(doc: dict[str, Any], key: str, shape: tuple[int, int], path: Path) -
     return m
 
 
+def _read_json(path: Path, field: str, expected: str) -> Any:
+    """The parsed JSON of `path`; DatasetError naming `field` and `expected` when it is not UTF-8 JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DatasetError(path, field, f"{expected} ({e})") from None
+
+
 def parse_calib(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """`calib.json` -> (`K [3, 3]`, `T_cam_from_lidar [4, 4]`); DatasetError naming the field on any problem."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DatasetError(path, "calib", f"a JSON object ({e})") from None
+    doc = _read_json(path, "calib", "a JSON object")
     if not isinstance(doc, dict):
         raise DatasetError(path, "calib", "a JSON object with 'intrinsics' and 'lidar_to_camera'")
     K = _matrix(doc, "intrinsics", (3, 3), path)
@@ -95,10 +100,7 @@ def parse_calib(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def parse_labels(path: Path) -> Boxes3D:
     """`labels.json` -> `Boxes3D` (lidar frame, difficulty -1: unknown); DatasetError naming the entry."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DatasetError(path, "labels", f"a JSON list of objects ({e})") from None
+    doc = _read_json(path, "labels", "a JSON list of objects")
     if not isinstance(doc, list):
         raise DatasetError(path, "labels", 'a JSON list of {"name": str, "box": [x, y, z, l, w, h, yaw]}')
     if len(doc) > MAX_OBJECTS:

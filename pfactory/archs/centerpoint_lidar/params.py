@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from pfactory.section import NonNegFloat, PositiveFloat, PositiveInt, Section
+from pfactory.section import NonNegFloat, PillarGrid, PositiveFloat, PositiveInt, Section, pillar_misfit
 
 BOX_CHANNELS = ("off_x", "off_y", "z", "log_l", "log_w", "log_h")
 
@@ -99,7 +99,7 @@ class CenterPointLidarParams(Section):
 
 
 @dataclass(frozen=True)
-class Geometry:
+class Geometry(PillarGrid):
     """The section plus the data's range and classes: grids, head groups (what `build` derives).
 
     Also the attributes `pfactory.model.pillars.PillarEncoder` reads (pc_range, pillar_size_m, grid,
@@ -130,13 +130,13 @@ class Geometry:
                     f"{list(classes)} exactly once"
                 )
             groups = tuple(tuple(classes.index(c) for c in g) for g in p.class_groups)
-        for i, name in ((0, "x"), (1, "y")):
-            cells = (pc_range[i + 3] - pc_range[i]) / p.pillar_size_m
-            if abs(cells - round(cells)) > 1e-4:
-                raise ValueError(
-                    f"model.centerpoint_lidar.pillar_size_m: the {name} extent of pc_range {list(pc_range)} "
-                    f"must be a multiple of it ({cells:.4f} pillars)"
-                )
+        misfit = pillar_misfit(pc_range, p.pillar_size_m)
+        if misfit is not None:
+            name, cells = misfit
+            raise ValueError(
+                f"model.centerpoint_lidar.pillar_size_m: the {name} extent of pc_range {list(pc_range)} "
+                f"must be a multiple of it ({cells:.4f} pillars)"
+            )
         geo = cls(tuple(float(v) for v in pc_range), float(p.pillar_size_m), p.point_channels,  # type: ignore[arg-type]
                   p.point_layers, p.head_stride, classes, groups)  # fmt: skip
         h, w = geo.grid
@@ -146,22 +146,6 @@ class Geometry:
             )
         return geo
 
-    @property
-    def grid(self) -> tuple[int, int]:
-        """Pillar grid (H rows along y, W columns along x)."""
-        x0, y0, _, x1, y1, _ = self.pc_range
-        return round((y1 - y0) / self.pillar_size_m), round((x1 - x0) / self.pillar_size_m)
-
-    @property
-    def head_grid(self) -> tuple[int, int]:
-        """Head grid (H rows along y, W columns along x)."""
-        h, w = self.grid
-        return h // self.head_stride, w // self.head_stride
-
-    @property
-    def head_cell_m(self) -> float:
-        """Side of a head cell, metres."""
-        return self.pillar_size_m * self.head_stride
 
     @property
     def order(self) -> tuple[int, ...]:
