@@ -3,7 +3,8 @@
 In:  heatmap [B, K, Ho, Wo] logits (head order: channel j is class `Geometry.order[j]`), reg [B, G, R, Ho,
      Wo] (`CenterPointLidarParams.reg_channels`), the `Geometry` (head grid: row along y, column along x).
 Out: boxes [B, D, 7] (x, y, z, l, w, h, yaw) lidar frame, z at the box centre, yaw in (-pi, pi]; scores
-     [B, D] in [0, 1] descending; labels [B, D] int64 (class index). D = `max_detections`, capped at K*Ho*Wo.
+     [B, D] in [0, 1] descending; labels [B, D] int64 (class index); the heading bins' logits [B, n, D] (the
+     refiner weighs its turns with them). D = `max_detections`, capped at K*Ho*Wo.
      A cell that is not a local maximum has score 0 (padding: fewer peaks than D).
 
 Plain tensor ops with static shapes (max_pool2d, topk, gather, argmax, atan2): it exports inside the graph.
@@ -23,8 +24,8 @@ _MAX_LOG_SIZE = 5.0  # exp(5) = 148 m: an untrained head must not emit inf
 
 def decode(
     heatmap: Tensor, reg: Tensor, geo: Geometry, nms_kernel: int, k: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """`(boxes [B, D, 7], scores [B, D], labels [B, D])` (module docstring)."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`(boxes [B, D, 7], scores [B, D], labels [B, D], bin logits [B, n, D])` (module docstring)."""
     b, num_ch, h, w = heatmap.shape
     g, r = reg.shape[1:3]
     n = (r - 6) // 3  # heading bins
@@ -54,4 +55,4 @@ def decode(
     lwh = own[:, 3:6].clamp(max=_MAX_LOG_SIZE).exp()  # [B, 3, D]
     yaw = decode_heading(own[:, 6 : 6 + n], own[:, 6 + n :].reshape(b, n, 2, d))  # [B, D]
     boxes = torch.stack([x, y, z, lwh[:, 0], lwh[:, 1], lwh[:, 2], yaw], dim=-1)  # [B, D, 7]
-    return boxes, scores, labels
+    return boxes, scores, labels, own[:, 6 : 6 + n]

@@ -25,6 +25,14 @@ from torch import Tensor, nn
 from pfactory.archs.centerpoint_lidar.decode import decode
 from pfactory.archs.centerpoint_lidar.loss import detection_loss
 from pfactory.archs.centerpoint_lidar.params import CenterPointLidarParams, Geometry
+from pfactory.archs.centerpoint_lidar.refine import (
+    TURNS,
+    HeadingRefiner,
+    fine_canvas,
+    first_stage_turn_logp,
+    refine_loss,
+    turn,
+)
 from pfactory.archs.centerpoint_lidar.targets import build_targets
 from pfactory.detectors.contract import DataSpec, Detections, LossContext
 from pfactory.model import variants
@@ -116,6 +124,7 @@ class CenterPointLidar(nn.Module):
         self.backbone = Backbone(p, self.geo)
         self.shared = conv_norm_act(self.backbone.out_channels, p.head_channels, p.norm_groups)
         self.heads = nn.ModuleList(GroupHead(p.head_channels, len(g), p) for g in self.geo.groups)
+        self.refiner = HeadingRefiner(p, len(spec.classes), spec.pc_range) if p.refine else None
 
     @property
     def max_detections(self) -> int:
@@ -123,13 +132,17 @@ class CenterPointLidar(nn.Module):
         return self.params.max_detections
 
     def forward(self, points: Tensor, num_points: Tensor) -> dict[str, Tensor]:
-        """points [B, P, 4], num_points [B] -> {"heatmap": [B, K, Ho, Wo], "reg": [B, G, R, Ho, Wo]}."""
+        """points [B, P, 4], num_points [B] -> {"heatmap": [B, K, Ho, Wo], "reg": [B, G, R, Ho, Wo]} and, with
+        the refiner, "fine": [B, 2S, Hf, Wf] (`refine.fine_canvas`: no parameters, no gradient)."""
         point_feats, cell = self.pillars(points, num_points, None)  # [B*P, C0], [B*P]
         x = self.shared(self.backbone(point_feats, cell, points.shape[0]))  # [B, Ch, Ho, Wo]
         outs = [head(x) for head in self.heads]
         heatmap = torch.cat([o[0] for o in outs], dim=1)  # [B, K, Ho, Wo]
         reg = torch.stack([o[1] for o in outs], dim=1)  # [B, G, R, Ho, Wo]
-        return {"heatmap": heatmap, "reg": reg}
+        if self.refiner is None:
+            return {"heatmap": heatmap, "reg": reg}
+        fine = fine_canvas(points, num_points, self.geo.pc_range, self.params)  # [B, 2S, Hf, Wf]
+        return {"heatmap": heatmap, "reg": reg, "fine": fine}
 
     def forward_export(self, points: Tensor, num_points: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Padded points -> (boxes [B, D, 7], scores [B, D], labels [B, D] int64); no value-dependent control
@@ -143,15 +156,27 @@ class CenterPointLidar(nn.Module):
         with torch.autocast(boxes.device.type, enabled=False):
             t = build_targets(boxes, batch["labels"], self.params, self.geo, batch.get("num_boxes"))
             counts = ctx.all_reduce_sum(torch.stack([t.num_peaks, t.num_objects]).to(torch.float64))
-            return detection_loss(
+            terms = detection_loss(
                 out, t, self.params, num_peaks=counts[0], num_objects=counts[1], world_size=ctx.world_size
             )
+            if self.refiner is None:
+                return terms
+            ce_sum, _ = refine_loss(self.refiner, out["fine"], boxes, batch["labels"], t.mask, self.params)
+            refine = ce_sum / (TURNS * counts[1].clamp(min=1)).to(ce_sum.dtype) * ctx.world_size
+            terms["refine"] = refine
+            terms["loss"] = terms["loss"] + self.params.refine_weight * refine
+            return terms
 
     def decode(self, out: dict[str, Tensor]) -> Detections:
-        """`forward`'s outputs -> boxes [B, D, 7], scores [B, D], labels [B, D] (`decode.decode`)."""
-        return Detections(
-            *decode(out["heatmap"], out["reg"], self.geo, self.params.nms_kernel, self.max_detections)
+        """`forward`'s outputs -> boxes [B, D, 7], scores [B, D], labels [B, D] (`decode.decode`), each
+        heading turned by the refiner's quarter turn when the section enables it (`refine.turn`)."""
+        boxes, scores, labels, bins = decode(
+            out["heatmap"], out["reg"], self.geo, self.params.nms_kernel, self.max_detections
         )
+        if self.refiner is not None:
+            logits = self.refiner(out["fine"], boxes, labels)  # [B, D, 4]
+            boxes = turn(boxes, logits + first_stage_turn_logp(boxes, bins))
+        return Detections(boxes, scores, labels)
 
     def for_export(self) -> nn.Module:
         """A copy in the ONNX export's formulation (`pfactory.model.variants.for_export`: plain Conv,

@@ -58,6 +58,27 @@ class CenterPointLidarParams(Section):
     """Weight of the direction-bin cross-entropy."""
     dir_res_weight: NonNegFloat = 0.5
     """Weight of the L1 loss on the target bin's residual (sin, cos)."""
+    refine: bool = True
+    """The second stage (`refine.py`): each detection's heading turned by the quarter turn that a fine,
+    box-aligned raster of its points says points forward. false: the first stage's heading as it is."""
+    refine_cell_m: PositiveFloat = 0.1
+    """BEV cell of the fine raster, metres (the data's x and y extents must be multiples)."""
+    refine_slices: Annotated[int, Field(ge=1, le=16)] = 6
+    """Height slices of the fine raster over `refine_z_range` (feet, legs, hips, torso, shoulders, head)."""
+    refine_z_range: tuple[float, float] = (-2.0, 0.4)
+    """Heights (lidar z, metres) the slices cover: from below the road to above a rider's head."""
+    refine_grid: Annotated[int, Field(ge=4, le=32)] = 16
+    """Samples per side of a detection's square patch (side max(l, w) + 2 * refine_margin_m)."""
+    refine_margin_m: NonNegFloat = 0.25
+    """Margin around the box in its patch, metres."""
+    refine_channels: PositiveInt = 16
+    """Channels of the refiner's first conv (the second has twice as many)."""
+    refine_weight: NonNegFloat = 0.5
+    """Weight of the refiner's cross-entropy over the four turns."""
+    refine_jitter_m: NonNegFloat = 0.1
+    """Training views: standard deviation of the centre jitter, metres (the first stage's centre error)."""
+    refine_jitter_rad: NonNegFloat = 0.08
+    """Training views: standard deviation of the yaw jitter, rad."""
     norm_groups: PositiveInt = 8
     """GroupNorm groups (every channel count must be divisible): batch-independent, export-friendly."""
     gaussian_overlap: Annotated[float, Field(gt=0, lt=1)] = 0.1
@@ -83,6 +104,10 @@ class CenterPointLidarParams(Section):
                 raise ValueError(
                     f"every BEV/head channel count must be divisible by norm_groups={self.norm_groups}, got {c}"
                 )
+        if not self.refine_z_range[0] < self.refine_z_range[1]:
+            raise ValueError(
+                f"refine_z_range must be [low, high] with low < high, got {list(self.refine_z_range)}"
+            )
         if self.class_groups is not None:
             flat = [c for g in self.class_groups for c in g]
             if not all(self.class_groups) or len(set(flat)) != len(flat):
@@ -137,6 +162,12 @@ class Geometry(PillarGrid):
                 f"model.centerpoint_lidar.pillar_size_m: the {name} extent of pc_range {list(pc_range)} "
                 f"must be a multiple of it ({cells:.4f} pillars)"
             )
+        if p.refine and (misfit := pillar_misfit(pc_range, p.refine_cell_m)) is not None:
+            name, cells = misfit
+            raise ValueError(
+                f"model.centerpoint_lidar.refine_cell_m: the {name} extent of pc_range {list(pc_range)} "
+                f"must be a multiple of it ({cells:.4f} cells)"
+            )
         geo = cls(tuple(float(v) for v in pc_range), float(p.pillar_size_m), p.point_channels,  # type: ignore[arg-type]
                   p.point_layers, p.head_stride, classes, groups)  # fmt: skip
         h, w = geo.grid
@@ -145,7 +176,6 @@ class Geometry(PillarGrid):
                 f"model.centerpoint_lidar.head_stride: the pillar grid (H, W)=({h}, {w}) must be divisible by it"
             )
         return geo
-
 
     @property
     def order(self) -> tuple[int, ...]:
