@@ -15,7 +15,8 @@ the loss is float32 (float64); the gradient w.r.t. logits has the logits' dtype;
 
 Backends: `pfk::focal_loss` / `pfk::focal_loss_backward` run the Triton kernels
 (kernels/_focal_loss_triton.py: one read of logits and target forward, one read + one write backward)
-on CUDA and `focal_loss_reference` / `_focal_loss_backward_reference` elsewhere.
+on CUDA once their self-check ("triton.focal_loss", `_check_triton`) has verified them on the device,
+and `focal_loss_reference` / `_focal_loss_backward_reference` elsewhere.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernels import selfcheck
 from kernels._checks import FLOAT_DTYPES, describe, require, require_same_device, require_tensor
-from kernels._dispatch import triton_module, use_triton
+from kernels._dispatch import triton_for_check, triton_module, triton_source, use_triton
 
 _OP = "focal_loss"
+_PATH = "triton.focal_loss"
 
 
 def _compute_dtype(logits: Tensor) -> torch.dtype:
@@ -73,7 +76,7 @@ def _focal_loss_forward_reference(
 @torch.library.custom_op("pfk::focal_loss", mutates_args=())
 def _focal_loss_op(logits: Tensor, target: Tensor, alpha: float, beta: float) -> tuple[Tensor, Tensor]:
     """(loss [], normalizer []); the normalizer is kept for the backward."""
-    if use_triton(logits) and logits.dtype != torch.float64:
+    if logits.dtype != torch.float64 and use_triton(logits, _PATH):
         return triton_module("_focal_loss_triton").focal_loss_fwd(logits, target, alpha, beta)
     return _focal_loss_forward_reference(logits, target, alpha, beta)
 
@@ -88,7 +91,7 @@ def _(logits: Tensor, target: Tensor, alpha: float, beta: float) -> tuple[Tensor
 def _focal_loss_backward_op(
     grad_loss: Tensor, logits: Tensor, target: Tensor, normalizer: Tensor, alpha: float, beta: float
 ) -> Tensor:
-    if use_triton(logits) and logits.dtype != torch.float64:
+    if logits.dtype != torch.float64 and use_triton(logits, _PATH):
         return triton_module("_focal_loss_triton").focal_loss_bwd(
             grad_loss, logits, target, normalizer, alpha, beta
         )
@@ -141,3 +144,46 @@ def focal_loss(logits: Tensor, target: Tensor, alpha: float = 2.0, beta: float =
         logits.contiguous(), target.detach().contiguous(), float(alpha), float(beta)
     )
     return loss
+
+
+# --------------------------------------------------------------------------------------------------
+# self-check (kernels/selfcheck.py): the Triton kernels against the references on a small heatmap
+# --------------------------------------------------------------------------------------------------
+# Normwise relative tolerances (max |err| / max |reference|): the loss sums in float32 either way; the
+# gradient is rounded to the logits' dtype: 2 units of its last place (one can be 2**-7 of an element in
+# bf16: measured 6.9e-3 under the interpreter; tests/kernels/test_focal_loss.py).
+_CHECK_TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1e-5, 2**-6), torch.float16: (1e-5, 2**-9)}
+
+
+def _check_triton(device: torch.device) -> selfcheck.Figures:
+    """Forward and backward of the Triton kernels vs the references, logits [2, 3, 9, 11] in each dtype."""
+    triton = triton_for_check("_focal_loss_triton", device)
+    g = torch.Generator().manual_seed(0)
+    x32 = torch.randn(2, 3, 9, 11, generator=g) * 3
+    target = torch.rand(x32.shape, generator=g) ** 4
+    target.view(-1)[torch.randperm(target.numel(), generator=g)[:4]] = 1.0
+    target = target.to(device)
+    figures: selfcheck.Figures = {}
+    for dtype, (loss_tol, grad_tol) in _CHECK_TOLERANCES.items():
+        name = str(dtype).removeprefix("torch.")
+        x = x32.to(device=device, dtype=dtype)
+        loss, normalizer = triton.focal_loss_fwd(x, target, 2.0, 4.0)
+        want_loss, want_norm = _focal_loss_forward_reference(x, target, 2.0, 4.0)
+        selfcheck.compare(figures, f"{name} fwd", loss, want_loss, loss_tol, rel=True)
+        selfcheck.compare(figures, f"{name} fwd positives", normalizer, want_norm, 0.0)
+        grad_loss = torch.tensor(1.0, device=device)
+        grad = triton.focal_loss_bwd(grad_loss, x, target, want_norm, 2.0, 4.0)
+        want = _focal_loss_backward_reference(grad_loss, x, target, want_norm, 2.0, 4.0)
+        selfcheck.compare(figures, f"{name} bwd", grad, want, grad_tol, rel=True)
+    return figures
+
+
+selfcheck.register(
+    selfcheck.Check(
+        _PATH,
+        _check_triton,
+        lambda: selfcheck.sources_hash([triton_source("_focal_loss_triton"), __file__]),
+        ("cuda", "cpu"),
+        "Triton focal loss fwd+bwd vs the reference, fp32/bf16/fp16",
+    )
+)

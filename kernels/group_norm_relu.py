@@ -5,8 +5,9 @@
 
 The op `pfk::group_norm_relu` (+ `pfk::group_norm_relu_backward`, its gradient, itself an op): on CPU
 the C kernels (kernels/native.py, one pass each way reading bf16 directly, channels-last) when the
-library is built and the input is channels-last float32/bfloat16; elsewhere (CUDA, NCHW, no compiler,
-`PFK_NATIVE=0`) `_forward_torch` / `_backward_torch`, PyTorch ops with the same contract. Statistics are
+library is built, its self-check ("native.group_norm_relu", kernels/selfcheck.py) has verified it here and
+the input is channels-last float32/bfloat16; elsewhere (CUDA, NCHW, no compiler, `PFK_NATIVE=0`, a failed
+check) `_forward_torch` / `_backward_torch`, PyTorch ops with the same contract. Statistics are
 float32 whatever x's dtype: on CPU PyTorch's bf16 GroupNorm is ~10x slower on a channels-last input than
 its fp32 one (docs/MODEL.md, "Speed"), and fp32 is what autocast's fp32 list would give.
 As a custom op it is opaque to Dynamo and Inductor: torch.compile keeps the C kernel and fuses around
@@ -20,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernels import native
+from kernels import native, selfcheck
 from kernels._checks import FLOAT_DTYPES, describe, require, require_tensor
 
 _OP = "group_norm_relu"
+_NATIVE = "native.group_norm_relu"
 _CL = torch.channels_last
 # Below this many pixels per sample ATen's GroupNorm backward is the faster torch fallback (the
 # [B, HW, C] reductions of `_backward_torch` cost ~20 small ops): fwd+bwd at [4, 64, 50, 44] 0.57 vs
@@ -99,7 +101,7 @@ def _group_norm_relu_op(
     x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, out_dtype: torch.dtype
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(out [B, C, H, W] channels-last out_dtype, mean [B, G] float32, rstd [B, G] float32)."""
-    if native.supports(x, groups):
+    if native.supports(x, groups) and selfcheck.trusted(_NATIVE, x.device):
         return native.group_norm_relu_forward(x, weight, bias, groups, eps, out_dtype)
     return _forward_torch(x, weight, bias, groups, eps, out_dtype)
 
@@ -118,7 +120,11 @@ def _group_norm_relu_backward_op(
     grad: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Tensor, bias: Tensor, groups: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dx [B, C, H, W] channels-last in x's dtype, dweight [C] float32, dbias [C] float32)."""
-    if native.supports(x, groups) and grad.dtype in (torch.float32, torch.bfloat16):
+    if (
+        native.supports(x, groups)
+        and grad.dtype in (torch.float32, torch.bfloat16)
+        and selfcheck.trusted(_NATIVE, x.device)
+    ):
         return native.group_norm_relu_backward(grad, x, mean, rstd, weight, bias, groups)
     return _backward_torch(grad, x, mean, rstd, weight, bias, groups)
 
@@ -182,3 +188,47 @@ def group_norm_relu(
     )
     out, _mean, _rstd = _group_norm_relu_op(x, weight, bias, groups, eps, out_dtype or x.dtype)
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# self-check (kernels/selfcheck.py): the C kernels against the PyTorch ops of the same contract
+# --------------------------------------------------------------------------------------------------
+# Normwise relative tolerances (max |err| / max |reference|) per dtype, (out, dx; dweight and dbias sum in
+# float32): one rounding of the output dtype (tests/kernels/test_group_norm_relu.py).
+_CHECK_TOLERANCES = {torch.float32: (2e-5, 1e-4), torch.bfloat16: (2**-7, 1e-2)}
+
+
+def _check_native(device: torch.device) -> selfcheck.Figures:
+    """Forward and backward of the C kernels vs `_forward_torch` / `_backward_torch`, x [2, 24, 5, 7]
+    channels-last (6 groups) in float32 and bfloat16."""
+    if not native.available():
+        raise selfcheck.Skip(f"C kernels {native.status()}")
+    g = torch.Generator().manual_seed(0)
+    x32 = (torch.randn(2, 24, 5, 7, generator=g) * 2 + 0.5).contiguous(memory_format=_CL)
+    weight, bias = torch.rand(24, generator=g) + 0.5, torch.randn(24, generator=g) * 0.1
+    grad32 = torch.randn(x32.shape, generator=g).contiguous(memory_format=_CL)
+    figures: selfcheck.Figures = {}
+    for dtype, (tol, grad_tol) in _CHECK_TOLERANCES.items():
+        name = str(dtype).removeprefix("torch.")
+        x, grad = x32.to(dtype), grad32.to(dtype)
+        out, mean, rstd = native.group_norm_relu_forward(x, weight, bias, 6, 1e-5, dtype)
+        want, want_mean, want_rstd = _forward_torch(x, weight, bias, 6, 1e-5, dtype)
+        selfcheck.compare(figures, f"{name} fwd", out, want, tol, rel=True)
+        selfcheck.compare(figures, f"{name} fwd mean", mean, want_mean, 1e-5, rel=True)
+        selfcheck.compare(figures, f"{name} fwd rstd", rstd, want_rstd, 1e-5, rel=True)
+        got = native.group_norm_relu_backward(grad, x, want_mean, want_rstd, weight, bias, 6)
+        expected = _backward_torch(grad, x, want_mean, want_rstd, weight, bias, 6)
+        for part, a, e in zip(("dx", "dweight", "dbias"), got, expected):
+            selfcheck.compare(figures, f"{name} bwd {part}", a, e, grad_tol, rel=True)
+    return figures
+
+
+selfcheck.register(
+    selfcheck.Check(
+        _NATIVE,
+        _check_native,
+        lambda: selfcheck.sources_hash([__file__], native.build_id()),
+        ("cpu",),
+        "C GroupNorm+ReLU fwd+bwd vs the PyTorch ops, fp32/bf16",
+    )
+)

@@ -35,11 +35,17 @@ toolchain and Python headers), where this plain C file builds in ~1 s; the custo
 Dynamo, Inductor and autograd what a C++ extension's registration would.
 
 Build: `cc -O3 -march=native -fopenmp -shared` (about a second, no PyTorch headers), into
-`$PFK_NATIVE_CACHE_DIR` (the factory sets `artifacts/.state/native`), else `kernels/.native` when
-writable, else the temp directory; the file name is a hash of the source, the flags, the compiler's
-version and this CPU's model and flags, so a cache shared between machines never loads code built for
-another CPU. Written to a temp name and renamed (atomic). `PFK_NATIVE=0` turns the kernels off; no C
-compiler (or a failed build) falls back to the PyTorch ops, and `status()` says why.
+`$PFK_NATIVE_CACHE_DIR` (the factory sets `artifacts/.state/native`) alone when it is set, else the
+checkout's `artifacts/.state/native`, else the user's cache folder (`~/.cache/pfactory/native`), else
+`<temp>/pfk-native-<uid>`; a folder is used only if this user owns it and no one else can write to it
+(created 0700; `kernels.selfcheck.private_dir`): a predictable folder in /tmp that another account made
+is refused, in one line, never loaded from. The file name is a hash of the source, the flags, the
+compiler's version and this CPU's model and flags, so a cache shared between machines never loads code
+built for another CPU; a library file that is not this user's, or that others can write, is refused too.
+Written to a temp name and renamed (atomic). `PFK_NATIVE=0` turns the kernels off; no C compiler, no
+private cache folder (or a failed build) falls back to the PyTorch ops, and `status()` says why. Each
+kernel is trusted only once its self-check has verified it on this machine (kernels/selfcheck.py; the
+checks live with the ops: "native.pillar_scatter_max", "native.group_norm_relu", "native.pillar_stem").
 OpenMP: linked against `libgomp.so.1`, which resolves to the copy PyTorch already loaded, so the
 kernels share PyTorch's thread pool; they use `torch.get_num_threads()` threads.
 """
@@ -53,6 +59,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -61,6 +68,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from kernels import selfcheck
 
 _SOURCE = Path(__file__).with_name("_native.c")
 # -ffp-contract=off: `x * a + d` rounds the same way in every loop (the backward recomputes the forward's
@@ -232,24 +241,35 @@ def _cpu_signature() -> str:
 
 
 def _cache_dir() -> Path:
-    env = os.environ.get("PFK_NATIVE_CACHE_DIR")
-    if env:
-        return Path(env)
-    here = Path(__file__).with_name(".native")
-    try:
-        here.mkdir(exist_ok=True)
-        if os.access(here, os.W_OK):
-            return here
-    except OSError:
-        pass
-    return Path(tempfile.gettempdir()) / f"pfk-native-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    """The build cache: the first private candidate folder (module docstring); RuntimeError if none."""
+    candidates = selfcheck.cache_candidates("native", "PFK_NATIVE_CACHE_DIR")
+    found = selfcheck.private_dir(candidates, "C kernel build cache")
+    if found is None:
+        raise RuntimeError(
+            "no private build cache: none of "
+            + ", ".join(str(c) for c in candidates)
+            + " is a folder of yours that others cannot write (set PFK_NATIVE_CACHE_DIR to one)"
+        )
+    return found
+
+
+def _check_library_file(lib: Path) -> None:
+    """Refuse to load a built library that another user owns or that others can write (RuntimeError)."""
+    st = os.stat(lib)
+    uid = os.getuid() if hasattr(os, "getuid") else st.st_uid
+    if st.st_uid != uid or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise RuntimeError(
+            f"refusing {lib}: owned by uid {st.st_uid} (you: {uid}), mode {stat.S_IMODE(st.st_mode):o}; "
+            "a library others can replace is never loaded"
+        )
 
 
 def build(source: Path = _SOURCE, out_dir: Path | None = None) -> NativeLibrary:
     """Compile `source` (cached by source, flags, compiler and CPU) and bind its `pfk_*` kernels.
 
-    Raises RuntimeError (no compiler, a failed build, a declared kernel not exported) or ValueError (a
-    prototype the binding cannot check)."""
+    `out_dir` (default: the private cache folder, `_cache_dir`) must be this user's and not writable by
+    others. Raises RuntimeError (no compiler, a failed build, a declared kernel not exported, a cache folder
+    or library file refused) or ValueError (a prototype the binding cannot check)."""
     text = source.read_text()
     kernels = parse_prototypes(text)  # first: a source the binding can't check is never built or loaded
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -258,10 +278,14 @@ def build(source: Path = _SOURCE, out_dir: Path | None = None) -> NativeLibrary:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     fingerprint = "\0".join([text, " ".join(_FLAGS), version, _cpu_signature()])
     key = hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
-    out_dir = out_dir or _cache_dir()
+    if out_dir is None:
+        out_dir = _cache_dir()
+    elif selfcheck.private_dir([out_dir], "C kernel build cache") is None:
+        raise RuntimeError(
+            f"refusing the build cache {out_dir}: {selfcheck.folder_problem(out_dir) or 'it cannot be created'}"
+        )
     lib = out_dir / f"pfk_native_{key}.so"
     if not lib.exists():
-        out_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=lib.name, suffix=".tmp", dir=out_dir)
         os.close(fd)
         try:
@@ -270,10 +294,12 @@ def build(source: Path = _SOURCE, out_dir: Path | None = None) -> NativeLibrary:
             )
             if res.returncode:
                 raise RuntimeError(f"{cc} failed (exit {res.returncode}): {res.stderr.strip()[-500:]}")
+            os.chmod(tmp, 0o700)
             os.replace(tmp, lib)  # atomic: a concurrent builder's identical file may win, either is fine
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+    _check_library_file(lib)
     return NativeLibrary(lib, kernels)
 
 
@@ -295,6 +321,13 @@ def _library() -> NativeLibrary | None:
 def available() -> bool:
     """True when the native library is built and loaded (the first call builds it: ~1 s)."""
     return _library() is not None
+
+
+def build_id() -> str:
+    """The loaded library's file name (a hash of the source, flags, compiler and CPU: what a native path's
+    self-check fingerprints), or "not built" and why."""
+    lib = _library()
+    return lib.path.name if lib is not None else f"not built: {_status}"
 
 
 def status() -> str:

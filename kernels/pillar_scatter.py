@@ -17,7 +17,8 @@ tie) and 0 to every other point: a sparse, deterministic gradient.
 
 Backends: `pfk::pillar_scatter_max` runs the Triton kernels (kernels/_pillar_scatter_triton.py) on
 CUDA, the C kernels (kernels/native.py) on CPU where they are built, else `_pillar_scatter_max_compact`
-(PyTorch ops, the same values bit for bit); ONNX export always traces the reference, which lowers to
+(PyTorch ops, the same values bit for bit); the Triton and the C kernels each once their self-check
+("triton.pillar_scatter_max", "native.pillar_scatter_max": kernels/selfcheck.py) has verified them here; ONNX export always traces the reference, which lowers to
 ScatterElements(reduction="max") + Where: no custom op in the exported graph.
 """
 
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from kernels import native
+from kernels import native, selfcheck
 from kernels._checks import (
     FLOAT_DTYPES,
     describe,
@@ -37,9 +38,10 @@ from kernels._checks import (
     require_same_device,
     require_tensor,
 )
-from kernels._dispatch import checks_enabled, triton_module, use_triton
+from kernels._dispatch import checks_enabled, triton_for_check, triton_module, triton_source, use_triton
 
 _OP = "pillar_scatter_max"
+_TRITON, _NATIVE = "triton.pillar_scatter_max", "native.pillar_scatter_max"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -222,7 +224,8 @@ def _pillar_scatter_max_compact(
     The winner's `amin` runs on float32 candidates when they are exact (2N <= 2**24) and no max is NaN:
     the same winners bit for bit, fwd+bwd at N = 90k, 2 threads 28.2 -> 20.5 ms (docs/KERNELS.md).
     """
-    if native.scatter_max_supported(features, cell_index):  # the same values in one C pass
+    if native.scatter_max_supported(features, cell_index) and selfcheck.trusted(_NATIVE, features.device):
+        # the same values in one C pass
         return native.scatter_max_forward(features, cell_index, num_cells, with_winner, canvas_dtype)
     n, c = features.shape
     device = features.device
@@ -273,7 +276,9 @@ def _pillar_scatter_max_backward_compact(
     Touches M x C elements (occupied cells), not N x C: one gather, one scatter into zeros. Each
     (point, channel) wins at most one cell, so the scatter has no duplicate targets: deterministic.
     """
-    if native.scatter_max_backward_supported(grad_canvas, winner_point, grad_dtype):
+    if native.scatter_max_backward_supported(grad_canvas, winner_point, grad_dtype) and selfcheck.trusted(
+        _NATIVE, grad_canvas.device
+    ):
         return native.scatter_max_backward(grad_canvas, winner_cell, winner_point, winner_rows, grad_dtype)
     n, c = winner_point.shape
     m = int(winner_rows[0])
@@ -298,7 +303,7 @@ def _pillar_scatter_max_op(
     winner_rows[0] occupied cells) hold an occupied cell and, per channel, the point holding its max;
     rows M.. are -1. M <= N, so [N]-sized buffers hold it with static shapes (compile, fake tensors).
     """
-    if use_triton(features):
+    if use_triton(features, _TRITON):
         canvas, *table = triton_module("_pillar_scatter_triton").pillar_scatter_max_fwd(
             features, cell_index, num_cells, with_winner
         )
@@ -330,7 +335,7 @@ def _pillar_scatter_max_backward_op(
 ) -> Tensor:
     """grad_features [N, C] grad_dtype (the features') from grad_canvas [num_cells, C] (the canvas' dtype)
     and the forward's winner table."""
-    if use_triton(grad_canvas):
+    if use_triton(grad_canvas, _TRITON):
         return triton_module("_pillar_scatter_triton").pillar_scatter_max_bwd(
             grad_canvas.to(grad_dtype), winner_cell, winner_point, winner_rows
         )
@@ -432,3 +437,74 @@ def pillar_scatter_max(
         features.contiguous(), cell_index.contiguous(), num_cells, with_winner, canvas_dtype or features.dtype
     )
     return canvas
+
+
+# --------------------------------------------------------------------------------------------------
+# self-checks (kernels/selfcheck.py): the Triton and the C kernels against the reference, bit for bit
+# --------------------------------------------------------------------------------------------------
+def _check_case(
+    dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor, int, Tensor, Tensor, Tensor]:
+    """(features [300, 16], cell_index [300] with dropped points, num_cells 60, the reference canvas, a
+    canvas gradient, the reference's feature gradient: to each cell's lowest-index max, as the op's)."""
+    g = torch.Generator().manual_seed(0)
+    n, c, cells = 300, 16, 60
+    features = torch.randn(n, c, generator=g).to(device=device, dtype=dtype)
+    cell_index = torch.randint(-1, cells, (n,), generator=g).to(device)
+    canvas = pillar_scatter_max_reference(features, cell_index, cells)
+    grad_canvas = torch.randn(cells, c, generator=g).to(device)
+    winner = pillar_scatter_argmax_reference(features, cell_index, cells, canvas)  # [cells, C], -1: empty
+    rows, chans = (winner >= 0).nonzero(as_tuple=True)
+    grad = torch.zeros(n, c, device=device)
+    grad[winner[rows, chans], chans] = grad_canvas[rows, chans]
+    return features, cell_index, cells, canvas, grad_canvas, grad
+
+
+def _check_triton(device: torch.device) -> selfcheck.Figures:
+    """Triton forward and backward, float32 and bfloat16 features: max |err| 0 (a max and a copy)."""
+    triton = triton_for_check("_pillar_scatter_triton", device)
+    figures: selfcheck.Figures = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        features, cell_index, cells, want, grad_canvas, want_grad = _check_case(dtype, device)
+        canvas, *table = triton.pillar_scatter_max_fwd(features, cell_index, cells, True)
+        selfcheck.compare(figures, f"{name} fwd", canvas, want, 0.0)
+        grad = triton.pillar_scatter_max_bwd(grad_canvas.to(dtype), *table)
+        selfcheck.compare(figures, f"{name} bwd", grad, want_grad.to(dtype), 0.0)
+    return figures
+
+
+def _check_native(device: torch.device) -> selfcheck.Figures:
+    """The C forward (float32 features; float32 and bfloat16 canvases) and backward (float32 and bfloat16
+    gradients): max |err| 0 against the reference rounded once to the dtype."""
+    if not native.available():
+        raise selfcheck.Skip(f"C kernels {native.status()}")
+    features, cell_index, cells, want, grad_canvas, want_grad = _check_case(torch.float32, device)
+    figures: selfcheck.Figures = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        canvas, *table = native.scatter_max_forward(features, cell_index, cells, True, dtype)
+        selfcheck.compare(figures, f"{name} fwd", canvas, want.to(dtype), 0.0)
+        grad = native.scatter_max_backward(grad_canvas.to(dtype), *table, dtype)
+        selfcheck.compare(figures, f"{name} bwd", grad, want_grad.to(dtype), 0.0)
+    return figures
+
+
+selfcheck.register(
+    selfcheck.Check(
+        _TRITON,
+        _check_triton,
+        lambda: selfcheck.sources_hash([triton_source("_pillar_scatter_triton"), __file__]),
+        ("cuda", "cpu"),
+        "Triton scatter-max fwd+bwd vs the reference, fp32/bf16, bit for bit",
+    )
+)
+selfcheck.register(
+    selfcheck.Check(
+        _NATIVE,
+        _check_native,
+        lambda: selfcheck.sources_hash([__file__], native.build_id()),
+        ("cpu",),
+        "C scatter-max fwd+bwd vs the reference, fp32/bf16, bit for bit",
+    )
+)

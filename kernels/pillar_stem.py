@@ -13,8 +13,9 @@ lowest index on a tie, as `pillar_scatter_max`), and the weight's gradient.
 
 The op `pfk::pillar_stem` (+ `pfk::pillar_stem_backward`, itself an op): on CPU the C kernels
 (kernels/native.py) compute it from the occupied pillars only (~6% of the default canvas): the dense
-canvas, its fill, its gradient and the conv's dense backward are never made (docs/MODEL.md, "Speed").
-Elsewhere (CUDA, no compiler, `PFK_NATIVE=0`) `_forward_torch` / `_backward_torch`: the compact
+canvas, its fill, its gradient and the conv's dense backward are never made (docs/MODEL.md, "Speed"),
+once their self-check ("native.pillar_stem", kernels/selfcheck.py) has verified them on this machine.
+Elsewhere (CUDA, no compiler, `PFK_NATIVE=0`, a failed check) `_forward_torch` / `_backward_torch`: the compact
 scatter-max op, a dense conv and its gradients, the same saved tensors. Opaque to torch.compile.
 """
 
@@ -25,12 +26,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import kernels.pillar_scatter  # noqa: F401  (registers pfk::pillar_scatter_max, used by the torch path)
-from kernels import native
+from kernels import native, selfcheck
 from kernels._checks import describe, require, require_tensor
 from kernels.native import stem_operand
 from kernels.pillar_scatter import pillar_scatter_max_reference
 
 _OP = "pillar_stem"
+_NATIVE = "native.pillar_stem"
 _CL = torch.channels_last
 
 
@@ -139,7 +141,9 @@ def _pillar_stem_op(
     point holding each max), first [B + 1] int64 (each sample's first row), rows [1] int64 = M). Rows
     M.. of seg and win are unspecified (the C kernel leaves them unwritten: ~20 MB of stores a step)."""
     args = (batch, (height, width), (out_height, out_width), round_bf16, out_dtype)
-    if native.pillar_stem_supported(features, cell_index, weight):
+    if native.pillar_stem_supported(features, cell_index, weight) and selfcheck.trusted(
+        _NATIVE, features.device
+    ):
         return native.pillar_stem_forward(features, cell_index, weight, *args)
     return _forward_torch(features, cell_index, weight, *args)
 
@@ -188,7 +192,8 @@ def _pillar_stem_backward_op(
     round_bf16: bool,
 ) -> tuple[Tensor, Tensor]:
     """(grad_features [N, C] float32, grad_weight [Cout, C, 3, 3] float32) from grad [B, Cout, Ho, Wo]."""
-    if native.available() and grad.device.type == "cpu" and seg.device.type == "cpu":
+    cpu = grad.device.type == "cpu" and seg.device.type == "cpu"
+    if cpu and native.available() and selfcheck.trusted(_NATIVE, grad.device):
         return native.pillar_stem_backward(
             grad, weight, seg, occupied, win, first, rows, (height, width), round_bf16
         )
@@ -263,3 +268,47 @@ def pillar_stem(
         features.contiguous(), cell_index.contiguous(), weight, batch, h, w, ho, wo, round_bf16, out_dtype
     )
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# self-check (kernels/selfcheck.py): the C kernels against the spec and its autograd
+# --------------------------------------------------------------------------------------------------
+def _check_native(device: torch.device) -> selfcheck.Figures:
+    """The C forward and backward vs `pillar_stem_reference` and its autograd gradients (features and
+    weight), 2 samples of a 9 x 7 grid, 5 -> 20 channels, fp32 and bf16-rounded: normwise relative error
+    <= 1e-5 (fp32), 2e-2 (bf16; tests/kernels/test_native.py)."""
+    if not native.available():
+        raise selfcheck.Skip(f"C kernels {native.status()}")
+    g = torch.Generator().manual_seed(0)
+    b, h, w, c, cout, n = 2, 9, 7, 5, 20, 150
+    features = torch.randn(n, c, generator=g)
+    cell_index = torch.randint(-1, b * h * w, (n,), generator=g)
+    weight = torch.randn(cout, c, 3, 3, generator=g) * 0.2
+    out_hw = ((h - 1) // 2 + 1, (w - 1) // 2 + 1)
+    grad = torch.randn(b, cout, *out_hw, generator=g)
+    figures: selfcheck.Figures = {}
+    for round_bf16, dtype, tol in ((False, torch.float32, 1e-5), (True, torch.bfloat16, 2e-2)):
+        name = str(dtype).removeprefix("torch.")
+        out, *saved = native.pillar_stem_forward(
+            features, cell_index, weight, b, (h, w), out_hw, round_bf16, dtype
+        )
+        fr, wr = features.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        with torch.enable_grad():
+            want = pillar_stem_reference(fr, cell_index, wr, b, (h, w), out_hw, round_bf16, dtype)
+            want_f, want_w = torch.autograd.grad(want, [fr, wr], grad.to(dtype))
+        selfcheck.compare(figures, f"{name} fwd", out, want.detach(), tol, rel=True)
+        got_f, got_w = native.pillar_stem_backward(grad.to(dtype), weight, *saved, (h, w), round_bf16)
+        selfcheck.compare(figures, f"{name} bwd features", got_f, want_f, tol, rel=True)
+        selfcheck.compare(figures, f"{name} bwd weight", got_w, want_w, tol, rel=True)
+    return figures
+
+
+selfcheck.register(
+    selfcheck.Check(
+        _NATIVE,
+        _check_native,
+        lambda: selfcheck.sources_hash([__file__], native.build_id()),
+        ("cpu",),
+        "C sparse BEV stem fwd+bwd vs the dense conv's autograd, fp32/bf16",
+    )
+)

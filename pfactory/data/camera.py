@@ -20,6 +20,12 @@ does not move the origin. `tests/data/test_camera.py` checks this on a rendered 
 `pil_reference` is the PIL + NumPy path doing the same work; DALI agrees with it within
 1 grey level inside the image (both decoders are bit-identical; the resize filters differ at
 the image border only -- numbers in docs/DATA.md).
+
+Decoders (`open_camera`, `decoder_name`): DALI on the GPU ("dali-gpu": `device` auto on a CUDA machine,
+once DALI's GPU decode has verified itself against its CPU pipeline on this machine, `check_gpu_decode`),
+DALI on the CPU ("dali-cpu"), and where DALI is not installed (macOS, Linux on ARM: pyproject.toml installs
+it on Linux x86_64 only) `PillowCamera` ("pillow"): `pil_reference` in a thread pool, the same interface
+and output format, within the tolerance above of DALI's pixels (tests/data/test_camera_decoders.py).
 """
 
 from __future__ import annotations
@@ -67,8 +73,17 @@ def resize_geometry(orig_size: tuple[int, int], target_size: tuple[int, int]) ->
     return ResizeGeometry(out_w, out_h, out_w / w, out_h / h)
 
 
+def dali_available() -> bool:
+    """Whether NVIDIA DALI imports here (it is installed on Linux x86_64 only)."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def cuda_device_count() -> int:
-    """CUDA devices DALI can use (0 on a machine without a driver)."""
+    """CUDA devices DALI can use (0 on a machine without a driver, or without DALI)."""
     try:
         from nvidia.dali import backend
 
@@ -77,13 +92,96 @@ def cuda_device_count() -> int:
         return 0
 
 
+GPU_DECODE = "dali.gpu_decode"  # the self-check of DALI's GPU decode (kernels/selfcheck.py)
+
+
 def resolve_device(device: str) -> str:
-    """`"auto"` -> `"gpu"` when CUDA is present, else `"cpu"`; `"gpu"` without CUDA is an error."""
+    """`"auto"` -> `"gpu"` when CUDA is present and DALI's GPU decode has verified itself here (a failed
+    check: one warning line, then `"cpu"`), else `"cpu"`; `"gpu"` without CUDA is an error."""
     if device == "auto":
-        return "gpu" if cuda_device_count() > 0 else "cpu"
+        return "gpu" if cuda_device_count() > 0 and _gpu_decode_trusted() else "cpu"
     if device == "gpu" and cuda_device_count() == 0:
-        raise RuntimeError("prepare.device = gpu, but DALI finds no CUDA device (use auto or cpu)")
+        why = "DALI finds no CUDA device" if dali_available() else "NVIDIA DALI is not installed here"
+        raise RuntimeError(f"prepare.device = gpu, but {why} (use auto or cpu)")
     return device
+
+
+def decoder_name(device: str) -> str:
+    """The camera decoder prepare uses for `prepare.device`: "dali-gpu", "dali-cpu" or "pillow"."""
+    if not dali_available():
+        resolve_device(device)  # "gpu" without DALI is refused
+        return "pillow"
+    return f"dali-{resolve_device(device)}"
+
+
+def _gpu_decode_trusted() -> bool:
+    from kernels import selfcheck  # imports torch: only on a machine with a CUDA device
+
+    register_selfcheck()
+    return selfcheck.trusted(GPU_DECODE, "cuda:0")
+
+
+def register_selfcheck() -> None:
+    """Register DALI's GPU decode with the self-checks (`factory doctor` calls it; so does the first use)."""
+    from kernels import selfcheck
+
+    if GPU_DECODE not in selfcheck.checks():
+        selfcheck.register(
+            selfcheck.Check(
+                GPU_DECODE,
+                check_gpu_decode,
+                lambda: selfcheck.sources_hash([__file__], _dali_version()),
+                ("cuda",),
+                "DALI mixed (nvJPEG) decode + resize vs DALI's CPU pipeline, PNG and JPEG",
+            )
+        )
+
+
+def _dali_version() -> str:
+    import importlib.metadata
+
+    for dist in ("nvidia-dali-cuda120", "nvidia-dali-cuda130", "nvidia-dali-cuda110"):
+        try:
+            return f"{dist} {importlib.metadata.version(dist)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def check_gpu_decode(device: object) -> dict[str, float]:
+    """DALI's GPU pipeline vs its CPU pipeline on a 97 x 61 PNG and JPEG (a gradient with noise) resized to
+    64 x 48: max |difference| in grey levels <= 4 (nvJPEG and libjpeg-turbo may round the IDCT
+    differently; the PNG decode is exact, the resize filters agree within ~1 level)."""
+    from kernels import selfcheck
+
+    if not dali_available():
+        raise selfcheck.Skip("NVIDIA DALI is not installed")
+    if cuda_device_count() == 0:
+        raise selfcheck.Skip("DALI finds no CUDA device")
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:61, 0:97]
+    rgb = np.stack([xx * 2.5, yy * 4.0, (xx + yy) * 1.5], -1) + rng.normal(0, 12, (61, 97, 3))
+    im = Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8))
+    encoded = {}
+    for fmt in ("PNG", "JPEG"):
+        buf = io.BytesIO()
+        im.save(buf, format=fmt, quality=90) if fmt == "JPEG" else im.save(buf, format=fmt)
+        encoded[fmt] = buf.getvalue()
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    size = resize_geometry((97, 61), (64, 48))
+    hw = [(size.out_h, size.out_w)] * 2
+    out = {
+        dev: CameraPipeline((64, 48), mean, std, 2, 1, dev).run(list(encoded.values()), hw).images
+        for dev in ("cpu", "gpu")
+    }
+    scale = (255.0 * np.asarray(std, dtype=np.float32))[None, :, None, None]
+    levels = np.abs(out["gpu"].astype(np.float32) - out["cpu"].astype(np.float32)) * scale  # [2, 3, H, W]
+    figures: dict[str, float] = {}
+    for i, fmt in enumerate(encoded):
+        selfcheck.compare(figures, f"{fmt.lower()} grey levels", levels[i], np.zeros_like(levels[i]), 4.0)
+    return figures
 
 
 class CameraBatchError(RuntimeError):
@@ -129,6 +227,7 @@ class CameraPipeline:
         self.batch_size = min(int(batch_size), _MAX_BATCH_PAIRS)
         self.num_threads = int(num_threads)
         self.device = resolve_device(device)
+        self.decoder = f"dali-{self.device}"
         self.decode_only = decode_only
         self.resize_only = resize_only and not decode_only
         self._pipe = None
@@ -256,6 +355,111 @@ class CameraPipeline:
             except CameraBatchError as err:
                 results.append(_dali_message(str(err)))
         return results
+
+
+class PillowCamera:
+    """`CameraPipeline`'s interface and output on Pillow (`pil_reference` per image, `num_threads` threads:
+    Pillow's decode and resize release the GIL), where DALI is not installed. `submit` runs the batch in
+    the pool; `collect` waits for it. An image Pillow cannot decode fails its batch (CameraBatchError), so
+    prepare's image-by-image retry (`run_each`) names it, as it does with DALI."""
+
+    decoder = "pillow"
+
+    def __init__(
+        self,
+        image_size: tuple[int, int],
+        mean: list[float],
+        std: list[float],
+        batch_size: int,
+        num_threads: int,
+        device: str = "cpu",
+    ):
+        from concurrent.futures import ThreadPoolExecutor
+
+        resolve_device(device)  # "gpu" without DALI: refused in one line
+        self.image_size = (int(image_size[0]), int(image_size[1]))  # (W, H)
+        self.mean, self.std = list(mean), list(std)
+        self.batch_size = min(int(batch_size), _MAX_BATCH_PAIRS)
+        self.device = "cpu"
+        self._pool = ThreadPoolExecutor(max(1, int(num_threads)), thread_name_prefix="prepare-pillow")
+        self._inflight: list | None = None
+
+    def _one(self, data: bytes | np.ndarray, hw: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
+        from PIL import Image
+
+        raw = bytes(data) if isinstance(data, np.ndarray) else data
+        with Image.open(io.BytesIO(raw)) as im:
+            decoded = (im.height, im.width)
+        w, h = decoded[1], decoded[0]
+        geometry = ResizeGeometry(int(hw[1]), int(hw[0]), int(hw[1]) / w, int(hw[0]) / h)
+        out = pil_reference(raw, geometry, self.image_size, self.mean, self.std)
+        return out.astype(np.float16), decoded
+
+    def submit(self, encoded: list[bytes | np.ndarray], resized_hw: list[tuple[int, int]]) -> None:
+        """Start one batch (<= batch_size images) with their resized `(h', w')` sizes."""
+        if self._inflight is not None:
+            raise RuntimeError("PillowCamera: collect() the batch in flight before submitting another")
+        if not 0 < len(encoded) <= self.batch_size or len(encoded) != len(resized_hw):
+            raise ValueError(f"1..{self.batch_size} images with one size each, got {len(encoded)}")
+        self._inflight = [self._pool.submit(self._one, e, hw) for e, hw in zip(encoded, resized_hw)]
+
+    def collect(self) -> CameraOutput:
+        """Wait for the batch in flight; CameraBatchError if Pillow could not decode an image of it."""
+        if self._inflight is None:
+            raise RuntimeError("PillowCamera: nothing in flight")
+        futures, self._inflight = self._inflight, None
+        try:
+            results = [f.result() for f in futures]
+        except Exception as e:  # PIL.UnidentifiedImageError, OSError (truncated), ValueError, ...
+            raise CameraBatchError(f"Pillow decode failed: {type(e).__name__}: {e}") from e
+        images = np.stack([r[0] for r in results])
+        return CameraOutput(images, np.array([r[1] for r in results], dtype=np.int64))
+
+    def run(self, encoded: list[bytes | np.ndarray], resized_hw: list[tuple[int, int]]) -> CameraOutput:
+        self.submit(encoded, resized_hw)
+        return self.collect()
+
+    def run_each(
+        self, encoded: list[bytes | np.ndarray], resized_hw: list[tuple[int, int]]
+    ) -> list[CameraOutput | str]:
+        """Run images one at a time: each result, or the decoder's error message for that image."""
+        results: list[CameraOutput | str] = []
+        for e, hw in zip(encoded, resized_hw):
+            try:
+                results.append(self.run([e], [hw]))
+            except CameraBatchError as err:
+                results.append(str(err)[:300])
+        return results
+
+
+_ANNOUNCED: set[str] = set()
+
+
+def open_camera(
+    image_size: tuple[int, int],
+    mean: list[float],
+    std: list[float],
+    batch_size: int,
+    num_threads: int,
+    device: str,
+) -> CameraPipeline | PillowCamera:
+    """prepare's camera pipeline: DALI's (`device` resolved: `resolve_device`), or Pillow's where DALI is not
+    installed. The first one of a process says which decoder it is, in one line on stderr."""
+    import sys
+
+    if dali_available():
+        camera: CameraPipeline | PillowCamera = CameraPipeline(
+            image_size, mean, std, batch_size, num_threads, device
+        )
+        name = f"dali-{camera.device}"
+        why = "NVIDIA DALI"
+    else:
+        camera = PillowCamera(image_size, mean, std, batch_size, num_threads, device)
+        name, why = "pillow", "NVIDIA DALI is not installed here; its pixels vs DALI: docs/GPU.md"
+    if not _ANNOUNCED:
+        _ANNOUNCED.add(name)
+        print(f"prepare: camera decoder {name} ({why})", file=sys.stderr, flush=True)
+    return camera
 
 
 def _dali_message(text: str) -> str:

@@ -26,10 +26,17 @@ casts images to float32 and pads points/boxes/labels to the batch maximum (`fn.p
 iterators refuse ragged outputs). On a GPU every op after the source runs on the device.
 `TorchLoader` does the same with plain PyTorch ops from the same `BatchSource` samples: the
 reference the DALI loader is tested against (tests/data/test_loader.py).
+
+On CUDA the DALI pipeline is used only once it has verified itself on this machine (self-check
+`dali.gpu_loader`, kernels/selfcheck.py: `check_gpu_loader`, a batch of a small prepared shard written for
+the check, DALI on the GPU vs `TorchLoader` on the CPU, same frames and transforms); a failed check says
+so in one warning line and `make_loader` returns the `TorchLoader` (batches moved to the GPU) instead.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +46,14 @@ import numpy as np
 import torch
 
 from pfactory.data.augment import AugmentParams
-from pfactory.data.shards import open_shard
+from pfactory.data.shards import (
+    MANIFEST,
+    SCHEMA_VERSION,
+    PreparedFrame,
+    SplitWriter,
+    arrow_schema,
+    open_shard,
+)
 from pfactory.data.source import BatchSource, Sample
 
 
@@ -301,7 +315,8 @@ def make_loader(
 ) -> DaliLoader | TorchLoader:
     """A loader over `split` of a prepared directory (see the module docstring).
 
-    `backend="torch"` gives the PyTorch reference (`TorchLoader`), same batches and transforms.
+    `backend="torch"` gives the PyTorch reference (`TorchLoader`), same batches and transforms. The DALI
+    pipeline on CUDA only once it has verified itself here (`gpu_loader_trusted`): else the reference.
     """
     source = BatchSource(
         prepared_dir, split, batch_size, shuffle, augment, seed, 0, 0, drop_last, shuffle_window
@@ -310,4 +325,147 @@ def make_loader(
         return TorchLoader(source, device)
     if backend != "dali":
         raise ValueError(f"backend must be 'dali' or 'torch', got {backend!r}")
+    if not gpu_loader_trusted(_resolve_device(device)):
+        return TorchLoader(source, device)
     return DaliLoader(source, device, num_threads, workers)
+
+
+# ----------------------------------------------------------------------------------------------
+# the self-check of the DALI GPU loader (kernels/selfcheck.py)
+
+GPU_LOADER = "dali.gpu_loader"
+BATCH_ATOL = {"proj": 1e-4, "points": 2e-5, "boxes": 2e-5}
+"""Per field, max |DALI - reference| allowed: DALI's coord_transform computes in float32, the reference in
+float64 then rounds (points and boxes ~1 ulp of their magnitude, projections with entries ~1e3 to 3e-5);
+every other field exactly equal."""
+BATCH_FIELDS = ("images", "proj", "cam_valid", "points", "num_points", "boxes", "labels", "num_boxes", "aug")
+CHECK_IMAGE = (3, 8, 12)  # [3, H, W] of the check shard's images
+_CHECK: Any = None
+
+
+def gpu_loader_trusted(device: str) -> bool:
+    """Whether the DALI loader may run on `device`: always on a device type the `dali.gpu_loader` check does
+    not cover (the CPU: DALI's CPU pipeline is tested against the reference in the suite); on CUDA once the
+    check has verified (`kernels.selfcheck.trusted`: run on first use, recorded, a failure said once)."""
+    from kernels import selfcheck
+
+    register_selfcheck()
+    dev = torch.device(device)
+    if dev.type not in selfcheck.checks()[GPU_LOADER].device_types:
+        return True
+    return selfcheck.trusted(GPU_LOADER, dev)
+
+
+def register_selfcheck() -> None:
+    """Register the DALI GPU loader's check (`factory doctor` calls it; so does the first use); a check
+    registered under its name by someone else (a test's planted one) is left in place."""
+    from kernels import selfcheck
+
+    if GPU_LOADER not in selfcheck.checks():
+        selfcheck.register(gpu_loader_check())
+
+
+def gpu_loader_check() -> Any:
+    """The `kernels.selfcheck.Check` of the DALI GPU loader (`check_gpu_loader` on CUDA devices; its
+    fingerprint hashes this module, the sample source, the augmentation and DALI's version)."""
+    global _CHECK
+    from kernels import selfcheck
+
+    if _CHECK is None:
+        from pfactory.data import augment, source
+
+        files = [__file__, source.__file__, augment.__file__]
+        _CHECK = selfcheck.Check(
+            GPU_LOADER,
+            check_gpu_loader,
+            lambda: selfcheck.sources_hash(files, _dali_version()),
+            ("cuda",),
+            "a DALI GPU batch of a small shard vs the PyTorch loader's on the CPU, augmented",
+        )
+    return _CHECK
+
+
+def _dali_version() -> str:
+    from pfactory.data.camera import _dali_version as version
+
+    return version()
+
+
+def check_frames(frames: int = 6, seed: int = 0) -> list[PreparedFrame]:
+    """Seeded prepared frames for the loader check: 2 cameras (one frame without the second), 10-60 points
+    in a 40 m square, 0-3 boxes (one frame without any), float16 images of CHECK_IMAGE."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(frames):
+        cams = ["CAM_A", "CAM_B"] if i != 2 else ["CAM_A"]
+        c, n, m = len(cams), int(rng.integers(10, 60)), 0 if i == 3 else int(rng.integers(1, 4))
+        pts = np.c_[rng.uniform(-20, 20, (n, 2)), rng.uniform(-2, 1, (n, 1)), rng.uniform(0, 1, (n, 1))]
+        boxes = np.c_[rng.uniform(-15, 15, (m, 2)), rng.uniform(-1.5, 0, (m, 1)), rng.uniform(0.5, 4, (m, 3)),
+                      rng.uniform(-np.pi, np.pi, (m, 1))]  # fmt: skip
+        labels = rng.integers(0, 2, m).astype(np.int16)
+        proj = np.concatenate([rng.uniform(-50, 50, (c, 3, 3)), rng.uniform(-5, 5, (c, 3, 1))], axis=2)
+        out.append(
+            PreparedFrame(
+                f"check-{i:02d}", "train", "selfcheck", "0" * 64, np.eye(4), pts.astype(np.float32), n, cams,
+                [rng.standard_normal(CHECK_IMAGE).astype(np.float16) for _ in range(c)], proj, np.ones((c, 3, 3)),
+                np.tile(np.eye(4), (c, 1, 1)), np.full((c, 2), 24, np.int32), np.full((c, 2), 12, np.int32),
+                np.full((c, 2), 0.5), boxes.astype(np.float32), labels,
+                [("Car", "Pedestrian")[k] for k in labels], np.zeros(m, np.int8), np.ones(m, np.int32),
+            )
+        )  # fmt: skip
+    return out
+
+
+def write_prepared(root: Path, frames: list[PreparedFrame]) -> Path:
+    """A prepared directory (train split, one shard, two row groups) holding `frames`: the check's data."""
+    writer = SplitWriter(root, "train", arrow_schema(CHECK_IMAGE), max_frames=len(frames), row_group_frames=3)
+    for f in frames:
+        writer.add(f)
+    shards = writer.close()
+    manifest = {
+        "schema_version": SCHEMA_VERSION, "passed": True, "image": {"shape": list(CHECK_IMAGE)},
+        "cameras": ["CAM_A", "CAM_B"], "classes": ["Car", "Pedestrian"],
+        "splits": {"train": {"frames": len(frames), "shards": [{"file": s.file} for s in shards]}},
+    }  # fmt: skip
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    return root
+
+
+def check_batch(root: Path, device: str, backend: str) -> Batch:
+    """The first batch (4 frames, shuffled, augmented, seed 0) of the check directory `root`, by the DALI
+    loader on `device` (`backend` "dali") or the PyTorch reference: no gate (the check is what gates)."""
+    source = BatchSource(root, "train", 4, True, AugmentParams(), 0, 0, 0, False, 4)
+    loader = DaliLoader(source, device, 1, 1) if backend == "dali" else TorchLoader(source, device)
+    return next(iter(loader))
+
+
+def compare_batches(got: Batch, want: Batch) -> dict[str, float]:
+    """figures[field] = max |got - want| of every Batch field (`BATCH_ATOL`, else 0); raises
+    `selfcheck.Mismatch` on the first field over its tolerance, a dtype or a frame order that differs."""
+    from kernels import selfcheck
+
+    figures: dict[str, float] = {}
+    if got.frame_ids != want.frame_ids:
+        raise selfcheck.Mismatch(f"frame ids {got.frame_ids} != {want.frame_ids}", figures)
+    for name in BATCH_FIELDS:
+        a, b = getattr(got, name), getattr(want, name)
+        if a.dtype != b.dtype:
+            raise selfcheck.Mismatch(f"{name}: dtype {a.dtype} != {b.dtype}", figures)
+        selfcheck.compare(figures, name, a, b, BATCH_ATOL.get(name, 0.0))
+    return figures
+
+
+def check_gpu_loader(device: Any) -> dict[str, float]:
+    """The DALI loader on `device` vs the PyTorch loader on the CPU: the first batch of a small prepared
+    shard (`check_frames`, written to a temporary folder), every field within `BATCH_ATOL`."""
+    from kernels import selfcheck
+    from pfactory.data.camera import dali_available
+
+    dev = torch.device(device)
+    if not dali_available():
+        raise selfcheck.Skip("NVIDIA DALI is not installed")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise selfcheck.Skip("no CUDA device")
+    with tempfile.TemporaryDirectory(prefix="pfk-loader-check-") as tmp:
+        root = write_prepared(Path(tmp), check_frames())
+        return compare_batches(check_batch(root, str(dev), "dali"), check_batch(root, "cpu", "torch"))

@@ -43,7 +43,14 @@ from typing import Any
 
 import numpy as np
 
-from pfactory.data.camera import CameraBatchError, CameraPipeline, ResizeGeometry, resize_geometry
+from pfactory.data.camera import (
+    CameraBatchError,
+    CameraPipeline,
+    ResizeGeometry,
+    decoder_name,
+    open_camera,
+    resize_geometry,
+)
 from pfactory.data.errors import RejectFractionExceeded
 from pfactory.data.lidar import LidarResult, process_lidar, reference_transform
 from pfactory.data.params import NOT_IN_MANIFEST, PrepareParams
@@ -468,8 +475,9 @@ def new_run(
 
 
 def _camera(params: PrepareParams, threads: int) -> CameraPipeline:
+    """DALI's camera pipeline, or Pillow's where DALI is not installed (`camera.open_camera`)."""
     W, H = params.image_size
-    return CameraPipeline(
+    return open_camera(  # type: ignore[return-value]  (PillowCamera: the same interface)
         (W, H), params.image_mean, params.image_std, params.batch_size, threads, params.device
     )
 
@@ -670,6 +678,7 @@ def _manifest(
             "mean": params.image_mean,
             "std": params.image_std,
             "normalization": "(rgb / 255 - mean) / std; padding right/bottom with 0 (the mean colour)",
+            "decoder": decoder_name(params.device),
         },
         "reference_frame": params.reference_frame,
         "cameras": cameras,

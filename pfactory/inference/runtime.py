@@ -196,13 +196,18 @@ def open_runner(
     trt_device: str = "cuda",
 ) -> Runner:
     """The runner of one artifact file: ONNX Runtime (`device`, `threads` intra-op, `spin`), an AOTInductor
-    package (CPU, `threads`) or a TensorRT engine (on `trt_device`). No manifest or hash check: `load_runner` does those for a directory."""
+    package (CPU, `threads`) or a TensorRT engine (on `trt_device`) once its self-check has verified it on
+    this machine, else ONNX Runtime FP32 beside it (`tensorrt_backend.open_engine`, one warning line). No
+    manifest or hash check: `load_runner` does those for a directory."""
     if backend == "onnxruntime":
         return OrtRunner(path, precision, device, threads, spin=spin)
     if backend == "tensorrt":
-        from pfactory.inference.tensorrt_backend import TensorRTRunner
+        from pfactory.inference.tensorrt_backend import open_engine
 
-        return TensorRTRunner(path, precision, device=trt_device)
+        def fallback(onnx: Path) -> Runner:
+            return OrtRunner(onnx, "fp32", device, threads, spin=spin)
+
+        return open_engine(path, precision, trt_device, fallback)
     if backend == "aoti":
         from pfactory.inference.aoti_backend import AotiRunner
 

@@ -433,11 +433,20 @@ def build_engine(
     out_dir: str | Path,
     calibration_feeds: Iterable[Feed] | None = None,
     previous_timing_cache: str | Path | None = None,
+    reference_onnx: str | Path | None = None,
+    check_feeds: list[Feed] | None = None,
 ) -> dict[str, Any]:
-    """Build `spec`'s engine from `onnx_path` into `out_dir` (plan + caches); returns its manifest entry.
+    """Build `spec`'s engine from `onnx_path` into `out_dir` (plan + caches) and run its self-check; returns
+    its manifest entry, the verdict under "selfcheck" ({path, status, reason, figures, key}).
 
     Needs `tensorrt` and CUDA. `previous_timing_cache`: a timing cache from an earlier build on the same
-    GPU/TensorRT (e.g. the last optimized directory's), reused to cut build time.
+    GPU/TensorRT (e.g. the last optimized directory's), reused to cut build time. The self-check
+    (`verify_engine`) runs the engine against ONNX Runtime FP32 on `reference_onnx` (default: the export
+    `model.onnx` beside `out_dir`, as in an optimized directory, else `onnx_path`) with `check_feeds`
+    (default: the first two calibration feeds when given as a list, else `synthetic_feeds` at the
+    profile's opt shapes with at most 4096 points). A failed verdict is said in one warning line and
+    recorded; the engine file stays, and `open_engine` (what `runtime.open_runner` opens an engine
+    with) then runs ONNX Runtime FP32 in its place on this machine.
     """
     trt = import_tensorrt()
     import torch
@@ -481,12 +490,29 @@ def build_engine(
     plan_path.write_bytes(plan_bytes)
     if cache is not None:
         (out_dir / TIMING_CACHE).write_bytes(bytes(cache.serialize()))
+    if reference_onnx is None:
+        from pfactory.inference.manifest import ONNX_FILE
+
+        sibling = out_dir.parent / ONNX_FILE
+        reference_onnx = sibling if sibling.is_file() else onnx_path
+    if check_feeds is None and isinstance(calibration_feeds, list) and calibration_feeds:
+        check_feeds = calibration_feeds[:2]
+    if check_feeds is None:
+        shapes = {name: list(opt) for name, (lo, opt, _) in spec.profile.items()}
+        shapes["points"][1] = max(spec.profile["points"][0][1], min(shapes["points"][1], 4096))
+        check_feeds = synthetic_feeds(shapes)
+    device = torch.device("cuda", torch.cuda.current_device())
+    verdict = verify_engine(plan_path, reference_onnx, spec.precision, device, check_feeds)
     return {
         "file": plan_path.name,
         "build_s": round(build_s, 3),
         "spec": spec.to_json(),
         "calibration_batches": batches.batches_served if batches else None,
         "metadata": engine_metadata(trt, plan_bytes),
+        "selfcheck": {
+            "path": ENGINE_PATH,
+            **{k: getattr(verdict, k) for k in ("status", "reason", "figures", "key")},
+        },
     }
 
 
@@ -515,7 +541,9 @@ class TensorRTRunner(Runner):
         engine, trt = self.engine, self.trt
         io = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         # The engine's own inputs, in INPUT_NAMES order (a lidar-only graph takes points and num_points).
-        self.input_names = [n for n in INPUT_NAMES if n in io and engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        self.input_names = [
+            n for n in INPUT_NAMES if n in io and engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT
+        ]
 
     def run(self, feed: Feed) -> dict[str, np.ndarray]:
         import torch
@@ -544,3 +572,235 @@ class TensorRTRunner(Runner):
             "scores": outs["scores"].float().cpu().numpy(),
             "labels": outs["labels"].long().cpu().numpy(),
         }
+
+    def check_shapes(self, points: int = 4096) -> dict[str, list[int]]:
+        """Input shapes a self-check feeds: the optimization profile's opt point (profile 0), the point
+        count lowered to `points` where the profile allows (small inputs)."""
+        shapes = {}
+        for n in self.input_names:
+            lo, opt, _ = (list(s) for s in self.engine.get_tensor_profile_shape(n, 0))
+            if n == "points":
+                opt[1] = max(lo[1], min(opt[1], points))
+            shapes[n] = opt
+        return shapes
+
+
+# --------------------------------------------------------------------------------------------------
+# the engine's self-check (kernels/selfcheck.py): an engine is trusted once it computes what its ONNX
+# graph computes in ONNX Runtime FP32, on this GPU
+# --------------------------------------------------------------------------------------------------
+ENGINE_PATH = "tensorrt.engine"
+SCORE_FLOOR = 0.3
+"""Reference detections compared box by box: score >= this (a confident peak; lower ones can swap with a
+neighbouring cell under rounding, which the sorted-scores figure covers)."""
+ENGINE_TOLERANCES: dict[str, tuple[float, float]] = {
+    "fp32": (5e-3, 0.02),  # TF32 convolutions (TensorRT's default on Ampere and later)
+    "fp16": (2e-2, 0.1),
+    "int8": (0.1, 0.5),  # calibration error; the optimize stage's parity gate judges quality
+}
+"""precision -> (max |err| of the sorted scores, max |err| in m of a matched box's centre and size)."""
+_WARNED_ENGINES: set[str] = set()
+
+
+def tensorrt_missing() -> str | None:
+    """Why TensorRT cannot be used here ("TensorRT is not installed ..."), or None when it imports."""
+    try:
+        import_tensorrt()
+    except BackendUnavailable as e:
+        return str(e)
+    return None
+
+
+def _trt_version() -> str:
+    try:
+        return str(import_tensorrt().__version__)
+    except BackendUnavailable:
+        return "not installed"
+
+
+def synthetic_feeds(shapes: dict[str, list[int]], frames: int = 2, seed: int = 0) -> list[Feed]:
+    """`frames` seeded feeds of the given input shapes (points/num_points, plus images/proj for a camera
+    graph): points spread over x 0..50 m, y -25..25 m, z -2.5..0.5 m (a share lands in any detector's
+    range), unit-normal images, a forward pinhole camera. What an engine's self-check runs when no real
+    frames are given."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(frames):
+        b, p, c = shapes["points"]
+        pts = rng.random((b, p, c), dtype=np.float32)
+        pts[..., :3] = pts[..., :3] * np.float32([50.0, 50.0, 3.0]) + np.float32([0.0, -25.0, -2.5])
+        feed: Feed = {"points": pts, "num_points": np.full((b,), p, np.int64)}
+        feed["num_points"][-1] = max(1, p // 2)  # a half-full frame: padding is exercised
+        if "images" in shapes:
+            bi, n, ch, h, w = shapes["images"]
+            feed["images"] = rng.standard_normal((bi, n, ch, h, w), dtype=np.float32)
+            k = np.array([[0.7 * w, 0, w / 2], [0, 0.7 * w, h / 2], [0, 0, 1]], np.float32)
+            r = np.array([[0, -1, 0, 0], [0, 0, -1, 0], [1, 0, 0, 0]], np.float32)  # lidar -> camera axes
+            feed["proj"] = np.ascontiguousarray(np.broadcast_to(k @ r, (bi, n, 3, 4)), dtype=np.float32)
+        out.append(feed)
+    return out
+
+
+def compare_engine_outputs(
+    figures: dict[str, float], precision: str, frame: int, got: dict[str, np.ndarray],
+    want: dict[str, np.ndarray],
+) -> None:  # fmt: skip
+    """Add the figures of one feed's outputs (`got`: the engine's, `want`: ONNX Runtime FP32's) to `figures`
+    and raise `selfcheck.Mismatch` past `ENGINE_TOLERANCES[precision]`:
+
+    `<precision> scores`  max |difference| of each frame's K scores sorted descending (stable under rank
+                          swaps of near-equal detections; any wrong heatmap moves it);
+    `<precision> boxes`   for every reference detection scoring >= SCORE_FLOOR, max |difference| of centre
+                          and size (m) against the nearest engine detection of the same label (yaw is
+                          left out: a near-square box may flip it); no such detection: infinite."""
+    from kernels import selfcheck
+
+    tol_s, tol_b = ENGINE_TOLERANCES[precision]
+    gs, ws = np.asarray(got["scores"], np.float64), np.asarray(want["scores"], np.float64)
+    if gs.shape != ws.shape:
+        figures[f"{precision} scores"] = float("inf")
+        raise selfcheck.Mismatch(f"frame {frame}: scores shape {gs.shape} != {ws.shape}", figures)
+    sorted_err = np.abs(-np.sort(-gs, axis=-1) - -np.sort(-ws, axis=-1))
+    sorted_err = np.where(np.isnan(sorted_err), np.inf, sorted_err)
+    box_err = 0.0
+    for b in range(ws.shape[0]):
+        gb, wb = np.asarray(got["boxes"][b], np.float64), np.asarray(want["boxes"][b], np.float64)
+        gl, wl = np.asarray(got["labels"][b]), np.asarray(want["labels"][b])
+        for i in np.flatnonzero(ws[b] >= SCORE_FLOOR):
+            same = np.flatnonzero((gl == wl[i]) & (gs[b] > 0))
+            if same.size == 0:
+                box_err = float("inf")
+                break
+            j = same[np.argmin(np.linalg.norm(gb[same, :2] - wb[i, :2], axis=-1))]
+            err = float(np.abs(gb[j, :6] - wb[i, :6]).max())
+            box_err = max(box_err, err if np.isfinite(err) else float("inf"))
+    errors = {"scores": (float(sorted_err.max(initial=0.0)), tol_s), "boxes": (box_err, tol_b)}
+    for name, (err, _) in errors.items():
+        figures[f"{precision} {name}"] = max(figures.get(f"{precision} {name}", 0.0), err)
+    for name, (err, tol) in errors.items():
+        if not err <= tol:
+            raise selfcheck.Mismatch(
+                f"{precision} {name}: max|err| {err:.3g} > tol {tol:.3g} (frame {frame})", figures
+            )
+
+
+def _ort_fp32(reference_onnx: Path) -> Callable[[Feed], dict[str, np.ndarray]]:
+    """The reference: the FP32 ONNX graph in an ONNX Runtime CPU session (its own inputs of the feed)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(reference_onnx), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def run(feed: Feed) -> dict[str, np.ndarray]:
+        return dict(zip(OUTPUT_NAMES, session.run(list(OUTPUT_NAMES), {n: feed[n] for n in names})))
+
+    return run
+
+
+def engine_fingerprint(plan_path: str | Path, reference_onnx: str | Path, version: str) -> str:
+    """What an engine's verdict holds for besides the machine: the TensorRT version, the engine's and the
+    reference ONNX graph's sha256 (16 hex each) and this module's (the check's code)."""
+    from kernels import selfcheck
+
+    return (
+        f"tensorrt {version}; engine {selfcheck.sources_hash([plan_path])}; "
+        f"onnx {selfcheck.sources_hash([reference_onnx])}; check {selfcheck.sources_hash([__file__])}"
+    )
+
+
+def verify_engine(
+    plan_path: str | Path,
+    reference_onnx: str | Path,
+    precision: str,
+    device: Any = "cuda",
+    feeds: list[Feed] | None = None,
+    engine: Callable[[], Runner] | None = None,
+    version: str | None = None,
+    device_types: tuple[str, ...] = ("cuda",),
+) -> Any:
+    """The self-check verdict (`kernels.selfcheck.Verdict`) of the engine `plan_path` on `device`: its
+    outputs vs ONNX Runtime FP32 running `reference_onnx` (the graph it was built from, before any FP16 cast
+    or quantization) on `feeds` (default: `synthetic_feeds` at the engine profile's opt shapes, at most 4096
+    points), within `ENGINE_TOLERANCES[precision]`. Recorded under path `tensorrt.engine` and a key of the
+    machine (device, driver, CUDA, torch, Triton) and `engine_fingerprint` (TensorRT version, engine and
+    ONNX hashes): once per engine and machine, read back afterwards.
+
+    `engine`: opens the runner under test (default `TensorRTRunner(plan_path, precision, device)`) and
+    `version` its version (default TensorRT's); `device_types` the devices the check applies to. A failed
+    verdict says so in one warning line per engine and process (logger `pfk.selfcheck`), naming the path,
+    the plan file and the figures. TensorRT or CUDA missing: skipped."""
+    from kernels import selfcheck
+
+    plan_path, reference_onnx = Path(plan_path), Path(reference_onnx)
+    if engine is None:
+
+        def engine() -> Runner:
+            return TensorRTRunner(plan_path, precision, device=str(device))
+
+    def run(dev: Any) -> selfcheck.Figures:
+        try:
+            runner = engine()
+        except BackendUnavailable as e:
+            raise selfcheck.Skip(str(e)) from e
+        use = feeds if feeds is not None else synthetic_feeds(runner.check_shapes())  # type: ignore[attr-defined]
+        reference = _ort_fp32(reference_onnx)
+        figures: selfcheck.Figures = {}
+        for i, feed in enumerate(use):
+            compare_engine_outputs(figures, precision, i, runner.run(feed), reference(feed))
+        return figures
+
+    def fingerprint() -> str:
+        return engine_fingerprint(plan_path, reference_onnx, version or _trt_version())
+
+    what = "a TensorRT engine vs ONNX Runtime FP32 of its ONNX graph: sorted scores, matched boxes"
+    selfcheck.register(selfcheck.Check(ENGINE_PATH, run, fingerprint, device_types, what))
+    verdict = selfcheck.verify(ENGINE_PATH, device)
+    if verdict.status == selfcheck.FAILED:
+        tag = verdict.key.get("source", str(plan_path))
+        if tag not in _WARNED_ENGINES:
+            _WARNED_ENGINES.add(tag)
+            selfcheck.log.warning(
+                f"pfk self-check: {ENGINE_PATH} ({plan_path.name}) on {verdict.key.get('device', device)} "
+                f"FAILED ({verdict.reason}); using ONNX Runtime FP32"
+            )
+    return verdict
+
+
+def reference_onnx_of(plan_path: str | Path) -> Path:
+    """The FP32 ONNX graph beside an optimized directory's engine (`<dir>/tensorrt/<plan>` ->
+    `<dir>/model.onnx`): what the engine is checked against."""
+    from pfactory.inference.manifest import ONNX_FILE
+
+    return Path(plan_path).resolve().parent.parent / ONNX_FILE
+
+
+def open_engine(
+    plan_path: str | Path,
+    precision: str,
+    device: str,
+    fallback: Callable[[Path], Runner],
+    reference_onnx: str | Path | None = None,
+    engine: Callable[[], Runner] | None = None,
+    version: str | None = None,
+    device_types: tuple[str, ...] = ("cuda",),
+) -> Runner:
+    """The runner of the engine `plan_path` once it is trusted on `device` (`verify_engine`, read from the
+    store when recorded); else `fallback(path)` of the ONNX Runtime FP32 model beside it
+    (`<dir>/onnxruntime/model.fp32.onnx`, else the reference `model.onnx`), after the one warning line.
+    TensorRT or CUDA missing: BackendUnavailable, as before. `engine`, `version`, `device_types`: as in
+    `verify_engine` (the tests check the decision with an ONNX Runtime session standing in for the
+    engine)."""
+    from kernels import selfcheck
+    from pfactory.inference.manifest import ORT_DIR
+
+    reference = Path(reference_onnx) if reference_onnx is not None else reference_onnx_of(plan_path)
+    opener = engine or (lambda: TensorRTRunner(plan_path, precision, device=device))
+    if engine is None:
+        import_tensorrt()  # the install hint, not a skipped verdict, when TensorRT is missing
+    verdict = verify_engine(plan_path, reference, precision, device, None, opener, version, device_types)
+    if verdict.status == selfcheck.VERIFIED:
+        return opener()
+    if verdict.status == selfcheck.SKIPPED and engine is None:
+        raise BackendUnavailable(f"{plan_path}: {verdict.reason}")
+    ort_model = reference.parent / ORT_DIR / "model.fp32.onnx"
+    return fallback(ort_model if ort_model.is_file() else reference)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from kernels import selfcheck
+
 
 @dataclass
 class Runtime:
@@ -83,11 +85,21 @@ def tune_malloc() -> bool:
     return mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD) == 1 and applied
 
 
-def native_bf16(device: torch.device) -> bool:
-    """True where bf16 convolutions and matmuls run natively: CUDA, or a CPU with AVX512-BF16 or AMX
-    (oneDNN's bf16 kernels); elsewhere bf16 is emulated and slower than fp32."""
+BF16_STEP = "cuda.bf16_train_step"  # the self-check of a CUDA bf16 training step (kernels/selfcheck.py)
+
+
+def cuda_bf16_native(capability: tuple[int, int]) -> bool:
+    """Whether a CUDA device of compute capability (major, minor) has bf16 tensor cores: Ampere (8.0) and
+    later. Before it (Volta 7.0, Turing 7.5) bf16 matmuls and convolutions are emulated, slower than fp32."""
+    return tuple(capability) >= (8, 0)
+
+
+def native_bf16(device: torch.device, capability: tuple[int, int] | None = None) -> bool:
+    """True where bf16 convolutions and matmuls run natively: a CUDA device of compute capability >= 8.0
+    (`capability`, default the device's own), or a CPU with AVX512-BF16 or AMX (oneDNN's bf16 kernels);
+    elsewhere bf16 is emulated and slower than fp32."""
     if device.type == "cuda":
-        return True
+        return cuda_bf16_native(capability or torch.cuda.get_device_capability(device))
     if device.type != "cpu":
         return False
     cpu = torch.cpu
@@ -96,8 +108,53 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def use_bf16(enabled: bool, device: torch.device) -> bool:
-    """`train.bf16` resolved for this device: bf16 autocast when asked for and native here."""
-    return enabled and native_bf16(device)
+    """`train.bf16` resolved for this device: bf16 autocast when asked for and native here; on CUDA also
+    once a bf16 training step has verified itself against fp32 on this device (`check_bf16_step`)."""
+    if not (enabled and native_bf16(device)):
+        return False
+    return device.type != "cuda" or selfcheck.trusted(BF16_STEP, device)
+
+
+def check_bf16_step(device: torch.device) -> selfcheck.Figures:
+    """One training step of a small conv + GroupNorm + linear network under bf16 autocast vs fp32 on
+    `device`: the loss and every gradient within bf16 rounding (normwise relative 2**-5)."""
+    if not torch.cuda.is_available():
+        raise selfcheck.Skip("no CUDA device")
+    if not native_bf16(device):
+        raise selfcheck.Skip(
+            f"compute capability {torch.cuda.get_device_capability(device)} < 8.0: fp32 runs"
+        )
+    g = torch.Generator().manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(4, 16, 3, padding=1), torch.nn.GroupNorm(4, 16), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(16 * 8 * 8, 3),
+    ).to(device)  # fmt: skip
+    x = torch.randn(4, 4, 8, 8, generator=g).to(device)
+    y = torch.randn(4, 3, generator=g).to(device)
+    results = []
+    for bf16 in (False, True):
+        net.zero_grad()
+        with torch.enable_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = torch.nn.functional.mse_loss(net(x).float(), y)
+        loss.backward()
+        results.append((loss.detach(), [p.grad.detach().clone() for p in net.parameters()]))
+    (loss32, grads32), (loss16, grads16) = results
+    figures: selfcheck.Figures = {}
+    selfcheck.compare(figures, "bf16 loss", loss16, loss32, 2**-5, rel=True)
+    for i, (a, e) in enumerate(zip(grads16, grads32)):
+        selfcheck.compare(figures, f"bf16 grad {i}", a, e, 2**-5, rel=True)
+    return figures
+
+
+selfcheck.register(
+    selfcheck.Check(
+        BF16_STEP,
+        check_bf16_step,
+        lambda: selfcheck.sources_hash([__file__]),
+        ("cuda",),
+        "a conv+GroupNorm+linear step, bf16 autocast vs fp32",
+    )
+)
 
 
 @contextlib.contextmanager
