@@ -20,7 +20,8 @@ Exit codes (docs/OPERATIONS.md): 0 done; 1 the command ran and found a problem (
 a full disk, a bug: a retry fails the same way); 2 bad usage, parameters or inputs (nothing ran); 75 a
 transient failure (EX_TEMPFAIL): a lost connection or Dask worker, a locked database, a tracking server
 that does not answer -- worth a retry; 77 a team's MLflow server refused the user (401 / 403, or a
-permission the factory checked first: pfactory/team), nothing was changed.
+permission the factory checked first: pfactory/team), or its Prefect server answered 401 (no or a
+wrong PREFECT_API_AUTH_STRING); nothing was changed.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TRANSIENT = 75  # sysexits.h EX_TEMPFAIL: "temporary failure, the user is invited to retry"
-EXIT_NOPERM = 77  # sysexits.h EX_NOPERM: a team's MLflow server refused the user (401 / 403; pfactory/team)
+EXIT_NOPERM = 77  # sysexits.h EX_NOPERM: a team's server refused the user (MLflow 401 / 403, Prefect 401)
 OUTCOME_ENV = "PFACTORY_OUTCOME_DIR"
 STAGE_LOG_ENV = "PFACTORY_STAGE_LOG"  # the stage's log file as the flow writes it (recorded in the outcome)
 
@@ -175,7 +176,7 @@ def explain(exc: BaseException) -> Explained | None:
     """The reason, exit code and hint of an error the user can act on, else None (module docstring)."""
     if isinstance(exc, UserError):
         return Explained(exc.reason, exc.exit_code, exc.hint)
-    if (refused := mlflow_refusal(exc)) is not None:  # a 401 / 403 the factory did not check first
+    if (refused := mlflow_refusal(exc) or prefect_refusal(exc)) is not None:  # a 401 / 403 not checked first
         return refused
     if is_disk_full(exc):
         return Explained(disk_full_message(exc), EXIT_FAILED)
@@ -333,5 +334,27 @@ def mlflow_refusal(exc: BaseException) -> Explained | None:
                 f"the MLflow server refused user {user!r}: 403 permission denied ({e.message})",
                 EXIT_NOPERM,
                 "an admin grants permissions: factory team user add NAME --role maintainer|engineer",
+            )
+    return None
+
+
+def prefect_refusal(exc: BaseException) -> Explained | None:
+    """Exit 77 and one line for a Prefect server's 401 anywhere in `exc`'s chain (Prefect's own
+    `PrefectHTTPStatusError`), else None. Prefect is imported only if it is already loaded."""
+    if "prefect.exceptions" not in sys.modules:
+        return None
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    for e in chain(exc):
+        if isinstance(e, PrefectHTTPStatusError) and e.response.status_code == 401:
+            url = str(e.request.url).split("/api/", 1)[0] + "/api"
+            sent = "PREFECT_API_AUTH_STRING" in os.environ
+            why = (
+                "PREFECT_API_AUTH_STRING differs from the server's" if sent else "no PREFECT_API_AUTH_STRING"
+            )
+            return Explained(
+                f"the Prefect server {url} refused the request: 401 not authenticated ({why}); export "
+                "PREFECT_API_AUTH_STRING of your team (the admin has it: the lines `factory team up` prints)",
+                EXIT_NOPERM,
             )
     return None

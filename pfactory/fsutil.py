@@ -2,7 +2,9 @@
 
 Every file the factory writes goes through here: written to a temporary sibling, flushed,
 fsynced and renamed over the target, so a reader never sees half a file and an interrupted
-run leaves nothing a later stage would read. Temporary siblings carry the writer's pid
+run leaves nothing a later stage would read. Files and directories get the modes of any new
+one under the process's umask (0644 / 0755 with the usual 022; owner-only with 077, which a
+team's private state uses: docs/OPERATIONS.md). Temporary siblings carry the writer's pid
 (`.<name>.<pid>-<random>.tmp`); one left by a killed process is removed by the next write of
 the same target once that pid is gone.
 
@@ -39,6 +41,20 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+def current_umask() -> int:
+    """This process's umask (Linux: read from /proc, so no thread sees it changed; elsewhere set and reset)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _temp_prefix(path: Path) -> str:
@@ -100,8 +116,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, clean_stale
         remove_stale_temps(path)
     fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
     try:
-        # mkstemp creates 0600; published files are ordinary readable files.
-        os.fchmod(fd, 0o644)
+        # mkstemp creates 0600; a published file gets the mode of any new file (0666 less the umask: 0644
+        # with the usual 022, owner-only under a team's 077).
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -285,7 +302,7 @@ def atomic_directory(
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path)
     tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent))
-    tmp.chmod(0o755)  # mkdtemp creates 0700
+    tmp.chmod(0o777 & ~current_umask())  # mkdtemp creates 0700; a directory's usual mode under the umask
     try:
         yield tmp
         replace_directory(tmp, path, stage)

@@ -217,8 +217,10 @@ def check_tracking_server(uri: str | None = None, timeout_s: float = 5.0) -> Non
         return
     import requests
 
+    from pfactory.team.identity import current, tls_verify
+
     try:
-        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s)
+        requests.get(uri.rstrip("/") + "/health", timeout=timeout_s, verify=tls_verify())
     except requests.RequestException as e:
         reason = type(e).__name__
         if isinstance(e, requests.ConnectionError):
@@ -229,8 +231,6 @@ def check_tracking_server(uri: str | None = None, timeout_s: float = 5.0) -> Non
             f"the MLflow tracking server {redact_uri(uri)} does not answer ({reason}): start it, fix "
             "MLFLOW_TRACKING_URI, or unset MLFLOW_TRACKING_URI to track into the local sqlite store"
         ) from None
-    from pfactory.team.identity import current
-
     current(uri)  # a team's server (basic auth): NotAuthenticated, one line, instead of a 401 deep in a stage
     _CHECKED.add(uri)
 
@@ -391,3 +391,9 @@ def stage_run(
         for i in range(0, len(items), 100):  # MLflow caps a log_params batch at 100
             mlflow.log_params(dict(items[i : i + 100]))
         yield run
+        # The self-checked fast paths this stage used and their verdicts (`factory doctor`'s JSON, compact):
+        # read from the module only if the stage loaded it, so tracking imports no kernels (prepare stays
+        # free of torch).
+        selfcheck = sys.modules.get("kernels.selfcheck")
+        if selfcheck is not None and selfcheck.used():
+            mlflow.log_param("selfcheck", selfcheck.used_json())

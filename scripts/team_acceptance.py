@@ -49,7 +49,7 @@ def start_run(project: Path, team_env: dict[str, str], user: str, seed: int, log
 def main() -> None:
     from mlflow import MlflowClient
 
-    from pfactory.team.services import admin_env, down, up
+    from pfactory.team.services import admin_env, client_env, down, up
     from pfactory.team.users import add_user
 
     root = Path(tempfile.mkdtemp(prefix="pf-team-acceptance-"))
@@ -64,8 +64,7 @@ def main() -> None:
         os.environ["PREFECT_API_URL"] = state.prefect_url
         for u, role in USERS.items():
             add_user(state.mlflow_url, u, role, PW[u])
-        team_env = {"MLFLOW_TRACKING_URI": state.mlflow_url, "PREFECT_API_URL": state.prefect_url,
-                    "PFACTORY_TRAIN_SLOT_LIMIT": state.slot_limit}  # fmt: skip
+        team_env = {**client_env(state), "PFACTORY_TRAIN_SLOT_LIMIT": state.slot_limit}  # URLs + Prefect auth
 
         part = sys.argv[sys.argv.index("--part") + 1] if "--part" in sys.argv else "all"
         if part == "2":

@@ -1,7 +1,8 @@
 """Who is calling, as the MLflow server authenticated them, and what the server grants them.
 
-In:  the tracking/registry URI and MLflow's own credential variables (`MLFLOW_TRACKING_USERNAME`,
-     `MLFLOW_TRACKING_PASSWORD`), the same ones every MLflow client call sends.
+In:  the tracking/registry URI and MLflow's own credential and TLS variables (`MLFLOW_TRACKING_USERNAME`,
+     `MLFLOW_TRACKING_PASSWORD`, `MLFLOW_TRACKING_SERVER_CERT_PATH`), the same ones every MLflow client call
+     sends and verifies with.
 Out: `current()` -> `Identity(username, is_admin, uri)` when the server runs MLflow's basic-auth app
      (`GET /api/2.0/mlflow/users/current` answers 200), None for a sqlite store or a server without auth
      (the embedded default: one user, a maintainer); `NotAuthenticated` when the server answers 401.
@@ -52,6 +53,15 @@ def _auth() -> tuple[str, str] | None:
     return (user, os.environ.get("MLFLOW_TRACKING_PASSWORD", "")) if user else None
 
 
+def tls_verify() -> str | bool:
+    """What a request to the MLflow server verifies its certificate with, as MLflow's own client does:
+    `MLFLOW_TRACKING_SERVER_CERT_PATH` (a CA bundle or the server's self-signed certificate), nothing when
+    `MLFLOW_TRACKING_INSECURE_TLS=true`, else the default CAs."""
+    if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() in ("true", "1"):
+        return False
+    return os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH") or True
+
+
 def current(uri: str | None = None) -> Identity | None:
     """The authenticated user of an http(s) MLflow server with basic auth; None for a sqlite store or a
     server without auth. `NotAuthenticated` on a 401. One request per process and credentials."""
@@ -64,7 +74,7 @@ def current(uri: str | None = None) -> Identity | None:
         return _CACHE[key]
     import requests
 
-    r = requests.get(uri + CURRENT_USER, auth=auth, timeout=TIMEOUT_S)
+    r = requests.get(uri + CURRENT_USER, auth=auth, timeout=TIMEOUT_S, verify=tls_verify())
     if r.status_code == 401:
         raise NotAuthenticated(unauthenticated_message(uri, auth[0] if auth else None))
     ident = None
@@ -107,6 +117,7 @@ def permission(ident: Identity, model: str) -> str:
         params={"username": ident.username, "resource_type": "registered_model", "resource_id": model},
         auth=_auth(),
         timeout=TIMEOUT_S,
+        verify=tls_verify(),
     )
     if r.status_code == 401:
         raise NotAuthenticated(unauthenticated_message(ident.uri, ident.username))

@@ -62,16 +62,26 @@ def enabled() -> bool:
 
 
 def _follow_environment() -> None:
-    """Make Prefect's client use the `PREFECT_API_URL` of the environment as it is now.
+    """Make Prefect's client use the `PREFECT_API_URL`, `PREFECT_API_AUTH_STRING` and
+    `PREFECT_API_SSL_CERT_FILE` of the environment as they are now.
 
     Prefect reads its settings once, when it is first imported; a process that imported it before the team's
     variables were exported (a test worker, a notebook, a `factory` command that ran a local flow first) would
-    otherwise take slots on another server -- or on an ephemeral one, where nothing ever waits."""
+    otherwise take slots on another server -- or on an ephemeral one, where nothing ever waits -- or send no
+    (or a stale) auth string and get 401."""
     from prefect.context import refresh_global_settings_context
-    from prefect.settings import PREFECT_API_URL
+    from prefect.settings import get_current_settings
 
     url = os.environ.get("PREFECT_API_URL")
-    if url and url != PREFECT_API_URL.value():
+    if not url:
+        return
+    api = get_current_settings().api
+    auth = api.auth_string.get_secret_value() if api.auth_string is not None else None
+    if (url, os.environ.get("PREFECT_API_AUTH_STRING"), os.environ.get("PREFECT_API_SSL_CERT_FILE")) != (
+        api.url,
+        auth,
+        api.ssl_cert_file,
+    ):
         refresh_global_settings_context()
 
 

@@ -18,7 +18,8 @@ if str(ROOT) not in sys.path:  # the repo's `tasks`
 PASSWORDS = {"alice": "alice-pw-0123456789", "bob": "bob-pw-0123456789"}
 ROLES = {"alice": "engineer", "bob": "maintainer"}
 _VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_REGISTRY_URI",
-         "PREFECT_API_URL", "PFACTORY_TRAIN_SLOT_LIMIT", "PFACTORY_TRAIN_SLOTS", "PFACTORY_PARENT_RUN_ID")  # fmt: skip
+         "PREFECT_API_URL", "PFACTORY_TRAIN_SLOT_LIMIT", "PFACTORY_TRAIN_SLOTS", "PFACTORY_PARENT_RUN_ID",
+         "PREFECT_API_AUTH_STRING", "PREFECT_API_SSL_CERT_FILE", "MLFLOW_TRACKING_SERVER_CERT_PATH")  # fmt: skip
 
 
 def free_port() -> int:
@@ -34,11 +35,11 @@ class Team:
         self.state = state
 
     def env(self, user: str | None) -> dict[str, str]:
-        """The variables a user exports (None: no credentials at all)."""
-        from pfactory.team.services import admin_env
+        """The variables a user exports (None: no MLflow credentials; Prefect's auth string, which the whole
+        team shares, is always there)."""
+        from pfactory.team.services import admin_env, client_env
 
-        env = {"MLFLOW_TRACKING_URI": self.state.mlflow_url, "PREFECT_API_URL": self.state.prefect_url,
-               "PFACTORY_TRAIN_SLOT_LIMIT": self.state.slot_limit}  # fmt: skip
+        env = {**client_env(self.state), "PFACTORY_TRAIN_SLOT_LIMIT": self.state.slot_limit}
         if user == "admin":
             env.update(admin_env(self.state))
         elif user is not None:
