@@ -16,6 +16,8 @@ Exit codes of `factory run` (docs/OPERATIONS.md, "When a run fails"):
     3   a local service did not start or is unreachable (Prefect API, MLflow tracking store)
     75  a transient failure (a lost worker or connection, a killed process) that outlived its retries
     130 interrupted (Ctrl-C)
+    143 stopped by SIGTERM (preemption): the running stage stopped (train checkpointed first); one line says
+        `factory run --resume RUN_ID`
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ class Failure:
 
 def _stage_hints(e: StageFailed, ws: str) -> list[str]:
     hints: list[str] = []
+    if e.interrupted:  # the workspace keeps the finished stages and train's checkpoint
+        hints.append(f"resume it where it stopped: factory run --resume {Path(ws).name}")
     if e.killed:
         hints.append(
             "the stage was killed (SIGKILL or SIGTERM): usually the kernel's out-of-memory killer (see `dmesg`); "

@@ -19,6 +19,16 @@ One MLflow parent run per pipeline run (tag `pipeline=true`), every stage run ne
              the raw and prepared data, model, ...), promotion.decision, package versions, device
     artifacts params.json, dvc.lock, summary.json
 
+Resume: `factory run --resume [NAME]` (`pipeline(resume=NAME)`, `resume=""`: the newest interrupted run)
+reopens that run's workspace (`flows.workspace.find_resumable`): the stages it finished are up to date in its
+`dvc.lock` (DVC skips them), train continues from its checkpoint (`$PFACTORY_RESUME_DIR`), the later stages
+run; the same MLflow parent run is reopened (tag `resumes`: how many times) and the run is saved as its DVC
+experiment when it finishes. A retry of the stage task (a killed or SIGTERMed stage is transient) runs in the
+same workspace, so it resumes too; so does a retry of the whole flow (a deployment's `retries`): a flow run
+that is on its second or later try reopens the workspace its first try made (`flow_run_id` in the record).
+SIGTERM to `factory run` (preemption) goes to the running stage (train checkpoints and exits 143), no retry
+follows, and the flow raises `RunInterrupted` (`factory run` prints one line saying how to resume, exit 143).
+
 Run: `factory run [-S section.key=value ...] [--name NAME]`, or `pipeline(overrides=[...])` (a deployment).
 """
 
@@ -27,6 +37,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +57,16 @@ from flows import parent_run, runlog  # noqa: E402
 from flows.console import current as current_console  # noqa: E402
 from flows.experiment import checkout_outputs, experiment_tags, save_experiment  # noqa: E402
 from flows.failure import openable  # noqa: E402
-from flows.workspace import StageFailed, Workspace, check_cache, create_workspace, new_run_id  # noqa: E402
+from flows.workspace import (  # noqa: E402
+    StageFailed,
+    Workspace,
+    check_cache,
+    create_workspace,
+    find_resumable,
+    new_run_id,
+    open_workspace,
+    read_record,
+)
 from pfactory.team import slots  # noqa: E402
 
 STAGES = stage_names()  # declared once, in dvc.yaml
@@ -56,6 +77,41 @@ RETRIES = {"evaluate": 2, "promote": 2}  # others: DEFAULT_RETRIES
 DEFAULT_RETRIES = 1
 RETRY_DELAY_S = 5
 PROGRESS_FILE = "progress.jsonl"  # under <workspace>/logs/: the stages' progress events (pfactory.progress)
+EXIT_INTERRUPTED = 143  # 128 + SIGTERM
+_stop = threading.Event()  # SIGTERM came while stages ran: no retry, no next stage
+
+
+class RunInterrupted(RuntimeError):
+    """`factory run` got SIGTERM: the running stage was stopped (train checkpoints first). `command` resumes it."""
+
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self, run_id: str, stage: str | None, index: int = 0, total: int = 0) -> None:
+        self.run_id, self.stage, self.index, self.total = run_id, stage, index, total
+        self.command = f"factory run --resume {run_id}"
+        where = f" at {stage} ({index} of {total})" if stage else ""
+        super().__init__(f"interrupted (SIGTERM){where}; resume: {self.command}")
+
+
+@contextlib.contextmanager
+def _forward_sigterm(ws: Workspace) -> Iterator[None]:
+    """While the stages run: SIGTERM is passed on to the running stage's processes (`Workspace.interrupt`)
+    and remembered (`_stop`), instead of Prefect's handler tearing the flow down around a stage that is still
+    writing its checkpoint. Main thread only (where signals are delivered)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, _frame: Any) -> None:
+        _stop.set()
+        ws.interrupt(signal.SIGTERM)
+
+    _stop.clear()
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
@@ -67,7 +123,7 @@ def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
             exc = state.result(raise_on_failure=False)
         except Exception:
             return False
-    return isinstance(exc, StageFailed) and exc.transient
+    return isinstance(exc, StageFailed) and exc.transient and not _stop.is_set()
 
 
 def _stage_task(stage: str) -> Any:
@@ -86,10 +142,11 @@ def _stage_task(stage: str) -> Any:
         try:
             result = ws.repro(stage, index, total)
         except StageFailed as e:
-            if e.transient and ws.attempts[stage] <= retries:
+            if e.transient and ws.attempts[stage] <= retries and not _stop.is_set():
+                again = "resuming" if e.interrupted else "retrying"
                 current_console().note(
-                    f"{stage}: transient failure (exit {e.status}); retrying in {RETRY_DELAY_S} s "
-                    f"(attempt {ws.attempts[stage] + 1} of {retries + 1})",
+                    f"{stage}: transient failure ({'killed' if e.killed else f'exit {e.status}'}); {again} in "
+                    f"{RETRY_DELAY_S} s (attempt {ws.attempts[stage] + 1} of {retries + 1})",
                     style="yellow",
                 )
             raise
@@ -178,7 +235,7 @@ def _stage_failure_first() -> Iterator[None]:
         yield
     except Exception as e:
         cause = next((c for c in chain(e.__context__) if isinstance(c, StageFailed)), None)
-        if isinstance(e, StageFailed) or cause is None:
+        if isinstance(e, (StageFailed, RunInterrupted)) or cause is None:
             raise
         get_run_logger().warning("the parent run could not record the failure of %s: %r", cause.stage, e)
         raise cause from None
@@ -191,9 +248,13 @@ def pipeline(
     root: str | None = None,
     stages: list[str] | None = None,
     checkout: bool = True,
+    resume: str | None = None,
 ) -> dict[str, Any]:
     """Run the stage DAG on params.yaml + `overrides` in a fresh workspace; returns the run summary.
 
+    `resume`: continue an interrupted run in its own workspace instead (module docstring): a run id or run
+    name, "" for the newest interrupted run; its overrides and stages are the run's own (`overrides` and
+    `stages` must be empty), `name` defaults to its name.
     `stages`: a prefix of STAGES to stop early (default: all). `checkout`: on success, copy the run's outputs
     to the project's own paths (`flows.experiment.checkout_outputs`), so follow-up commands find them. The
     summary has `run_id`, `workspace`, `mlflow_run_id`, per-stage results, `timings_s`, `kpis`, `promotion`,
@@ -205,20 +266,70 @@ def pipeline(
 
     t_start = time.perf_counter()
     root_path = configure_environment(root)
-    params = load_params(root_path / "params.yaml", overrides or [])
+    reopen = _reopened(root_path, resume)
+    if reopen is not None:
+        if overrides:
+            raise ValueError("--resume continues a run with its own params: no -S overrides with it")
+        record = read_record(reopen)
+        overrides, name = list(record.get("overrides") or []), name or record.get("name")
+        stages = stages or record.get("stages")
+        params = load_params(reopen / "params.yaml")
+    else:
+        params = load_params(root_path / "params.yaml", overrides or [])
     selected = list(stages or declared_stages(root_path))
     unknown = [s for s in selected if s not in STAGES]
     if unknown:
         raise ValueError(f"unknown stages {unknown}; known: {list(STAGES)}")
     check_cache(root_path)  # a read-only shared cache: said before anything starts
-    run_id = new_run_id(name)
+    run_id = reopen.name if reopen is not None else new_run_id(name)
     # The lease tells `factory gc` (any clone sharing the cache) that this run is in progress: its workspace
     # and every object its dvc.lock names stay, whatever the policy (pfactory/retention.py).
     with run_lease(root_path, run_id):
-        results = _run(root_path, params, selected, run_id, overrides, name, checkout, t_start)
+        results = _run(root_path, params, selected, run_id, overrides, name, checkout, t_start, reopen)
     if params.gc.keep_last is not None or params.gc.keep_days is not None:
         results["gc"] = _gc_after_run(root_path, params)
     return results
+
+
+def _reopened(root: Path, resume: str | None) -> Path | None:
+    """The workspace this flow run continues: the one `resume` names (`find_resumable`), or, on a retry of
+    the flow run (Prefect's run count > 1), the workspace its earlier try made; None: a new run."""
+    if resume is not None:
+        return find_resumable(root, resume or None)
+    from prefect.runtime import flow_run
+
+    if flow_run.get_run_count() <= 1 or not flow_run.get_id():
+        return None
+    runs = root / "artifacts" / "runs"
+    mine = [
+        p
+        for p in sorted(runs.glob("*"), reverse=True)
+        if read_record(p).get("flow_run_id") == flow_run.get_id()
+    ]
+    return mine[0] if mine else None
+
+
+@contextlib.contextmanager
+def _parent_run(
+    exp_id: str, run_id: str, name: str | None, ws: Workspace, reopen: str | None
+) -> Iterator[Any]:
+    """The run's MLflow parent run: `reopen` (a resumed run's own, when this tracking store has it) or a new
+    one (tagged `resumes_mlflow_run` = the one it could not reopen, linking the two)."""
+    import mlflow
+
+    tags = {"pipeline": "true", "run_id": run_id, "workspace": str(ws.path)}
+    if reopen is not None:
+        try:
+            ctx = mlflow.start_run(run_id=reopen)
+        except Exception as e:  # another tracking store, a deleted run
+            get_run_logger().warning("could not reopen MLflow run %s (%r); starting a linked one", reopen, e)
+            tags["resumes_mlflow_run"] = reopen
+        else:
+            with ctx as run:
+                yield run
+            return
+    with mlflow.start_run(experiment_id=exp_id, run_name=name or run_id, tags=tags) as run:
+        yield run
 
 
 def _gc_after_run(root: Path, params: Any) -> dict[str, Any]:
@@ -241,9 +352,41 @@ def _gc_after_run(root: Path, params: Any) -> dict[str, Any]:
 
 def _run(
     root_path: Path, params: Any, selected: list[str], run_id: str, overrides: list[str] | None, name: str | None,
-    checkout: bool, t_start: float,
+    checkout: bool, t_start: float, reopen: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The body of `pipeline` once the run holds its lease (its docstring)."""
+    """The body of `pipeline` once the run holds its lease (its docstring); `reopen`: the workspace resumed."""
+    from prefect.runtime import flow_run
+
+    if reopen is not None:
+        ws = open_workspace(root_path, reopen)
+        record = read_record(reopen)
+    else:
+        ws = create_workspace(root_path, params, run_id, overrides or [])
+        record = {}
+    resumes = int(record.get("resumes", -1)) + 1
+    ws.record(run_id=run_id, name=name, overrides=list(overrides or []), stages=selected, mode=ws.mode,
+              baseline=ws.baseline, untracked=ws.untracked, params_written=ws.params_written, state="running",
+              flow_run_id=flow_run.get_id(), resumes=resumes)  # fmt: skip
+    try:
+        results = _run_in(ws, root_path, params, selected, run_id, name, checkout, t_start, record, resumes)
+    except RunInterrupted:
+        ws.record(state="interrupted")
+        raise
+    except StageFailed as e:
+        ws.record(state="interrupted" if e.interrupted else "failed", failed_stage=e.stage)
+        raise
+    except BaseException:
+        ws.record(state="failed")
+        raise
+    ws.record(state="finished")
+    return results
+
+
+def _run_in(
+    ws: Workspace, root_path: Path, params: Any, selected: list[str], run_id: str, name: str | None,
+    checkout: bool, t_start: float, record: dict[str, Any], resumes: int,
+) -> dict[str, Any]:  # fmt: skip
+    """`_run` once the workspace is there (new, or reopened when `resumes` > 0)."""
     import mlflow
 
     from pfactory.progress import PROGRESS_ENV
@@ -256,12 +399,11 @@ def _run(
         reap_orphan_runs,
     )
 
-    ws = create_workspace(root_path, params, run_id, overrides or [])
     runlog.attach(ws.path / "logs" / "prefect.log")  # `factory run`: Prefect's own records, off the terminal
     console = current_console()
     logger = get_run_logger()
     logger.info("run %s: workspace %s", run_id, ws.path)
-    console.note(f"workspace {openable(ws.path)}")  # its name is the run id
+    console.note(f"{'resuming ' if resumes else ''}workspace {openable(ws.path)}")  # its name is the run id
 
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
     exp_id = experiment_id(root_path)
@@ -282,24 +424,18 @@ def _run(
     }
     with (
         _stage_failure_first(),
-        mlflow.start_run(
-            experiment_id=exp_id,
-            run_name=name or run_id,
-            tags={
-                "pipeline": "true",
-                "run_id": run_id,
-                "workspace": str(ws.path),
-                **lineage_tags(root_path),
-                **process_tags(),
-            },
-        ) as run,
+        _parent_run(exp_id, run_id, name, ws, record.get("mlflow_run_id") if resumes else None) as run,
     ):
         results["mlflow_run_id"] = run.info.run_id
-        flat = flatten(params.model_dump(mode="json"))
-        items = [(k, json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in flat.items()]
-        for i in range(0, len(items), 100):  # MLflow caps a log_params batch at 100
-            mlflow.log_params(dict(items[i : i + 100]))
-        mlflow.log_dict(params.model_dump(mode="json"), "params.json")
+        reopened = resumes and run.info.run_id == record.get("mlflow_run_id")
+        ws.record(mlflow_run_id=run.info.run_id)
+        mlflow.set_tags({**lineage_tags(root_path), **process_tags(), "resumes": str(resumes)})
+        if not reopened:  # a reopened run has them (MLflow refuses a param logged again with another value)
+            flat = flatten(params.model_dump(mode="json"))
+            items = [(k, json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in flat.items()]
+            for i in range(0, len(items), 100):  # MLflow caps a log_params batch at 100
+                mlflow.log_params(dict(items[i : i + 100]))
+            mlflow.log_dict(params.model_dump(mode="json"), "params.json")
         os.environ[PARENT_ENV] = run.info.run_id
         os.environ["PFACTORY_TIMINGS_DIR"] = str(timings_dir)
         os.environ[PROGRESS_ENV] = str(progress_file)
@@ -310,11 +446,16 @@ def _run(
             for i, stage in enumerate(selected, 1):
                 console.stage_started(i, n, stage)
                 try:
-                    with console.following(progress_file, stage):
+                    with console.following(progress_file, stage), _forward_sigterm(ws):
                         results["stages"][stage] = STAGE_TASKS[stage](ws, i, n)
-                except StageFailed:
+                except StageFailed as e:
                     console.stage_failed()
+                    if _stop.is_set():
+                        mlflow.set_tag("interrupted", f"SIGTERM in {stage}")
+                        raise RunInterrupted(run_id, stage, i, n) from e
                     raise
+                if _stop.is_set():  # SIGTERM while the stage was finishing: stop before the next one
+                    raise RunInterrupted(run_id, None)
                 results["timings_s"][stage] = round(ws.stage_seconds[stage], 3)
                 if stage == "evaluate":  # the champion as it is before this run's promote stage
                     results["report"] = parent_run.champion_report(ws)

@@ -6,7 +6,9 @@
    it is doing, a failure says what to try (exit 3);
 3. the flow runs (`flows.pipeline.pipeline`) with live progress (`flows.console`);
 4. a finished run prints its summary (`flows.summary`) on stdout; a failed one prints one screen on
-   stderr (`flows.failure`) and returns its exit code (0 / 1 / 2 / 3 / 75, documented there).
+   stderr (`flows.failure`) and returns its exit code (0 / 1 / 2 / 3 / 75, documented there); one stopped by
+   SIGTERM (`flows.pipeline.RunInterrupted`: the running stage was stopped, train checkpointed first) prints
+   one line saying how to resume it and returns 143.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ def run_command(
     json_out: bool = False,
     started: float | None = None,
     checkout: bool = True,
+    resume: str | None = None,
 ) -> int:
     """Run the pipeline as `factory run` does; returns the exit code. `started`: the command's start
     (`time.perf_counter()`), for the summary's command-level orchestration share. `checkout`: bring the run's
-    outputs to the project's paths on success (`flows.experiment.checkout_outputs`)."""
+    outputs to the project's paths on success (`flows.experiment.checkout_outputs`). `resume`: continue that
+    interrupted run ("" the newest; `flows.pipeline.pipeline`)."""
     from pfactory.tracking import configure_environment
 
     t0 = started if started is not None else time.perf_counter()
@@ -49,9 +53,9 @@ def run_command(
         service_failure,
         stage_failure,
     )
-    from flows.pipeline import pipeline
+    from flows.pipeline import RunInterrupted, pipeline
     from flows.startup import start_services
-    from flows.workspace import CacheNotWritable, StageFailed, check_cache
+    from flows.workspace import CacheNotWritable, ResumeError, StageFailed, check_cache, find_resumable
 
     console = RunConsole()
     use(console)
@@ -61,10 +65,18 @@ def run_command(
         with runlog.capture() as log:
             try:
                 check_cache(root)  # a read-only shared cache: said before services start or anything runs
+                if resume is not None:  # a run to continue, found before services start
+                    find_resumable(root, resume or None)
                 startup = start_services(console, root)
                 flow = pipeline.with_options(flow_run_name=name) if name else pipeline
-                result = flow(overrides=overrides, name=name, stages=stages, checkout=checkout)
+                result = flow(overrides=overrides, name=name, stages=stages, checkout=checkout, resume=resume)
                 result["startup"] = startup
+            except RunInterrupted as e:
+                console.failure([("bold red", f"✗ factory run {e}")])  # one line: how to resume
+                return e.exit_code
+            except ResumeError as e:
+                console.failure([("bold red", f"✗ factory run {e}")])
+                return 2
             except StageFailed as e:
                 failure = stage_failure(e, e.log.parent.parent, prefect_log=log.path)
             except CacheNotWritable as e:

@@ -23,6 +23,12 @@ beside it; two runs sharing one directory would overwrite each other's params, o
         pfactory/ tasks/ kernels/   the code the stages import (`python -m tasks.<stage>` runs with the
                             workspace as cwd; DVC hashes them)
         artifacts/...       the stage outputs, `dvc.lock` records their hashes
+        artifacts/.state/resume/<stage>/   what an interrupted stage resumes from (train: its checkpoint,
+                            written every N steps / M minutes and on SIGTERM), outside DVC's outputs, which DVC
+                            deletes before it reruns a stage (`$PFACTORY_RESUME_DIR`, `tasks/train.py`)
+        logs/run.json       the run's record: id, name, overrides, stages, MLflow parent run, Prefect flow
+                            run, state (running | interrupted | failed | finished): what `factory run
+                            --resume [NAME]` reopens (`open_workspace`, `find_resumable`)
 
 `dvc repro` in the project root runs the same DAG without Prefect; `dvc repro` inside a workspace
 replays that run. Workspaces are kept (they are the run's artifacts) until `factory gc` removes them
@@ -32,9 +38,12 @@ experiment stays in `dvc exp show`.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -46,6 +55,10 @@ from typing import Any
 from pfactory.failures import EXIT_TRANSIENT, OUTCOME_ENV, STAGE_LOG_ENV, Outcome, clear_outcome, read_outcome
 
 RUNS_DIR = Path("artifacts") / "runs"
+RESUME_DIR = Path("artifacts") / ".state" / "resume"  # in a workspace: `$PFACTORY_RESUME_DIR` of its stages
+RESUME_ENV = "PFACTORY_RESUME_DIR"  # = tasks.train.RESUME_ENV
+RUN_RECORD = Path("logs") / "run.json"
+EXIT_INTERRUPTED = 143  # 128 + SIGTERM: a stage (or `factory run`) stopped on SIGTERM after checkpointing
 CODE_DIRS = ("pfactory", "tasks", "kernels")
 COPIED_FILES = ("dvc.yaml", ".dvcignore")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
@@ -56,8 +69,10 @@ class StageFailed(RuntimeError):
 
     `outcome`: what the stage process wrote (`pfactory.failures.Outcome`: code, error, reason, hint), None
     when it never started (DVC failed around it). `status`: its exit code (None: no verdict). `killed`: it
-    started and ended without a verdict (SIGKILL, SIGTERM). `transient`: a retry may help -- a transient
-    verdict (75), a kill from outside, or DVC finding the workspace locked by another DVC process.
+    started and ended without a verdict (SIGKILL, SIGTERM). `interrupted`: it stopped on SIGTERM after
+    checkpointing (exit 143) or was killed: a rerun in the same workspace resumes it. `transient`: a retry may
+    help -- a transient verdict (75), an interruption, or DVC finding the workspace locked by another DVC
+    process.
     `output`: this attempt's DVC + stage output, `log` the stage log (all attempts), for people to read."""
 
     def __init__(
@@ -70,7 +85,8 @@ class StageFailed(RuntimeError):
             outcome = self.outcome = None  # the stage finished; DVC failed after it (an output missing, ...)
         self.status = outcome.code if outcome is not None else None
         self.killed = outcome is not None and outcome.code is None
-        self.transient = self.killed or self.status == EXIT_TRANSIENT or (outcome is None and locked)
+        self.interrupted = self.killed or self.status == EXIT_INTERRUPTED
+        self.transient = self.interrupted or self.status == EXIT_TRANSIENT or (outcome is None and locked)
         how = "transient" if self.transient else "deterministic"
         reason = "\n  ".join(outcome.reason if outcome is not None else [])
         super().__init__(
@@ -126,6 +142,8 @@ class Workspace:
     """Where `link_types` came from: "configured" or "chosen (working: ...)"."""
     remote: str | None = None
     """The project's default DVC remote: pulled from before a stage recomputes, pushed to after the run."""
+    running: subprocess.Popen | None = field(default=None, repr=False)
+    """The `dvc` process running now (a stage): what `interrupt` signals."""
 
     def abs(self, rel: str | Path) -> Path:
         """A `params.paths` entry resolved inside the workspace (absolute paths stay as they are)."""
@@ -146,6 +164,7 @@ class Workspace:
         env["PYTHONPATH"] = str(self.path) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("DVC_NO_ANALYTICS", "1")
         env[OUTCOME_ENV] = str(self.outcomes)
+        env[RESUME_ENV] = str(self.path / RESUME_DIR)
         return env
 
     def dvc(self, *args: str, log_name: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -158,8 +177,17 @@ class Workspace:
             f.write(f"$ dvc {' '.join(args)}\n")
             f.flush()
             start = f.tell()
-            proc = subprocess.run(cmd, cwd=self.path, env={**self.env(), STAGE_LOG_ENV: str(log)},
-                                  stdout=f, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+            proc = subprocess.Popen(cmd, cwd=self.path, env={**self.env(), STAGE_LOG_ENV: str(log)},
+                                    stdout=f, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+            self.running = proc
+            try:
+                proc.wait()
+            except BaseException:  # an exception raised in a signal handler: nothing is left running
+                self.interrupt(signal.SIGKILL)
+                proc.kill()
+                raise
+            finally:
+                self.running = None
         with open(log) as f:
             f.seek(start)
             output = f.read()
@@ -168,6 +196,36 @@ class Workspace:
             raise StageFailed(name, read_outcome(self.outcomes, name), output, log, returncode=proc.returncode,
                               locked=dvc_locked(self.path))  # fmt: skip
         return subprocess.CompletedProcess(cmd, proc.returncode, output, None)
+
+    def interrupt(self, sig: int = signal.SIGTERM) -> list[int]:
+        """Send `sig` to the processes of the running stage: every process under the `dvc` process but the
+        shell DVC runs the command with (train checkpoints and exits 143 on SIGTERM). Not DVC and not the
+        shell: they would end first and report while the stage is still writing; they end when it does.
+        Returns the pids signalled."""
+        import psutil
+
+        proc = self.running
+        if proc is None or proc.poll() is not None:
+            return []
+        try:
+            tree = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        shells = {"sh", "bash", "dash", "zsh"}
+        stage = [p for p in tree if _name(p) not in shells]
+        for p in stage:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(sig)
+        return [p.pid for p in stage]
+
+    def record(self, **fields: Any) -> dict[str, Any]:
+        """Update the run's record `logs/run.json` (module docstring) with `fields`; returns it."""
+        from pfactory.fsutil import atomic_write_json
+
+        data = read_record(self.path)
+        data.update(fields)
+        atomic_write_json(self.path / RUN_RECORD, data)
+        return data
 
     def repro(self, stage: str, index: int = 0, total: int = 0) -> dict[str, Any]:
         """`dvc repro <stage>` (upstream stages already reproduced are no-ops), the `index`-th of `total`;
@@ -241,6 +299,81 @@ class Workspace:
                 if "md5" in out:
                     hashes[out["path"]] = out["md5"]
         return hashes
+
+
+def _name(p: Any) -> str:
+    """A psutil process' name ("" once it is gone)."""
+    try:
+        return p.name()
+    except Exception:
+        return ""
+
+
+def read_record(workspace: Path) -> dict[str, Any]:
+    """A workspace's `logs/run.json` ({} when it has none or it is unreadable)."""
+    try:
+        data = json.loads((Path(workspace) / RUN_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class ResumeError(ValueError):
+    """`factory run --resume [NAME]` found no run to resume (the message says which and what exists)."""
+
+
+def _held(root: Path, run_id: str) -> bool:
+    """Whether a live process holds the run's lease (`pfactory.retention.run_lease`): a run in progress."""
+    from pfactory.dvccache import read_config
+    from pfactory.retention import active_leases
+
+    return any(lease.get("run_id") == run_id for lease in active_leases(read_config(root), root))
+
+
+def find_resumable(root: Path, name: str | None = None) -> Path:
+    """The workspace `factory run --resume [NAME]` continues: NAME is a run id (`artifacts/runs/<id>`) or a run
+    name (`--name`; its newest run); None: the newest interrupted run (its record not `finished`). A run in
+    progress (its lease held) or a finished one is refused: ResumeError saying what there is."""
+    runs = Path(root).resolve() / RUNS_DIR
+    found = sorted((p for p in runs.iterdir() if p.is_dir() and not p.name.startswith(".")), reverse=True) \
+        if runs.is_dir() else []  # fmt: skip
+    records = {p: read_record(p) for p in found}
+    if name:
+        named = [p for p in found if p.name == name] or [p for p in found if records[p].get("name") == name]
+        if not named:
+            raise ResumeError(f"--resume {name}: no run with this id or name under {runs}")
+        ws = named[0]
+        state = records[ws].get("state")
+        if not records[ws]:
+            raise ResumeError(f"--resume {name}: {ws} has no {RUN_RECORD} (made before runs could resume)")
+        if state == "finished":
+            raise ResumeError(f"--resume {name}: run {ws.name} finished; nothing to resume")
+        if _held(root, ws.name):
+            raise ResumeError(f"--resume {name}: run {ws.name} is in progress (another process holds it)")
+        return ws
+    for ws in found:
+        if records[ws] and records[ws].get("state") != "finished" and not _held(root, ws.name):
+            return ws
+    raise ResumeError(
+        f"--resume: no interrupted run under {runs} (every run there finished or is in progress)"
+    )
+
+
+def open_workspace(root: Path, path: Path) -> Workspace:
+    """The `Workspace` of an earlier run at `path` (its record `logs/run.json` and its own params.yaml, which
+    holds the run's overrides), to run its stages again: finished ones are up to date, an interrupted one
+    resumes (`$PFACTORY_RESUME_DIR`)."""
+    from pfactory.config import load_params
+
+    root = Path(root).resolve()
+    rec = read_record(path)
+    cache = cache_settings(root)
+    return Workspace(
+        root=root, path=Path(path), run_id=Path(path).name, params=load_params(Path(path) / "params.yaml"),
+        mode=rec.get("mode", "copy"), baseline=rec.get("baseline"), untracked=list(rec.get("untracked", [])),
+        params_written=rec.get("params_written", "resolved"), cache_dir=cache["dir"], link_types=cache["type"],
+        links_how=cache["_how"], remote=cache["_remote"],
+    )  # fmt: skip
 
 
 def git_commit(root: Path) -> str | None:
@@ -369,7 +502,12 @@ def cache_settings(root: Path) -> dict[str, Any]:
 
     conf = check_cache(root)
     types, how = ensure_link_config(root)
-    settings: dict[str, Any] = {"dir": str(conf.dir), "type": ",".join(types), "_how": how, "_remote": conf.remote}
+    settings: dict[str, Any] = {
+        "dir": str(conf.dir),
+        "type": ",".join(types),
+        "_how": how,
+        "_remote": conf.remote,
+    }
     if conf.shared:
         settings["shared"] = conf.shared
     return settings
@@ -468,7 +606,8 @@ def _fill_copy(root: Path, tmp: Path, params: Any, cache: dict[str, Any]) -> Non
         template = root / ".dvc" / "plots" / "offline.html"  # dvc plots show: Vega inlined (offline)
         (tmp / ".dvc" / "config").write_text(
             "[core]\n    no_scm = true\n    analytics = false\n    autostage = false\n"
-            + "[cache]\n" + "".join(f"    {k} = {v}\n" for k, v in cache.items() if not k.startswith("_"))
+            + "[cache]\n"
+            + "".join(f"    {k} = {v}\n" for k, v in cache.items() if not k.startswith("_"))
             + (f"[plots]\n    html_template = {template}\n" if template.is_file() else "")
         )
         (tmp / ".dvc" / ".gitignore").write_text("/config.local\n/tmp\n/cache\n")

@@ -5,7 +5,9 @@ metrics.json (see `pfactory.train.trainer`). Metrics back: the summary dict.
 
 Run: `python -m tasks.train [-S train.epochs=5 ...]` (what dvc.yaml calls; paths from params.yaml),
 `factory train --data DIR --out DIR`, or `torchrun --nproc_per_node N -m tasks.train` for DDP.
-Resumes from `out/checkpoint.pt` when it belongs to the same params and data.
+Resumes from its checkpoint when it belongs to the same params and data: `$PFACTORY_RESUME_DIR/train/`
+when that is set (a pipeline run's workspace keeps it there, outside DVC's outputs, which DVC deletes before
+it reruns the stage: `flows.workspace`), else `out/checkpoint.pt`. SIGTERM: checkpoint, then exit 143.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from tasks._command import Command, Option
 
 STAGE = "train"
+RESUME_ENV = "PFACTORY_RESUME_DIR"  # set by the pipeline's workspace: where stages keep what a resume needs
 
 
 def sections() -> Mapping[str, type]:
@@ -35,7 +38,8 @@ def run(params: Any, data: str | Path, out: Path, track: bool = True, **options:
     `data` may be an `s3://` prepared output: training reads a verified local copy of it (manifest first,
     every file's sha256 checked) under `paths.artifacts/.state/prepared`. `options` go to
     `pfactory.train.trainer.Trainer`: `max_steps` (overrides `train.max_steps`), `loader_factory` (replaces
-    the shard loader: tests), `progress` (the rich bar; default: when stderr is a terminal).
+    the shard loader: tests), `progress` (the rich bar; default: when stderr is a terminal), `resume_dir`
+    (where the checkpoint written while training lives; default: `out`).
     """
     from pfactory.data.storage import is_url, local_prepared
     from pfactory.train.trainer import Trainer
@@ -50,8 +54,11 @@ def body(params: Any, o: Any) -> dict | None:
     With a team's Prefect server, training waits for one of its slots (pfactory/team/slots.py); else no-op."""
     from pfactory.team import slots
 
+    resume = os.environ.get(RESUME_ENV)
+    resume_dir = Path(resume) / STAGE if resume else None
     with slots.training_slot(slots.run_label(), slots.user()) as slot:
-        summary = run(params, o.data or params.paths.prepared, o.out or Path(params.paths.model), not o.no_track)
+        summary = run(params, o.data or params.paths.prepared, o.out or Path(params.paths.model), not o.no_track,
+                      resume_dir=resume_dir)  # fmt: skip
     slots.record_on_run(summary.get("mlflow_run_id"), slot)
     if int(os.environ.get("RANK", "0")) != 0:
         return None

@@ -16,9 +16,11 @@ from pfactory.train.params import TrainParams
 
 CHECKPOINT = af.CHECKPOINT
 CHECKPOINT_FORMAT = 1
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: what Kubernetes and Slurm expect of a preempted process
 # Train params that do not change the trajectory: a checkpoint written with other values resumes.
 _RESUME_IGNORED = {
     "checkpoint_every_steps",
+    "checkpoint_every_minutes",
     "log_every_steps",
     "num_threads",
     "loader",
@@ -51,9 +53,12 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
     return state
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Atomic: a temporary sibling, fsync, rename; a SIGKILL leaves the previous checkpoint intact."""
-    atomic_write_bytes(path, save_bytes(state), clean_stale=True)
+def save_checkpoint(path: Path, state: dict[str, Any], *also: Path) -> None:
+    """Write `state` to `path` (and the same bytes to each of `also`). Atomic: a temporary sibling, fsync,
+    rename; a SIGKILL leaves the previous checkpoint intact."""
+    data = save_bytes(state)
+    for p in (path, *also):
+        atomic_write_bytes(p, data, clean_stale=True)
 
 
 def resume_mismatch(state: dict[str, Any], config: dict[str, Any], info: DataInfo) -> str | None:

@@ -37,7 +37,8 @@ class TrainParams(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; auto = cuda when available."""
     bf16: bool = True
-    """bf16 autocast where this machine runs bf16 natively: CUDA, or a CPU with AVX512-BF16 or AMX
+    """bf16 autocast where this machine runs bf16 natively: a CUDA device of compute capability >= 8.0 whose
+    bf16 step has verified itself against fp32 (`factory doctor`), or a CPU with AVX512-BF16 or AMX
     (`pfactory.train.runtime.native_bf16`); fp32 elsewhere, where bf16 would be emulated and slower. The loss,
     GroupNorm statistics and the camera projection stay fp32; the CPU path is as deterministic as fp32 (same
     seed, same loss curve). 2 cores with AVX512-BF16: 1.29x the fp32 training step (docs/MODEL.md, "Speed").
@@ -55,7 +56,10 @@ class TrainParams(Section):
     torch_threads: Annotated[int, Field(ge=0)] = 0
     """Intra-op threads for torch on CPU (0 = leave torch's default)."""
     checkpoint_every_steps: PositiveInt = 50
-    """Write `checkpoint.pt` every this many optimizer steps (and at the end)."""
+    """Write the resume checkpoint every this many optimizer steps (also every `checkpoint_every_minutes`, on
+    SIGTERM and at the end). Cost on the default run: docs/MODEL.md, "Checkpoints and resume"."""
+    checkpoint_every_minutes: PositiveFloat = 5.0
+    """... and at least every this many minutes of training (long steps: a preemption loses at most this)."""
     log_every_steps: PositiveInt = 5
     """Log step metrics to MLflow every this many steps."""
     val_every_epochs: Annotated[int, Field(ge=0)] = 3

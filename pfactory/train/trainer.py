@@ -2,8 +2,8 @@
 
 Files in:  `data` = a prepared directory (`paths.prepared`: manifest.json + Parquet shards).
 Files out (`out` = `paths.model`):
-    checkpoint.pt      everything needed to resume (`pfactory.train.checkpoint`), written atomically
-                       every `train.checkpoint_every_steps` steps and at the end
+    checkpoint.pt      everything needed to resume (`pfactory.train.checkpoint`), written atomically at the
+                       end (and, without a `resume_dir`, also while training: below)
     model.pt           final weights (state dict) + model_config.json: what optimize/evaluate load
                        (`pfactory.detectors.io.load_model`)
     curves.json        one record per step: loss terms, lr, samples/s, data-wait fraction (DVC plots)
@@ -18,15 +18,22 @@ schedule, checkpoint, tracker) and runs the loop; `tasks/train.py` is the stage 
 DDP: under `torchrun --nproc_per_node N` (gloo on CPU, nccl on CUDA) the global batch
 `train.batch_size` is split across processes, so the loss does not depend on N.
 
-Resume: when `out/checkpoint.pt` exists and was written by the same model/train params on the same
-prepared data, training continues from it; a killed run (even SIGKILL) resumed this way ends with the
-same weights as an uninterrupted one on CPU (tests/train/test_trainer.py). Otherwise it starts fresh.
+Resume: while training, the checkpoint is written atomically every `train.checkpoint_every_steps` steps,
+every `train.checkpoint_every_minutes` minutes and on SIGTERM (then the process exits 143, `Preempted`: what
+Kubernetes and Slurm preemption expect), into `resume_dir` (the pipeline's workspace keeps it outside DVC's
+outputs, which DVC deletes before it reruns a stage: `flows.workspace`) or else `out`. When a checkpoint
+there (or in `out`) was written by the same model/train params on the same prepared data, training
+continues from it: a killed run (SIGTERM or SIGKILL) resumed this way has the same loss at every step and
+ends with the same weights as an uninterrupted one on CPU (tests/train/test_trainer.py). Otherwise it
+starts fresh.
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +56,7 @@ from pfactory.progress import emit as emit_progress
 from pfactory.train.checkpoint import (
     CHECKPOINT,
     CHECKPOINT_FORMAT,
+    EXIT_PREEMPTED,
     load_checkpoint,
     resume_mismatch,
     save_checkpoint,
@@ -76,6 +84,13 @@ class TrainingDiverged(UserError, RuntimeError):
     exit_code = EXIT_FAILED
 
 
+class Preempted(UserError, RuntimeError):
+    """SIGTERM (preemption, `kill`, `factory run` stopping): the checkpoint was written; exit 143 (128 + 15)."""
+
+    exit_code = EXIT_PREEMPTED
+    hint = "run the same command again to resume from the checkpoint (a pipeline run: factory run --resume)"
+
+
 COMPILE_CACHE = "compile_cache.bin"  # torch.compile's portable cache artifacts, in `out`
 
 
@@ -86,6 +101,8 @@ class Trainer:
 
     `max_steps` overrides `train.max_steps`. `loader_factory` replaces the shard loader (tests).
     `progress`: show the rich bar (default: when stderr is a terminal). `track=False`: no MLflow.
+    `resume_dir`: where the checkpoint written while training lives (default: `out`); the final one is
+    written to both.
     """
 
     def __init__(
@@ -98,6 +115,7 @@ class Trainer:
         *,
         loader_factory: LoaderFactory | None = None,
         progress: bool | None = None,
+        resume_dir: Path | None = None,
     ) -> None:
         section: ModelSection = params.model
         tp: TrainParams = params.train
@@ -137,12 +155,19 @@ class Trainer:
             self.optimizer, lambda s: lr_factor(s, self.total, tp)
         )
         self.config = trajectory_config(self.arch, model.params, tp)
-        self.ckpt_path = out / CHECKPOINT
+        self.final_ckpt = out / CHECKPOINT
+        self.ckpt_path = Path(resume_dir) / CHECKPOINT if resume_dir is not None else self.final_ckpt
         self.step, self.epoch, self.in_epoch, self.elapsed_before = 0, 0, 0, 0.0
         self.curves: list[dict[str, float]] = []
         self.val_curves: list[dict[str, Any]] = []
         self.resumed = self.finished = False
-        run_id = self._resume(load_checkpoint(self.ckpt_path))
+        self.stop_signal: int | None = None  # set by the SIGTERM handler: checkpoint and stop after this step
+        self.checkpoints = 0  # written by this process
+        self._last_ckpt = time.monotonic()
+        state = load_checkpoint(self.ckpt_path)
+        if state is None and self.ckpt_path != self.final_ckpt:
+            state = load_checkpoint(self.final_ckpt)
+        run_id = self._resume(state)
 
         net: nn.Module = model
         if rt.distributed:
@@ -202,6 +227,8 @@ class Trainer:
         tp, rt = self.tp, self.rt
         summary: dict[str, Any] = {}
         self._t_loop = time.perf_counter()
+        self._last_ckpt = time.monotonic()
+        previous = self._catch_sigterm()
         try:
             with progress_bar(self.show, self.total, self.step) as bar:
                 self._last_log = time.perf_counter()
@@ -216,6 +243,7 @@ class Trainer:
                         and self.step < self.total
                     ):
                         self.val_curves.append(self.validate())
+                        self.stop_if_asked()
                 if self.in_epoch >= self.steps_per_epoch:  # stopped exactly at an epoch end
                     self.epoch, self.in_epoch = self.epoch + 1, 0
             train_s = self.elapsed_before + self.train_time()
@@ -237,10 +265,14 @@ class Trainer:
                 self.save_compile_cache()
             if rt.is_main:
                 summary = finish(self.out, self.model, (self.arch, self.plugin), self.info, tp, rt, self.curves,
-                                 self.val_curves, self.timer, train_s, self.tracker, self.resumed)  # fmt: skip
+                                 self.val_curves, self.timer, train_s, self.tracker, self.resumed,
+                                 checkpoints=self.checkpoints)  # fmt: skip
         except BaseException as e:
             self.tracker.close(e)
             raise
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         self.tracker.close()
         if rt.distributed:
             dist.barrier()  # nobody tears the process group down before the main process has written
@@ -273,9 +305,39 @@ class Trainer:
                       "samples_per_s": tp.batch_size / dt, "data_wait_fraction": t_data / dt, **terms}  # fmt: skip
             self.curves.append(record)
             self.log_step(record, bar)
-            if self.step % tp.checkpoint_every_steps == 0 and self.step < self.total:
+            self.stop_if_asked()
+            due = self.step % tp.checkpoint_every_steps == 0 or (
+                time.monotonic() - self._last_ckpt >= tp.checkpoint_every_minutes * 60
+            )
+            if due and self.step < self.total:
                 self.checkpoint(done=False)
         return False
+
+    def _catch_sigterm(self) -> Any:
+        """Install the SIGTERM handler (main thread only): it only records the signal; the loop checkpoints and
+        stops after the step in progress (`stop_if_asked`). Returns the previous handler (None: not installed)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def asked(signum: int, _frame: Any) -> None:
+            self.stop_signal = signum
+
+        return signal.signal(signal.SIGTERM, asked)
+
+    def stop_if_asked(self) -> None:
+        """After a step or a validation: when SIGTERM came (on any DDP process), write the checkpoint and raise
+        `Preempted` (exit 143). All processes agree on the step: the flag is summed across them."""
+        asked = self.stop_signal is not None
+        if self.rt.distributed:
+            flag = torch.tensor([1.0 if asked else 0.0], device=self.rt.device)
+            asked = bool(all_reduce_sum(flag, self.rt).item() > 0)
+        if not asked:
+            return
+        self.checkpoint(done=False)
+        raise Preempted(
+            f"stopped by SIGTERM at step {self.step} of {self.total}: checkpoint {self.ckpt_path} written; "
+            "the same command resumes from it"
+        )
 
     def log_step(self, record: dict[str, Any], bar: Any) -> None:
         """MLflow every `log_every_steps`; the progress bar, or a plain line every ~30 s without a terminal."""
@@ -308,9 +370,11 @@ class Trainer:
                         self.step, self.epoch)  # fmt: skip
 
     def checkpoint(self, done: bool) -> None:
-        """Write `checkpoint.pt` (main process only)."""
+        """Write `checkpoint.pt` (main process only) to `resume_dir`, and the final one (`done`) to `out` too."""
+        self._last_ckpt = time.monotonic()
         if not self.rt.is_main:
             return
+        also = [self.final_ckpt] if done and self.final_ckpt != self.ckpt_path else []
         with self.timer("checkpoint"):
             save_checkpoint(self.ckpt_path, {
                 "format": CHECKPOINT_FORMAT, "config": self.config, "data_fingerprint": self.info.fingerprint,
@@ -319,7 +383,9 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "curves": self.curves,
                 "val_curves": self.val_curves, "elapsed_s": self.elapsed_before + self.train_time(),
                 "mlflow_run_id": self.tracker.run_id, "done": done,
-            })  # fmt: skip
+            }, *also)  # fmt: skip
+        self.checkpoints += 1
+        self._last_ckpt = time.monotonic()
 
 
 def train_step(
@@ -405,14 +471,23 @@ def finish(
     train_s: float,
     tracker: Tracker,
     resumed: bool,
+    checkpoints: int = 0,
 ) -> dict[str, Any]:
-    """Write model.pt, model_config.json, curves, metrics; log them; return the summary."""
+    """Write model.pt, model_config.json, curves, metrics; log them; return the summary. `checkpoints`: how
+    many this process wrote (their cost: `checkpoint` = written, seconds, share of this process' loop)."""
     paths = save_model(out, model, *arch)
     atomic_write_json(out / af.CURVES, curves)
     atomic_write_json(out / af.VAL_CURVES, [{k: v for k, v in r.items() if k != "kpis"} for r in val_curves])
     final = val_curves[-1] if val_curves else {}
     steps = len(curves)
     step_time = sum(timer.totals.get(k, 0.0) for k in ("data", "forward", "backward", "optimizer"))
+    ckpt_s = timer.totals.get("checkpoint", 0.0)
+    loop_s = step_time + timer.totals.get("validate", 0.0) + ckpt_s
+    ckpt = {
+        "written": checkpoints,
+        "seconds": round(ckpt_s, 3),
+        "fraction": round(ckpt_s / loop_s, 5) if loop_s else 0.0,
+    }
     summary = {
         "steps": steps,
         "epochs": max((r["epoch"] for r in curves), default=-1) + 1,
@@ -422,6 +497,7 @@ def finish(
         "peak_memory_mb": round(peak_memory_mb(rt.device), 1),
         "final_loss": curves[-1]["loss"] if curves else None,
         "resumed": resumed,
+        "checkpoint": ckpt,
         "world_size": rt.world_size,
         "device": str(rt.device),
         "precision": "bf16 autocast" if use_bf16(tp.bf16, rt.device) else "fp32",
