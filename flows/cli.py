@@ -205,6 +205,17 @@ def run_cmd(
         ),
     ] = True,
     json_out: Annotated[bool, typer.Option("--json", help="Print the full result as JSON.")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue an interrupted run in its own workspace (finished stages stay, train resumes from "
+            "its checkpoint, its MLflow run and DVC experiment): RUN (a run id or --name), else the newest.",
+        ),
+    ] = False,
+    run: Annotated[
+        str | None, typer.Argument(help="With --resume: the run to continue (id or name).")
+    ] = None,
 ) -> None:
     """Run the whole pipeline: a Prefect flow running the dvc.yaml stages in a fresh run workspace
     (artifacts/runs/<run id>), one MLflow run with lineage, gated promotion. Embedded defaults: synthetic
@@ -213,7 +224,7 @@ def run_cmd(
     Exit codes: 0 done (a refused promotion is a result, not a failure); 1 a stage failed; 2 bad usage or
     parameters; 3 a local service (Prefect API, MLflow store) did not start; 75 a transient failure that
     outlived its retries. A failure prints one screen: stage, reason, log path, what to try.
-    Example: factory run -S train.epochs=5 --name five-epochs
+    Example: factory run -S train.epochs=5 --name five-epochs;  factory run --resume  (the newest interrupted run)
     """
     import time
 
@@ -223,9 +234,14 @@ def run_cmd(
     from flows.run import run_command
 
     stages = list(STAGES[: STAGES.index(until.value) + 1]) if until is not None else None
+    if run is not None and not resume:
+        _fail(f"run: {run!r}: a run to continue is given with --resume (factory run --resume {run})", code=2)
+    if resume and set_param:
+        _fail("run --resume: continues the run with its own params; -S overrides are refused", code=2)
     code = run_command(
-        set_param or [], name=name, stages=stages, json_out=json_out, started=t0, checkout=checkout
-    )
+        set_param or [], name=name, stages=stages, json_out=json_out, started=t0, checkout=checkout,
+        resume=(run or "") if resume else None,
+    )  # fmt: skip
     raise typer.Exit(code)
 
 
@@ -597,6 +613,26 @@ def models_cmd(
         typer.echo(f"# {info.label}\n# {arch.description}\n" + yaml.safe_dump(section, sort_keys=False), nl=False)
         return
     _print_listing(registry.listing(), "pfactory.models", as_json)
+
+
+@app.command("doctor")
+def doctor_cmd(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Run every self-check of the fast paths on this machine (Triton and C kernels, DALI's GPU decode, a
+    CUDA bf16 step) and print path, device, verified / failed / skipped and why, with the figures.
+
+    A failed path is bypassed wherever the factory would use it (docs/GPU.md). Exit 1 when one failed.
+    Examples: factory doctor  |  factory doctor --json
+    """
+    import json
+
+    from pfactory import doctor
+
+    rows = doctor.run_checks(rerun=True)
+    typer.echo(json.dumps(rows, indent=2) if as_json else doctor.table(rows))
+    if any(r["status"] == "failed" for r in rows):
+        raise typer.Exit(1)
 
 
 def _print_listing(rows: list, group: str, as_json: bool) -> None:

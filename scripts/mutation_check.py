@@ -68,6 +68,13 @@ MUTATIONS = (
         ("tests/registry", "tests/tasks/test_promote.py"),
     ),
     Mutation(
+        "latency-gate", "latency gate disabled: the candidate-vs-champion latency gates are never applied",
+        "pfactory/registry/gates.py",
+        "        gates += _latency_gates(params, champion_latency)\n",
+        "        pass  # latency gate disabled\n",
+        ("tests/registry/test_latency_gate.py",),
+    ),
+    Mutation(
         "evaluate", "skip the last work unit of the distributed evaluation",
         "pfactory/evaluate/distributed.py",
         "infer_unit, (spec, data, u)) for u in units]",

@@ -13,8 +13,11 @@ Files out (`out` = `paths.optimized`, built in a temporary sibling and renamed i
     backend.json                  manifest: artifacts, sha256 of every file, I/O, versions
 Metrics back: parity and latency figures, speedups vs eager, step timings (also logged to MLflow with the
 files and their sha256).
-Fails with `ParityError` (exit 1 from the CLI) when an artifact is outside `optimize.parity`; nothing is
-written to `out` then, and the report is kept next to it as `<out>.parity-failed.json`.
+An artifact outside `optimize.parity` while the ONNX Runtime FP32 artifact passes is refused (not shipped) and
+the stage ships what passed, saying so (stderr, backend.json "selection"."fallback", parity.json "refused",
+MLflow tags `optimize.shipped` / `optimize.fallback`). Fails with `ParityError` (exit 1 from the CLI) only when
+no artifact passes (FP32 failing: the export itself is wrong); nothing is written to `out` then, and the report
+is kept next to it as `<out>.parity-failed.json`.
 
 Run: `python -m tasks.optimize [-S optimize.precision=fp32 ...]` (DVC; paths from params.yaml) or
 `factory optimize --model DIR --data DIR --out DIR [--backend ...] [--precision ...]`.
@@ -79,7 +82,8 @@ def body(p: Any, o: Any) -> dict:
 COMMAND = Command(
     STAGE,
     "Export one ONNX graph (points + images -> boxes), build the backend, gate on parity, time it.\n\n"
-    "Exit 1 when parity is outside optimize.parity.\n"
+    "An artifact outside optimize.parity is not shipped (FP32 ships instead of a failed INT8, said on stderr); "
+    "exit 1 when no artifact passes.\n"
     "Example: factory optimize --backend onnxruntime --precision int8",
     (
         Option("model", "Trained model directory. Default: paths.model.", Path),

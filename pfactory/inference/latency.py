@@ -11,6 +11,11 @@ Interleaving: iteration i runs every runner once on the same feed (feeds cycle),
 so a burst of load from another process on a shared 2-core machine lands on all runners alike instead
 of on whichever ran during the burst. Percentiles use linear interpolation (numpy); with 20 iterations
 p99 is close to the maximum, documented in latency.json's config.
+
+`compare_directories(candidate_dir, champion_dir, feeds, ...)`: the promotion's latency gate against the
+champion -- the artifact each optimized directory serves (`runtime.auto_backend`, sha256-checked), timed
+side by side in this process, interleaved the same way -> {"candidate", "champion": {"artifact", p50/p99...},
+"ratio_p50", "ratio_p99", "config"}.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -111,3 +117,48 @@ def measure_latency(
             **(config or {}),
         },
     }
+
+
+def compare_directories(
+    candidate_dir: Path,
+    champion_dir: Path,
+    feeds: Sequence[Feed],
+    warmup: int,
+    iterations: int,
+    device: str = "cpu",
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Candidate vs champion latency, measured side by side (module docstring).
+
+    In: two optimized directories (each checked against its backend.json), the feeds (one batch size),
+    warm-up and timed calls per runner. Out: {"candidate": {"artifact", "dir", **summarize(...)}, "champion":
+    {...}, "ratio_p50": candidate p50 / champion p50, "ratio_p99": the same for p99, "config": {"warmup",
+    "iterations", "batch", "interleaved", "loadavg_1min_before", "loadavg_1min_after"}}.
+    """
+    from pfactory.inference.manifest import find_artifact, read_manifest, verify_directory
+    from pfactory.inference.runtime import auto_backend, open_runner
+
+    runners: dict[str, Runner] = {}
+    served: dict[str, str] = {}
+    for role, d in (("candidate", Path(candidate_dir)), ("champion", Path(champion_dir))):
+        manifest = verify_directory(d, read_manifest(d))
+        backend = auto_backend(manifest, device)
+        art = find_artifact(manifest, backend, None)
+        # No spinning: ORT's idle threads would otherwise busy-wait into the other runner's turn.
+        runners[role] = open_runner(d / art["file"], backend, art["precision"], device, threads, spin=False)
+        served[role] = f"{backend}/{art['precision']}"
+    batch = int(feeds[0]["num_points"].shape[0]) if feeds else 0
+    load_before = _loadavg()
+    times = time_interleaved(runners, feeds, warmup, iterations)
+    out: dict[str, Any] = {
+        role: {"artifact": served[role], "dir": str(d), **summarize(times[role], batch)}
+        for role, d in (("candidate", candidate_dir), ("champion", champion_dir))
+    }
+    for q in ("p50", "p99"):
+        champ = out["champion"][f"{q}_ms"]
+        out[f"ratio_{q}"] = round(out["candidate"][f"{q}_ms"] / champ, 4) if champ > 0 else float("inf")
+    out["config"] = {
+        "warmup": warmup, "iterations": iterations, "batch": batch, "interleaved": True,
+        "loadavg_1min_before": load_before, "loadavg_1min_after": _loadavg(),
+    }  # fmt: skip
+    return out

@@ -4,8 +4,12 @@ optimize stage, `tasks/optimize.py`, which lists the files).
 `optimize(opt, model_dir, data, out, backend, precision, active)`: 1. export one ONNX graph (points +
 images -> boxes); 2. ONNX Runtime FP32 and (precision int8) static INT8 from the rewritten graph, and
 (`optimize.aoti.enabled`) the AOTInductor package; 3. a TensorRT engine (backend tensorrt); 4. parity
-of every artifact vs PyTorch on held-out frames (`ParityError` on a failed gate: nothing is written to
-`out`, the report is kept as `<out>.parity-failed.json`); 5. latency, PyTorch eager interleaved, and
+of every artifact vs PyTorch on held-out frames: an artifact outside its gate is refused and removed while
+the FP32 artifact passes (`_fallback`: the stage ships what passed, primary ONNX Runtime FP32 when the asked
+one was refused, and says so in backend.json "selection", parity.json "refused"/"fallback", on stderr and as
+MLflow tags `optimize.shipped` / `optimize.fallback`); `ParityError` only when the FP32 artifact fails too
+(the export itself is wrong: nothing is written to `out`, the report is kept as
+`<out>.parity-failed.json`); 5. latency, PyTorch eager interleaved, and
 the primary (backend auto on CPU with AOTInductor enabled: the fastest artifact, `_choose_primary`); 6. backend.json with the
 sha256 of every file and the stage's time split (`timings_s`, also printed). `out` is built in a
 temporary sibling and renamed into place on success.
@@ -50,7 +54,7 @@ def _flat_metrics(
     """MLflow scalars, named like the train stage's: parity/<artifact>/<metric>, latency/batch_<b>/<runner>/<stat>,
     speedup/batch_<b>/<runner> (p50 of eager / p50 of runner), time/<step>_s."""
     out: dict[str, float] = {f"time/{k}": round(v, 3) for k, v in timings.items()}
-    for name, a in parity["artifacts"].items():
+    for name, a in {**parity["artifacts"], **parity.get("refused", {})}.items():
         key = name.replace("/", "_")
         m = a["metrics"]
         vals = {
@@ -263,15 +267,23 @@ def optimize(
             results, opt.parity, held.all_frame_ids(), reference=f"pytorch eager ({torch_device})"
         )
         timings["parity_s"] = time.perf_counter() - t0
-        atomic_write_json(tmp / mf.PARITY, report)
+        fallback = None
         if not report["passed"]:
-            kept = atomic_write_json(out.parent / f"{out.name}.parity-failed.json", report)
-            if active is not None:
-                import mlflow
+            fallback = _fallback(report, f"{backend}/{precision}")
+            if fallback is None:  # the FP32 artifact (the export itself) failed: nothing ships
+                kept = atomic_write_json(out.parent / f"{out.name}.parity-failed.json", report)
+                if active is not None:
+                    import mlflow
 
-                mlflow.log_dict(report, "optimized/parity-failed.json")
-                mlflow.log_metrics(_flat_metrics(report, None, timings))
-            raise ParityError(report_failures(report), str(kept))
+                    mlflow.log_dict(report, "optimized/parity-failed.json")
+                    mlflow.log_metrics(_flat_metrics(report, None, timings))
+                raise ParityError(report_failures(report), str(kept))
+            for a in [a for a in artifacts if f"{a['backend']}/{a['precision']}" in report["refused"]]:
+                (tmp / a["file"]).unlink()  # what was not gated through is not shipped
+                artifacts.remove(a)
+                runners.pop(f"{a['backend']}/{a['precision']}")
+            print(f"optimize: {fallback['why']}", file=sys.stderr)
+        atomic_write_json(tmp / mf.PARITY, report)
 
         # 5. latency, PyTorch eager in the same run, interleaved
         emit_progress("optimize", phase=f"latency at batch {', '.join(map(str, opt.latency.batch_sizes))}")
@@ -296,6 +308,14 @@ def optimize(
 
         # 5b. the primary artifact: the one asked for, or (auto on a CPU machine) the fastest that passed parity
         primary, selection = _choose_primary(backend, precision, artifacts, latency, choose_fastest)
+        if fallback is not None:
+            selection = {**selection, "fallback": fallback}
+            if f"{backend}/{precision}" in report["refused"] and not choose_fastest:
+                primary = {"backend": "onnxruntime", "precision": "fp32"}
+                selection["rule"] = f"asked: {backend}/{precision}, refused by parity: onnxruntime/fp32"
+            shipped = f"{primary['backend']}/{primary['precision']}"
+            fallback["primary"] = shipped
+            selection["why"] = f"primary {shipped} because " + fallback["why"]
 
         # 6. manifest with the sha256 of every file
         hashes = mf.file_hashes(tmp)
@@ -335,8 +355,36 @@ def optimize(
     metrics: dict[str, Any] = _flat_metrics(report, latency, timings)
     if active is not None:
         log_mlflow(out, metrics, {**hashes, mf.MANIFEST: sha256_file(out / mf.MANIFEST)})
+        import mlflow
+
+        shipped = f"{primary['backend']}/{primary['precision']}"
+        why = selection["why"] if fallback else "none"
+        mlflow.set_tags({"optimize.shipped": shipped, "optimize.fallback": why[:5000]})
         metrics["mlflow_run_id"] = active.info.run_id
+    if fallback is not None:
+        metrics["parity/fallback"] = 1.0
     return metrics
+
+
+def _fallback(report: dict[str, Any], asked: str) -> dict[str, Any] | None:
+    """Ship what passed parity (module docstring): moves each failed artifact of `report` (parity.json) from
+    "artifacts" to "refused", sets "passed" (every shipped artifact passed) and "fallback"; returns the
+    fallback record {"asked", "refused": {name: failures}, "shipped": [names], "why"}. None (report
+    unchanged) when the ONNX Runtime FP32 artifact failed too: it is the export's own parity evidence, and
+    an export that does not compute what PyTorch computes ships nothing."""
+    arts = report["artifacts"]
+    failed = {n: a["failures"] for n, a in arts.items() if not a["passed"]}
+    if not failed or not arts.get("onnxruntime/fp32", {}).get("passed"):
+        return None
+    shipped = [n for n in arts if n not in failed]
+    first = "; ".join(
+        f"{n}: {f[0]}" + (f" (+{len(f) - 1} more)" if len(f) > 1 else "") for n, f in failed.items()
+    )
+    why = f"{', '.join(failed)} failed parity ({first}); shipping what passed: {', '.join(shipped)}"
+    report["refused"] = {n: arts.pop(n) for n in failed}
+    report["passed"] = True
+    report["fallback"] = {"asked": asked, "refused": failed, "shipped": shipped, "why": why}
+    return report["fallback"]
 
 
 def _choose_primary(

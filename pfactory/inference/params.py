@@ -126,6 +126,13 @@ class ParityParams(Section):
     """Reported `boxes.max_rel_diff` only: |diff| / max(|ref|, this) (m), so a z of 0.02 m is not divided by ~0."""
     scores_rel_floor: PositiveFloat = 0.01
     """Reported `scores.max_rel_diff` only: the same floor for scores."""
+    rate_min_support: PositiveInt = 10
+    """The rate gates (`min_match_rate`, `min_agreement`) judge a proportion k/n only with at least this many
+    detections n (n = max(reference, candidate)); below it the gate reports "n=3 < 10: too few to judge" and
+    does not refuse (the promotion's KPI-delta gates still judge the artifact)."""
+    rate_confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
+    """Confidence of the two-sided Wilson score interval of such a rate: the gate refuses only when the
+    interval's UPPER bound is below the limit (the rate is below it beyond sampling noise)."""
     fp32: ParityTolerance = Field(default_factory=_fp32_tolerance)
     """Gate of FP32 artifacts (ONNX Runtime graph-optimized model)."""
     fp16: ParityTolerance = Field(default_factory=_fp16_tolerance)

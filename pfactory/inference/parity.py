@@ -30,12 +30,19 @@ How outputs are compared (docs/OPTIMIZE.md, "Parity"):
   confident detections (score >= `agreement_score_threshold`, 0.3), their match rate, and quantiles of
   the matched-score |diff| and BEV centre distance (p50/p95/p99/max). A percentile, not the worst
   element: one near-threshold peak that INT8 moves by 0.2 is noise, many are a defect.
+
+Rates are judged with their support (`judge_rate`): a match rate k/n (n = max(#reference, #candidate)) is
+gated only when n >= `rate_min_support`, and then refused only when the upper bound of its two-sided
+Wilson score interval at `rate_confidence` is below the limit -- 2 of 3 confident detections is noise
+("n=3 < 10: too few to judge"), 40 of 60 is a defect (upper bound 0.78 < 0.95). parity.json records
+each rate's verdict (`artifacts.<name>.rates`) and the rule (`rate_rule`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -309,11 +316,18 @@ def compare_outputs(
     return metrics
 
 
-def gate(metrics: dict[str, Any], tol: ParityTolerance) -> list[str]:
+def gate(
+    metrics: dict[str, Any],
+    tol: ParityTolerance,
+    min_support: int | None = None,
+    confidence: float | None = None,
+) -> list[str]:
     """Failures of `metrics` (from `compare_outputs(..., tol)`) against `tol`; [] = passed.
 
     One line per failing check, naming the metric, its value and the limit, e.g.
-    "scores: max |diff| / (atol 1e-05 + rtol 0.0001 * |ref|) = 1.3 > 1 (max |diff| 1.8e-05)".
+    "scores: max |diff| / (atol 1e-05 + rtol 0.0001 * |ref|) = 1.3 > 1 (max |diff| 1.8e-05)". The rates
+    (`min_agreement`, `min_match_rate`) are judged with their support (`rate_verdicts`; `min_support` /
+    `confidence` None: ParityParams' defaults).
     """
     failures: list[str] = []
     elementwise = ("boxes_atol", "boxes_rtol", "yaw_atol", "scores_atol", "scores_rtol")
@@ -340,10 +354,13 @@ def gate(metrics: dict[str, Any], tol: ParityTolerance) -> list[str]:
         if not value >= limit:
             failures.append(f"{name} = {value:.6g} < {limit:.6g}")
 
+    rates = {r["name"]: r for r in rate_verdicts(metrics, tol, min_support, confidence)}
     agree = metrics.get("agreement")
     if agree is not None:
         th = agree["score_threshold"]
-        lower(f"agreement.match_rate (score >= {th:g})", agree["match_rate"], tol.min_agreement)
+        failures += [
+            r["text"] for name, r in rates.items() if name.startswith("agreement.") and not r["passed"]
+        ]
         p99 = agree["scores_abs_diff"]["p99"]
         if tol.scores_p99_atol is not None and p99 is not None and not p99 <= tol.scores_p99_atol:
             failures.append(
@@ -363,7 +380,8 @@ def gate(metrics: dict[str, Any], tol: ParityTolerance) -> list[str]:
     close("scores", tol.scores_atol, tol.scores_rtol)
     lower("scores.cosine", metrics["scores"]["cosine"], tol.min_cosine)
     lower("boxes.cosine", metrics["boxes"]["cosine"], tol.min_cosine)
-    lower("match_rate", metrics["match_rate"], tol.min_match_rate)
+    if "match_rate" in rates and not rates["match_rate"]["passed"]:
+        failures.append(rates["match_rate"]["text"])
     rep = metrics.get("repeatability")
     if tol.repeat_atol is not None and rep is not None:
         worst = max(rep["boxes_max_abs_diff"], rep["scores_max_abs_diff"])
@@ -373,6 +391,72 @@ def gate(metrics: dict[str, Any], tol: ParityTolerance) -> list[str]:
                 f"{rep['labels_mismatch']} labels -- a nondeterministic kernel"
             )
     return failures
+
+
+def wilson_interval(k: int, n: int, confidence: float) -> tuple[float, float]:
+    """Two-sided Wilson score interval (lower, upper) of a proportion k/n at `confidence` (e.g. 0.95);
+    (0, 1) for n = 0. Unlike the normal approximation it stays inside [0, 1] and is honest at small n."""
+    if n <= 0:
+        return 0.0, 1.0
+    z = NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
+    p = k / n
+    den = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1.0 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def rate_rule(min_support: int, confidence: float) -> str:
+    """The sentence parity.json and the docs state for every rate gate."""
+    return (
+        f"a rate k/n is judged only with n >= {min_support}; then refused only when the upper bound of its "
+        f"two-sided {confidence:.0%} Wilson score interval is below the limit"
+    )
+
+
+def judge_rate(
+    name: str, k: int, n: int, limit: float, min_support: int, confidence: float
+) -> dict[str, Any]:
+    """A rate gate with its support: {"name", "k", "n", "rate", "limit", "lower", "upper", "confidence",
+    "min_support", "judged", "passed", "text"}. Not judged (passed, "too few to judge") when n < min_support;
+    else passed unless the Wilson upper bound < limit. `text` is one line naming both figures."""
+    rate = 1.0 if n == 0 else k / n
+    lower, upper = wilson_interval(k, n, confidence)
+    judged = n >= min_support
+    passed = not judged or upper >= limit
+    head = f"{name} = {k}/{n} = {rate:.4g}"
+    if not judged:
+        text = f"{head}, n={n} < {min_support}: too few to judge"
+    else:
+        verdict = ">=" if passed else "<"
+        text = f"{head}: Wilson {confidence:.0%} upper bound {upper:.4g} {verdict} {limit:g} (n={n})"
+    return {
+        "name": name, "k": k, "n": n, "rate": rate, "limit": limit, "lower": lower, "upper": upper,
+        "confidence": confidence, "min_support": min_support, "judged": judged, "passed": passed, "text": text,
+    }  # fmt: skip
+
+
+def rate_verdicts(
+    metrics: dict[str, Any],
+    tol: ParityTolerance,
+    min_support: int | None = None,
+    confidence: float | None = None,
+) -> list[dict[str, Any]]:
+    """`judge_rate` of each gated rate of `metrics` (the agreement match rate, the box-level match rate).
+    `min_support` / `confidence` None: `ParityParams`' defaults."""
+    fields = ParityParams.model_fields
+    ms = int(fields["rate_min_support"].default if min_support is None else min_support)
+    cf = float(fields["rate_confidence"].default if confidence is None else confidence)
+    out = []
+    agree = metrics.get("agreement")
+    if agree is not None and tol.min_agreement is not None:
+        n = max(int(agree["reference_detections"]), int(agree["candidate_detections"]))
+        name = f"agreement.match_rate (score >= {agree['score_threshold']:g})"
+        out.append(judge_rate(name, int(agree["matched"]), n, tol.min_agreement, ms, cf))
+    if tol.min_match_rate is not None:
+        n = max(int(metrics["reference_detections"]), int(metrics["candidate_detections"]))
+        out.append(judge_rate("match_rate", int(metrics["matched"]), n, tol.min_match_rate, ms, cf))
+    return out
 
 
 def tolerance_for(params: ParityParams, precision: str) -> ParityTolerance:
@@ -388,13 +472,15 @@ def parity_report(
     `results[name]` = {"precision": str, "metrics": compare_outputs(...)}.
     """
     artifacts: dict[str, Any] = {}
+    support = (params.rate_min_support, params.rate_confidence)
     for name, r in results.items():
         tol = tolerance_for(params, r["precision"])
-        failures = gate(r["metrics"], tol)
+        failures = gate(r["metrics"], tol, *support)
         artifacts[name] = {
             "precision": r["precision"],
             "metrics": r["metrics"],
             "tolerance": tol.model_dump(),
+            "rates": rate_verdicts(r["metrics"], tol, *support),
             "failures": failures,
             "passed": not failures,
         }
@@ -408,6 +494,7 @@ def parity_report(
         "match_distance_m": params.match_distance_m,
         "boxes_rel_floor": params.boxes_rel_floor,
         "scores_rel_floor": params.scores_rel_floor,
+        "rate_rule": rate_rule(*support),
         "artifacts": artifacts,
         "passed": all(a["passed"] for a in artifacts.values()),
     }

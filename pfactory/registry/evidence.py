@@ -207,6 +207,8 @@ def agreement_summary(parity: Mapping[str, Any], artifact: str, source: str) -> 
         "scores_p99": None if scores.get("p99") is None else float(scores["p99"]),
         "matched": int(a.get("matched", 0)),
         "frames": int(a.get("frames", 0)),
+        # the rate's support: n = max(reference, candidate) confident detections (gates.judge_rate)
+        "support": max(int(a.get("reference_detections", 0)), int(a.get("candidate_detections", 0))),
     }
 
 
@@ -370,6 +372,7 @@ def read_evidence(optimized: Path, kpis_file: Path, latency_batch: int = 1) -> E
             "weights_sha256": (manifest.get("model") or {}).get("weights_sha256"),
             "arch": (manifest.get("model") or {}).get("arch") or DEFAULT_ARCH,
             "plugin": (manifest.get("model") or {}).get("plugin"),
+            "selection": manifest.get("selection") or {},  # why this primary (a parity fallback says so)
             "files": dict(manifest.get("files") or {}),
         },
         extra=extra,

@@ -1,21 +1,25 @@
 """The promotion gates: a candidate's evidence (and the champion's KPIs on the same data) -> pass/fail each.
 
 In:  `PromoteParams`, the candidate `Evidence`, the champion's KPI summary on the candidate's evaluation
-     data (None when there is no champion: only the absolute gates apply).
+     data (None when there is no champion: only the absolute gates apply) and the side-by-side latency of
+     candidate and champion (`inference.latency.compare_directories`, from `promotion.promote`).
 Out: `list[Gate]`, in a fixed order. Each gate has a `value`, a `threshold`, `passed` and a `margin`
      (positive: passed with room; negative: failed by that much; None for a yes/no gate) and a `detail`
      sentence that names what failed and by how much.
 
 Gates (params.promote):
 - `min_map`                   candidate mAP >= min_map                              (absolute)
-- `p99_latency_ms`            p99 at batch `latency_batch`, primary artifact <= max_p99_latency_ms (absolute)
+- `p99_latency_ms`            p99 at batch `latency_batch`, primary artifact <= max_p99_latency_ms (absolute
+                              ceiling, optimize's latency.json; with no champion the only latency gate)
 - `optimize_parity`           optimized/parity.json "passed" (when require_parity)   (absolute)
 - `parity_map_delta`          |mAP(optimized) - mAP(PyTorch)| <= parity_map_tolerance (absolute)
 - `parity_class_ap_delta/<C>` per class, |AP@parity_class_ap_distance_m(optimized) - AP(PyTorch)|
                               <= parity_class_ap_tolerance (absolute)
 - `parity_range_map_delta/<B>` per range bucket, |mAP(optimized) - mAP(PyTorch)| <= parity_range_map_tolerance
-- `parity_agreement`          confident-detection match rate of the primary artifact vs PyTorch
-                              (parity.json) >= min_parity_agreement (absolute)
+- `parity_agreement`          confident-detection match rate k/n of the primary artifact vs PyTorch
+                              (parity.json) >= min_parity_agreement (absolute), judged with its support:
+                              n < rate_min_support "too few to judge" (passes); else refused only when the
+                              Wilson upper bound at rate_confidence < the limit (`judge_rate`)
 - `parity_scores_p99`         p99 |score diff| of those matched detections <= max_parity_scores_p99
 The parity_* gates are the optimized artifact's accuracy evidence (INT8 above all): the KPI delta the
 evaluate stage measured on the same frames plus the robust detection agreement, never a single worst
@@ -31,6 +35,10 @@ fraction of the tolerance, and a loss spread over several objects or classes is 
                               (absolute; fails, saying so, when the candidate has no KITTI metric)
 - `map_regression`            champion mAP - candidate mAP <= max_map_regression     (vs champion)
 - `class_ap_regression/<C>`   per class, champion AP - candidate AP <= max_class_ap_regression (vs champion)
+- `latency_p50_vs_champion`   candidate p50 / champion p50 <= max_latency_ratio    (vs champion, both timed
+                              side by side in this process, interleaved; a failure re-measured once, the
+                              smaller ratio read)
+- `latency_p99_vs_champion`   candidate p99 / champion p99 <= max_p99_latency_ratio (vs champion, same)
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pfactory.inference.parity import judge_rate
 from pfactory.registry.evidence import Evidence
 from pfactory.registry.params import PromoteParams
 
@@ -101,23 +110,30 @@ def _delta_gate(name: str, value: float, tolerance: float, allowance: tuple[floa
 
 
 def apply_gates(
-    params: PromoteParams, candidate: Evidence, champion_kpis: Mapping[str, Any] | None
+    params: PromoteParams,
+    candidate: Evidence,
+    champion_kpis: Mapping[str, Any] | None,
+    champion_latency: Mapping[str, Any] | None = None,
 ) -> list[Gate]:
-    """Every gate of params.promote on `candidate` (module docstring); `champion_kpis` on the same data."""
-    gates = [
-        _lower("min_map", candidate.kpis["mAP"], params.min_map, "mAP"),
-        _upper(
-            "p99_latency_ms", candidate.latency["p99_ms"], params.max_p99_latency_ms,
-            f"p99 latency ({candidate.latency['artifact']}, batch {candidate.latency['batch']})", " ms",
-        ),
-    ]  # fmt: skip
+    """Every gate of params.promote on `candidate` (module docstring); `champion_kpis` on the same data;
+    `champion_latency` the side-by-side timing (`compare_directories`, + "champion_version", "rounds"). With
+    a champion but no timing the latency gates fail, saying it was not measured."""
+    ceiling = _upper(
+        "p99_latency_ms", candidate.latency["p99_ms"], params.max_p99_latency_ms,
+        f"p99 latency ({candidate.latency['artifact']}, batch {candidate.latency['batch']})", " ms",
+    )  # fmt: skip
+    if champion_kpis is None:
+        ceiling.detail += " (no champion: this absolute ceiling is the only latency gate)"
+    gates = [_lower("min_map", candidate.kpis["mAP"], params.min_map, "mAP"), ceiling]
     if params.require_parity:
         ok = bool(candidate.parity["passed"])
         why = "; ".join(candidate.parity["failures"]) or "no failures listed"
+        fallback = (candidate.backend.get("selection") or {}).get("fallback")
+        passed = "passed" + (f" ({fallback['why']})" if fallback else "")
         gates.append(
             Gate(
                 "optimize_parity", ok, True, ok, None,
-                "optimize parity vs PyTorch: passed" if ok else f"optimize parity vs PyTorch FAILED ({why})",
+                f"optimize parity vs PyTorch: {passed}" if ok else f"optimize parity vs PyTorch FAILED ({why})",
             )
         )  # fmt: skip
     gates += _parity_gates(params, candidate)
@@ -146,6 +162,30 @@ def apply_gates(
                     f"{name} AP drop vs champion ({champ['mean_ap']:.4g} -> {cand['mean_ap']:.4g})",
                 )
             )  # fmt: skip
+        gates += _latency_gates(params, champion_latency)
+    return gates
+
+
+def _latency_gates(params: PromoteParams, cmp: Mapping[str, Any] | None) -> list[Gate]:
+    """Candidate / champion p50 and p99, timed side by side (`inference.latency.compare_directories`)."""
+    limits = {"p50": params.max_latency_ratio, "p99": params.max_p99_latency_ratio}
+    if cmp is None:
+        why = "not measured (promotion.promote times both side by side)"
+        return [_unverifiable(f"latency_{q}_vs_champion", lim, f"{q} latency vs champion", why)
+                for q, lim in limits.items()]  # fmt: skip
+    gates = []
+    rounds = cmp.get("rounds") or [cmp]
+    for q, limit in limits.items():
+        key = f"{q}_ms"
+        # the round with the smaller ratio (a failure is re-measured once: it must fail twice)
+        r = min(rounds, key=lambda m: m[f"ratio_{q}"])
+        cand, champ = r["candidate"], r["champion"]
+        what = (
+            f"{q} candidate {cand['artifact']} {cand[key]:.3g} ms / champion v{cmp.get('champion_version')} "
+            f"{champ['artifact']} {champ[key]:.3g} ms (side by side, interleaved, {r['config']['iterations']} "
+            f"calls each, batch {r['config']['batch']}, {len(rounds)} measurement(s))"
+        )
+        gates.append(_upper(f"latency_{q}_vs_champion", r[f"ratio_{q}"], limit, what))
     return gates
 
 
@@ -222,9 +262,7 @@ def _parity_gates(params: PromoteParams, candidate: Evidence) -> list[Gate]:
         gates.append(_unverifiable("parity_scores_p99", params.max_parity_scores_p99, "scores p99", why))
         return gates
     where = f"{a['artifact']} vs PyTorch, score >= {a['score_threshold']:g}, {a['frames']} frames"
-    gates.append(
-        _lower("parity_agreement", a["match_rate"], params.min_parity_agreement, f"match rate ({where})")
-    )
+    gates.append(_rate_gate("parity_agreement", a, params, where))
     p99 = a["scores_p99"] if a["scores_p99"] is not None else 0.0  # nothing matched: the match rate decides
     gates.append(
         _upper(
@@ -233,6 +271,20 @@ def _parity_gates(params: PromoteParams, candidate: Evidence) -> list[Gate]:
         )
     )  # fmt: skip
     return gates
+
+
+def _rate_gate(name: str, a: Mapping[str, Any], params: PromoteParams, where: str) -> Gate:
+    """A match rate judged with its support (`inference.parity.judge_rate`): value the rate, margin the
+    Wilson upper bound minus the limit (None when too few to judge), the detail says which."""
+    n = int(a.get("support", 0))
+    k = round(a["match_rate"] * n)  # parity.json records matched / max(reference, candidate)
+    r = judge_rate(
+        "match rate", k, n, params.min_parity_agreement, params.rate_min_support, params.rate_confidence
+    )
+    margin = r["upper"] - r["limit"] if r["judged"] else None
+    verdict = "ok" if r["passed"] else f"FAILED by {r['limit'] - r['upper']:.4g}"
+    return Gate(name, a["match_rate"], params.min_parity_agreement, r["passed"], margin,
+                f"{r['text']} ({where}): {verdict}")  # fmt: skip
 
 
 def failed(gates: Sequence[Gate]) -> list[Gate]:

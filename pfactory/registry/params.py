@@ -34,7 +34,21 @@ class PromoteParams(Section):
     """Absolute gate: p99 latency at batch 1 of the primary artifact (`optimized/latency.json`). INT8 ORT
     measured p99 ~82 ms on 2 shared cores (docs/OPTIMIZE.md); the bound catches a several-fold regression."""
     latency_batch: Annotated[int, Field(gt=0)] = 1
-    """Batch size whose p99 the latency gate reads (`batch_<n>` of latency.json)."""
+    """Batch size whose p99 the latency gate reads (`batch_<n>` of latency.json), and the batch of the
+    side-by-side measurement against the champion."""
+    max_latency_ratio: Annotated[float, Field(ge=1)] = 1.3
+    """vs champion: the candidate's p50 at most this many times the champion's, both artifacts timed side
+    by side in the promoting process, interleaved call by call (`inference.latency.compare_directories`)."""
+    max_p99_latency_ratio: Annotated[float, Field(ge=1)] = 1.5
+    """vs champion: the same for p99 (a tail estimate over `latency_iterations` calls: wider)."""
+    latency_iterations: Annotated[int, Field(ge=5)] = 30
+    """Timed calls per artifact of the side-by-side measurement (after `latency_warmup` untimed ones). A
+    measurement over a ratio limit is repeated once and the gate reads the smaller ratio of the two: a
+    slower candidate is slower twice, a burst of load from another process rarely is."""
+    latency_warmup: Annotated[int, Field(ge=0)] = 3
+    """Untimed calls per artifact before the side-by-side timing."""
+    latency_frames: Annotated[int, Field(gt=0)] = 4
+    """Frames of the candidate's evaluation split (`--data`) the side-by-side timing cycles through."""
     require_parity: bool = True
     """Absolute gate: the optimize stage's parity verdict (`optimized/parity.json` "passed") must be true."""
     parity_map_tolerance: NonNegFloat = 0.005
@@ -50,7 +64,14 @@ class PromoteParams(Section):
     at most this: 1.5 points (a bucket holds a third of the objects: its delta is noisier)."""
     min_parity_agreement: Annotated[float, Field(ge=0, le=1)] = 0.95
     """Absolute gate: the primary artifact's confident-detection match rate vs PyTorch (`parity.json`
-    metrics.agreement.match_rate, score >= optimize.parity.agreement_score_threshold)."""
+    metrics.agreement.match_rate, score >= optimize.parity.agreement_score_threshold), judged with its
+    support (`rate_min_support`, `rate_confidence`)."""
+    rate_min_support: Annotated[int, Field(gt=0)] = 10
+    """A rate gate (`parity_agreement`) judges k/n only with n >= this (n = max(reference, candidate)
+    detections); below it: "too few to judge", passed (the KPI-delta gates still judge the artifact)."""
+    rate_confidence: Annotated[float, Field(gt=0.5, lt=1)] = 0.95
+    """... and then refuses only when the upper bound of the two-sided Wilson score interval at this
+    confidence is below the limit."""
     max_parity_scores_p99: NonNegFloat = 0.06
     """Absolute gate: the 99th percentile of |score diff| over those matched detections."""
     min_kitti: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)

@@ -8,7 +8,8 @@
  3. the champion's KPIs on the candidate's evaluation data: its registered KPIs when the data identity
     (prepared hash + split) matches, a cached re-evaluation tag, or a fresh `evaluate_fn(champion
     optimized dir, data)` on the champion's files downloaded from the registry;
- 4. the gates (`gates.apply_gates`); any failure: the version is tagged refused, nothing else changes;
+ 4. the gates (`gates.apply_gates`), with the latency of candidate and champion timed side by side here
+    (`_latency_vs_champion`); any failure: the version is tagged refused, nothing else changes;
  5. under the registry lock, compare-and-set: the alias must still point where it pointed in step 3
     (else refused: another promotion won the race); the release folder is built, the audit record written
     (registry tag + release/audit.jsonl), the alias moved. The audit record is
@@ -122,6 +123,29 @@ def _champion_kpis(
     if not dry_run:  # a cache, not a change of the champion: the next promotion on this data reuses it
         reg.set_version_tags(c, name, version, {cache_key: json.dumps(summary, sort_keys=True)})
     return summary, "re-evaluated"
+
+
+def _latency_vs_champion(
+    c: Any, params: PromoteParams, version: int, candidate: Path, data: Path, split: str
+) -> dict[str, Any]:
+    """Candidate and champion `version` (its files downloaded from the registry) timed side by side in this
+    process (`inference.latency.compare_directories`) on frames of `data`'s `split`; a measurement over a
+    ratio limit is repeated once ("rounds": both; the gates read the smaller ratio)."""
+    from pfactory.inference.calibration import load_feeds
+    from pfactory.inference.latency import compare_directories
+
+    feeds = load_feeds(data, split, params.latency_batch, params.latency_batch * params.latency_frames).feeds
+    with tempfile.TemporaryDirectory(prefix="pfactory-champion-latency-") as tmp:
+        champion = reg.download_version(c, params.model_name, version, Path(tmp)) / "optimized"
+        rounds: list[dict[str, Any]] = []
+        for _ in range(2):
+            rounds.append(compare_directories(
+                candidate, champion, feeds, params.latency_warmup, params.latency_iterations
+            ))  # fmt: skip
+            r = rounds[-1]
+            if r["ratio_p50"] <= params.max_latency_ratio and r["ratio_p99"] <= params.max_p99_latency_ratio:
+                break
+    return {"champion_version": version, "rounds": rounds}
 
 
 def _result(decision: str, version: int | None, before: int | None, after: int | None, gates: list[Gate],
@@ -291,7 +315,10 @@ def promote(
         # The re-evaluation cache is a tag of the champion's version: written only by who may write there.
         champ_kpis, champ_source = _champion_kpis(c, params, before, ev, data, evaluate_fn, dry_run or not allowed)
     reeval = champ_source.startswith("re-evaluated")
-    gates = apply_gates(params, ev, champ_kpis)
+    champ_latency = None
+    if before is not None:
+        champ_latency = _latency_vs_champion(c, params, before, candidate.optimized, data, ev.data["split"])
+    gates = apply_gates(params, ev, champ_kpis, champ_latency)
     bad = failed(gates)
     vs = f"champion v{before}" if before is not None else "no champion (absolute gates only)"
     reason = (
@@ -299,6 +326,9 @@ def promote(
         if not bad
         else f"{len(bad)} gate(s) failed vs {vs}: " + "; ".join(f"{g.name}: {g.detail}" for g in bad)
     )
+    fallback = (ev.backend.get("selection") or {}).get("fallback")
+    if fallback:  # said in the run's summary (the caption of the gate table) and on the model card
+        reason += f"; optimize shipped {fallback.get('primary', ev.backend['primary'])}: {fallback['why']}"
     extra: dict[str, Any] = {"champion_kpis_source": champ_source, "model": reg_name}
     if dry_run:
         return _result(

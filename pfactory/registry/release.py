@@ -126,6 +126,15 @@ def model_card(release: Mapping[str, Any], audit: Sequence[Mapping[str, Any]]) -
         f"({', '.join(par['artifacts'])}); worst: "
         + ", ".join(f"{m} {_f(v)}" for m, v in sorted(par["worst"].items())),
         "",
+    ]
+    fallback = ((ev.get("backend") or {}).get("selection") or {}).get("fallback")
+    if fallback:  # the optimize stage refused an artifact and shipped the one that passed
+        out += [
+            f"**Shipped `{fallback.get('primary', lat['artifact'])}` instead of the asked `{fallback['asked']}`**: "
+            f"{fallback['why']}.",
+            "",
+        ]
+    out += [
         "## Gates",
         "",
         "| gate | value | threshold | margin | result |",

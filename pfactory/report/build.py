@@ -347,18 +347,28 @@ def _optimize_section(inputs: ReportInputs) -> str:
     parts = []
     if inputs.parity:
         rows = []
-        for art, a in sorted((inputs.parity.get("artifacts") or {}).items()):
+        rates = []  # each rate gate's verdict with its support (k/n, Wilson bound or "too few to judge")
+        refused = inputs.parity.get("refused") or {}  # failed parity, not shipped (optimize's fallback)
+        for art, a in sorted({**(inputs.parity.get("artifacts") or {}), **refused}.items()):
             mt = a.get("metrics", {}) if isinstance(a, dict) else {}
             b, s, y = mt.get("boxes") or {}, mt.get("scores") or {}, mt.get("yaw") or {}
             ok = a.get("passed") if isinstance(a, dict) else None
+            bad = '<b class="bad">REFUSED, not shipped</b>' if art in refused else '<b class="bad">FAILED</b>'
             rows.append(
-                [escape(art), '<b class="ok">passed</b>' if ok else '<b class="bad">FAILED</b>', _f(mt.get("match_rate")),
+                [escape(art), '<b class="ok">passed</b>' if ok else bad, _f(mt.get("match_rate")),
                  _vs_tol(b), _vs_tol(s), _vs_tol(y), escape("; ".join(a.get("failures") or []) or "–")]
             )  # fmt: skip
+            rates += [f"{art}: {r['text']}" for r in (a.get("rates") or []) if isinstance(r, dict)]
         verdict = "passed" if inputs.parity.get("passed") else "FAILED"
+        notes = ""
+        if inputs.parity.get("rate_rule"):
+            rule = escape(inputs.parity["rate_rule"])
+            notes += f'<p class="note">Rates: {rule}. {escape("; ".join(rates))}</p>'
+        if inputs.parity.get("fallback"):
+            notes += f'<p class="note"><b>Fallback</b>: {escape(inputs.parity["fallback"]["why"])}.</p>'
         parts.append(
             f"<h3>Parity vs PyTorch: {verdict}</h3>"
-            + _table(PARITY_HEAD, rows, "grid small")
+            + _table(PARITY_HEAD, rows, "grid small") + notes
         )  # fmt: skip
     if inputs.latency:
         rows = []

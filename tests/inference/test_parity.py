@@ -124,8 +124,12 @@ def test_missing_and_extra_detections_lower_the_match_rate() -> None:
     m = compare_outputs([ref], [cand], ParityParams())
     assert m["reference_detections"] == 8 and m["matched"] == 7
     assert m["match_rate"] == pytest.approx(7 / 8)
-    failures = gate(m, ParityTolerance(min_match_rate=0.9))
-    assert failures == [f"match_rate = {7 / 8:.6g} < 0.9"]
+    # 7 of 8 is judged with its support: below rate_min_support (10) it is too few to refuse on ...
+    assert gate(m, ParityTolerance(min_match_rate=0.9)) == []
+    # ... with a minimum of 5 it is judged: the Wilson 95 % interval of 7/8 reaches 0.9776
+    assert gate(m, ParityTolerance(min_match_rate=0.97), min_support=5) == []
+    failures = gate(m, ParityTolerance(min_match_rate=0.99), min_support=5)
+    assert failures == ["match_rate = 7/8 = 0.875: Wilson 95% upper bound 0.9776 < 0.99 (n=8)"]
     with pytest.raises(ValueError, match="another atol/rtol"):
         gate(m, ParityParams().fp32)  # metrics computed without fp32's atol/rtol
 
@@ -284,7 +288,9 @@ def test_agreement_ignores_clutter_below_the_threshold_but_counts_lost_confident
         o["boxes"][0, :3, 0] += 10.0  # 3 of 30 confident detections moved away: 27 matched of 30 (+3 extra)
     m = compare_outputs(ref, lost, params, tol)
     assert m["agreement"]["match_rate"] == pytest.approx(0.9)
-    assert gate(m, tol) == [f"agreement.match_rate (score >= 0.3) = {0.9:.6g} < 0.95"]
+    assert gate(m, tol) == [
+        "agreement.match_rate (score >= 0.3) = 108/120 = 0.9: Wilson 95% upper bound 0.9419 < 0.95 (n=120)"
+    ]
 
 
 def test_int8_gate_is_agreement_and_repeatability_fp32_stays_elementwise() -> None:
