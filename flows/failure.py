@@ -29,7 +29,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.workspace import StageFailed
+from flows.workspace import EXIT_INTERRUPTED, StageFailed
 from pfactory.failures import (
     EXIT_FAILED,
     EXIT_NOPERM,
@@ -160,7 +160,9 @@ def stage_failure(
             f"{LOG_NOTE}(Prefect's: {Path(prefect_log).name if beside else openable(prefect_log, cwd)}"
             + (" beside it)" if beside else ")")
         )
-    if e.transient:
+    if e.status == EXIT_INTERRUPTED:  # preempted (SIGTERM) after checkpointing: 143, as the stage said
+        code = EXIT_INTERRUPTED
+    elif e.transient:
         code = EXIT_TRANSIENT
     elif e.status in (EXIT_USAGE, EXIT_NOPERM):  # bad usage (2); a team server refused the user (77)
         code = e.status

@@ -65,10 +65,11 @@ def _engine_probe(precision: str) -> Any:
 
         import torch
 
+        from pfactory.detectors import registry
+        from pfactory.detectors.contract import DataSpec
+        from pfactory.detectors.params import DEFAULT_ARCH
         from pfactory.inference.export import INPUT_NAMES, example_inputs, export_onnx
         from pfactory.inference.params import OptimizeParams
-        from pfactory.model.detector import build_model
-        from pfactory.model.params import ModelParams
 
         why = tensorrt_backend.tensorrt_missing()
         if why:
@@ -77,14 +78,14 @@ def _engine_probe(precision: str) -> Any:
             raise selfcheck.Skip("no CUDA device")
         trt = tensorrt_backend.import_tensorrt()
         torch.manual_seed(0)
-        params = ModelParams(
-            pc_range=[0.0, -8.0, -3.0, 16.0, 8.0, 1.0], pillar_size_m=0.4, image_channels=8, point_channels=16,
-            bev_channels=[16, 16, 32], up_channels=16, head_channels=16, max_detections=20,
-        )  # fmt: skip
-        model = build_model(params, (64, 32)).eval()
-        with torch.no_grad():  # distinct peaks, as after training (a fresh head nearly ties everywhere)
-            torch.nn.init.normal_(model.head.heatmap.weight, std=0.3)
-            torch.nn.init.normal_(model.head.reg.weight, std=0.3)
+        section = {"pillar_size_m": 0.4, "image_channels": 8, "point_channels": 16, "bev_channels": [16, 16, 32],
+                   "up_channels": 16, "head_channels": 16, "max_detections": 20}  # fmt: skip
+        data = DataSpec(("Car", "Pedestrian", "Cyclist"), (0.0, -8.0, -3.0, 16.0, 8.0, 1.0), (64, 32))
+        model = registry.build(DEFAULT_ARCH, section, data).eval()
+        with torch.no_grad():  # distinct peaks, as after training (fresh 1x1 output convs nearly tie everywhere)
+            for m in model.modules():
+                if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (1, 1):
+                    torch.nn.init.normal_(m.weight, std=0.3)
         feeds = [
             dict(zip(INPUT_NAMES, (t.numpy() for t in example_inputs(model, 1, 600, 1, seed))))
             for seed in (0, 1)

@@ -3,11 +3,14 @@ optimize stage, `tasks/optimize.py`, which lists the files).
 
 `optimize(opt, model_dir, data, out, backend, precision, active)`: 1. export one ONNX graph (points +
 images -> boxes); 2. ONNX Runtime FP32 and (precision int8) static INT8 from the rewritten graph, and
-(`optimize.aoti.enabled`) the AOTInductor package; 3. a TensorRT engine (backend tensorrt); 4. parity
+(`optimize.aoti.enabled`) the AOTInductor package; 3. a TensorRT engine (backend tensorrt), self-checked
+on this GPU against ONNX Runtime FP32 of the export on two held-out frames: a failed engine is refused and
+deleted before parity (`refuse_failed_engine`); 4. parity
 of every artifact vs PyTorch on held-out frames: an artifact outside its gate is refused and removed while
-the FP32 artifact passes (`_fallback`: the stage ships what passed, primary ONNX Runtime FP32 when the asked
-one was refused, and says so in backend.json "selection", parity.json "refused"/"fallback", on stderr and as
-MLflow tags `optimize.shipped` / `optimize.fallback`); `ParityError` only when the FP32 artifact fails too
+the FP32 artifact passes (`_fallback`: the stage ships what passed, primary the first artifact that passed
+(ONNX Runtime FP32) when the asked one was refused, and says so in backend.json "selection", parity.json
+"refused"/"fallback", on stderr and as MLflow tags `optimize.shipped` / `optimize.fallback`);
+`ParityError` only when the FP32 artifact fails too
 (the export itself is wrong: nothing is written to `out`, the report is kept as
 `<out>.parity-failed.json`); 5. latency, PyTorch eager interleaved, and
 the primary (backend auto on CPU with AOTInductor enabled: the fastest artifact, `_choose_primary`); 6. backend.json with the
@@ -56,6 +59,9 @@ def _flat_metrics(
     out: dict[str, float] = {f"time/{k}": round(v, 3) for k, v in timings.items()}
     for name, a in {**parity["artifacts"], **parity.get("refused", {})}.items():
         key = name.replace("/", "_")
+        if "metrics" not in a:  # refused before parity (an engine that failed its self-check)
+            out[f"parity/{key}/passed"] = 0.0
+            continue
         m = a["metrics"]
         vals = {
             "match_rate": m["match_rate"],
@@ -234,12 +240,17 @@ def optimize(
 
         # 3. TensorRT engine (GPU machines)
         trt_meta = None
+        refused_early: dict[str, Any] = {}  # parity.json "refused" entries of artifacts refused before parity
         if backend == "tensorrt":
             emit_progress("optimize", phase=f"building the TensorRT {precision} engine")
-            entry = _build_tensorrt(opt, precision, tmp, exported, calib, previous_timing, sensitivity)
+            entry = _build_tensorrt(
+                opt, precision, tmp, exported, calib, previous_timing, sensitivity, held.feeds[:2]
+            )
             timings["tensorrt_build_s"] = entry["build_s"]
-            trt_meta = entry["metadata"]
-            artifacts.append(entry)
+            trt_meta = {**entry["metadata"], "selfcheck": entry["selfcheck"]}
+            refused_early = refuse_failed_engine(entry, tmp)
+            if not refused_early:
+                artifacts.append(entry)
 
         # 4. parity vs PyTorch on held-out frames
         emit_progress("optimize", phase=f"parity vs PyTorch on {opt.parity.frames} held-out frames")
@@ -268,9 +279,11 @@ def optimize(
         )
         timings["parity_s"] = time.perf_counter() - t0
         fallback = None
-        if not report["passed"]:
-            fallback = _fallback(report, f"{backend}/{precision}")
+        if not report["passed"] or refused_early:
+            fallback = _fallback(report, f"{backend}/{precision}", refused_early)
             if fallback is None:  # the FP32 artifact (the export itself) failed: nothing ships
+                if refused_early:
+                    report["refused"] = {**report.get("refused", {}), **refused_early}
                 kept = atomic_write_json(out.parent / f"{out.name}.parity-failed.json", report)
                 if active is not None:
                     import mlflow
@@ -309,13 +322,7 @@ def optimize(
         # 5b. the primary artifact: the one asked for, or (auto on a CPU machine) the fastest that passed parity
         primary, selection = _choose_primary(backend, precision, artifacts, latency, choose_fastest)
         if fallback is not None:
-            selection = {**selection, "fallback": fallback}
-            if f"{backend}/{precision}" in report["refused"] and not choose_fastest:
-                primary = {"backend": "onnxruntime", "precision": "fp32"}
-                selection["rule"] = f"asked: {backend}/{precision}, refused by parity: onnxruntime/fp32"
-            shipped = f"{primary['backend']}/{primary['precision']}"
-            fallback["primary"] = shipped
-            selection["why"] = f"primary {shipped} because " + fallback["why"]
+            primary, selection = _fallback_primary(primary, selection, fallback, choose_fastest)
 
         # 6. manifest with the sha256 of every file
         hashes = mf.file_hashes(tmp)
@@ -366,25 +373,75 @@ def optimize(
     return metrics
 
 
-def _fallback(report: dict[str, Any], asked: str) -> dict[str, Any] | None:
-    """Ship what passed parity (module docstring): moves each failed artifact of `report` (parity.json) from
-    "artifacts" to "refused", sets "passed" (every shipped artifact passed) and "fallback"; returns the
-    fallback record {"asked", "refused": {name: failures}, "shipped": [names], "why"}. None (report
-    unchanged) when the ONNX Runtime FP32 artifact failed too: it is the export's own parity evidence, and
-    an export that does not compute what PyTorch computes ships nothing."""
+def refuse_failed_engine(entry: dict[str, Any], root: Path) -> dict[str, Any]:
+    """A TensorRT engine whose self-check failed on this GPU (`entry`: `build_engine`'s manifest entry, its
+    "file" relative to the optimized directory `root`) is not an artifact: its plan file is deleted and its
+    parity.json "refused" entry returned, {"tensorrt/<precision>": {"precision", "failures": [why],
+    "passed": False, "selfcheck"}}, for `_fallback`. {} (the file kept) when the engine verified or its
+    check was skipped."""
+    from pfactory.inference.tensorrt_backend import selfcheck_failure
+
+    why = selfcheck_failure(entry)
+    if why is None:
+        return {}
+    (root / entry["file"]).unlink(missing_ok=True)
+    name = f"{entry['backend']}/{entry['precision']}"
+    refused = {
+        "precision": entry["precision"],
+        "failures": [why],
+        "passed": False,
+        "selfcheck": entry["selfcheck"],
+    }
+    return {name: refused}
+
+
+def _fallback(
+    report: dict[str, Any], asked: str, refused_early: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """Ship what passed (module docstring): moves each failed artifact of `report` (parity.json) from
+    "artifacts" to "refused", adds `refused_early` (artifacts refused before parity: `refuse_failed_engine`)
+    there, sets "passed" (every shipped artifact passed) and "fallback"; returns the fallback record
+    {"asked", "refused": {name: failures}, "shipped": [names], "why"}. None (report unchanged) when the ONNX
+    Runtime FP32 artifact failed too: it is the export's own parity evidence, and an export that does not
+    compute what PyTorch computes ships nothing."""
     arts = report["artifacts"]
+    early = {n: a["failures"] for n, a in (refused_early or {}).items()}
     failed = {n: a["failures"] for n, a in arts.items() if not a["passed"]}
-    if not failed or not arts.get("onnxruntime/fp32", {}).get("passed"):
+    if not (failed or early) or not arts.get("onnxruntime/fp32", {}).get("passed"):
         return None
     shipped = [n for n in arts if n not in failed]
-    first = "; ".join(
-        f"{n}: {f[0]}" + (f" (+{len(f) - 1} more)" if len(f) > 1 else "") for n, f in failed.items()
-    )
-    why = f"{', '.join(failed)} failed parity ({first}); shipping what passed: {', '.join(shipped)}"
-    report["refused"] = {n: arts.pop(n) for n in failed}
+
+    def first(items: dict[str, list[str]]) -> str:
+        return "; ".join(
+            f"{n}: {f[0]}" + (f" (+{len(f) - 1} more)" if len(f) > 1 else "") for n, f in items.items()
+        )
+
+    parts = [f"{', '.join(early)} refused before parity ({first(early)})"] if early else []
+    parts += [f"{', '.join(failed)} failed parity ({first(failed)})"] if failed else []
+    why = "; ".join(parts) + f"; shipping what passed: {', '.join(shipped)}"
+    report["refused"] = {**(refused_early or {}), **{n: arts.pop(n) for n in failed}}
     report["passed"] = True
-    report["fallback"] = {"asked": asked, "refused": failed, "shipped": shipped, "why": why}
+    report["fallback"] = {"asked": asked, "refused": {**early, **failed}, "shipped": shipped, "why": why}
     return report["fallback"]
+
+
+def _fallback_primary(
+    primary: dict[str, str], selection: dict[str, Any], fallback: dict[str, Any], choose_fastest: bool
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The primary and backend.json "selection" after `_fallback`: the asked primary when it was shipped (or
+    `choose_fastest` already chose among what shipped), else the first shipped artifact (build order: ONNX
+    Runtime FP32); "selection" gains "fallback" (with its "primary") and "why"; `fallback` gains "primary"."""
+    selection = {**selection, "fallback": fallback}
+    asked = f"{primary['backend']}/{primary['precision']}"
+    if asked in fallback["refused"] and not choose_fastest:
+        b, p = fallback["shipped"][0].split("/")
+        primary = {"backend": b, "precision": p}
+        how = "its self-check" if fallback["refused"][asked][0].startswith("self-check") else "parity"
+        selection["rule"] = f"asked: {asked}, refused by {how}: {b}/{p}"
+    shipped = f"{primary['backend']}/{primary['precision']}"
+    fallback["primary"] = shipped
+    selection["why"] = f"primary {shipped} because " + fallback["why"]
+    return primary, selection
 
 
 def _choose_primary(
@@ -423,9 +480,11 @@ def _choose_primary(
 
 def _build_tensorrt(
     opt: OptimizeParams, precision: str, tmp: Path, exported: Any, calib: Any, previous_timing: bytes | None,
-    sensitivity: dict[str, Any] | None = None,
+    sensitivity: dict[str, Any] | None = None, check_feeds: list[Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The TensorRT engine of `precision` (tensorrt_backend's module docstring has the version split).
+    """The TensorRT engine of `precision` (tensorrt_backend's module docstring has the version split), its
+    manifest entry with the self-check verdict on `check_feeds` against ONNX Runtime FP32 of the export
+    (`tmp/model.onnx`).
 
     INT8 keeps the layers the sensitivity profile kept float (`sensitivity`, computed with ONNX Runtime
     on the calibration frames) out of INT8, in FP16, on both TensorRT generations."""
@@ -472,7 +531,10 @@ def _build_tensorrt(
     if previous_timing is not None:
         prev = tmp / ".previous-timing.cache"
         prev.write_bytes(previous_timing)
-    entry = build_engine(source, spec, trt_dir, calib.feeds if calib is not None else None, prev)
+    entry = build_engine(
+        source, spec, trt_dir, calib.feeds if calib is not None else None, prev,
+        reference_onnx=onnx_path, check_feeds=check_feeds,
+    )  # fmt: skip
     if prev is not None:
         prev.unlink()
     entry["file"] = f"{mf.TRT_DIR}/{entry['file']}"

@@ -444,9 +444,11 @@ def build_engine(
     (`verify_engine`) runs the engine against ONNX Runtime FP32 on `reference_onnx` (default: the export
     `model.onnx` beside `out_dir`, as in an optimized directory, else `onnx_path`) with `check_feeds`
     (default: the first two calibration feeds when given as a list, else `synthetic_feeds` at the
-    profile's opt shapes with at most 4096 points). A failed verdict is said in one warning line and
-    recorded; the engine file stays, and `open_engine` (what `runtime.open_runner` opens an engine
-    with) then runs ONNX Runtime FP32 in its place on this machine.
+    profile's opt shapes with at most 4096 points); the optimize stage passes its export and the first
+    two held-out parity feeds. A failed verdict is said in one warning line and recorded; this function
+    keeps the engine file: the optimize stage (`optimize.refuse_failed_engine`, on `selfcheck_failure`)
+    deletes it and ships the next artifact that passes, and `open_engine` (what `runtime.open_runner`
+    opens an engine with) runs ONNX Runtime FP32 in place of a failed engine opened elsewhere.
     """
     trt = import_tensorrt()
     import torch
@@ -509,11 +511,26 @@ def build_engine(
         "spec": spec.to_json(),
         "calibration_batches": batches.batches_served if batches else None,
         "metadata": engine_metadata(trt, plan_bytes),
-        "selfcheck": {
-            "path": ENGINE_PATH,
-            **{k: getattr(verdict, k) for k in ("status", "reason", "figures", "key")},
-        },
+        "selfcheck": selfcheck_record(verdict),
     }
+
+
+def selfcheck_record(verdict: Any) -> dict[str, Any]:
+    """An engine's manifest entry "selfcheck" from its `verify_engine` verdict: {path, status, reason,
+    figures, key}."""
+    return {"path": ENGINE_PATH, **{k: getattr(verdict, k) for k in ("status", "reason", "figures", "key")}}
+
+
+def selfcheck_failure(entry: dict[str, Any]) -> str | None:
+    """Why the engine of a `build_engine` manifest entry is not trusted: "self-check vs ONNX Runtime FP32
+    failed: <reason>" when its recorded verdict is failed; None when verified or skipped (no CUDA check
+    could run: the optimize stage's parity gate still judges it)."""
+    from kernels import selfcheck
+
+    check = entry.get("selfcheck") or {}
+    if check.get("status") != selfcheck.FAILED:
+        return None
+    return f"self-check vs ONNX Runtime FP32 failed: {check.get('reason') or 'no reason recorded'}"
 
 
 class TensorRTRunner(Runner):

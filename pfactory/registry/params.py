@@ -9,7 +9,7 @@ Gate semantics (docs/PROMOTE.md, "Gates"): a margin is `threshold - value` for a
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -80,6 +80,14 @@ class PromoteParams(Section):
     its value. Empty: none. A candidate evaluated on other data fails such a gate (it cannot be verified)."""
     lock_timeout_s: PositiveFloat = 600.0
     """How long a promotion waits for the registry lock held by another promotion before giving up."""
+    verify_candidate: Literal["team", "always", "never"] = "team"
+    """Before the alias moves, check the candidate's files against the sha256 recorded at registration and
+    recompute its KPIs from its artifact on the evaluation data (`evaluate`, as for a champion); the gates
+    read the recomputed numbers. `team`: with a team's registry (where candidates come from other users'
+    runs); `always`; `never`. Costs one evaluation of the candidate."""
+    verify_map_tolerance: NonNegFloat = 0.005
+    """A recorded mAP further than this from the recomputed one is refused ("recorded mAP 0.99, recomputed
+    0.41"): the same artifact on the same frames scores the same, up to runtime rounding."""
     intended_use: str = (
         "3D object detection (Car, Pedestrian, Cyclist) from one or more cameras + a spinning lidar, "
         "for offline evaluation and research; not validated for safety-critical use."
@@ -95,7 +103,9 @@ class PromoteParams(Section):
         pattern = r"kitti/(Car|Pedestrian|Cyclist)/(bbox|bev|3d|aos)/(easy|moderate|hard)"
         bad = [k for k in v if not re.fullmatch(pattern, k)]
         if bad:
-            raise ValueError(f"KITTI gate names like kitti/Car/3d/moderate (class, metric, difficulty), got {bad}")
+            raise ValueError(
+                f"KITTI gate names like kitti/Car/3d/moderate (class, metric, difficulty), got {bad}"
+            )
         return v
 
     @field_validator("model_name", "alias")

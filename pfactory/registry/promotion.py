@@ -28,6 +28,7 @@ pointing back) and moves the alias to the copy. Every version records `pfactory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from collections.abc import Callable, Mapping
@@ -123,6 +124,75 @@ def _champion_kpis(
     if not dry_run:  # a cache, not a change of the champion: the next promotion on this data reuses it
         reg.set_version_tags(c, name, version, {cache_key: json.dumps(summary, sort_keys=True)})
     return summary, "re-evaluated"
+
+
+VERIFY_GATE = "candidate_verified"
+
+
+def _verify_candidate(
+    c: Any, params: PromoteParams, model: str, version: int | None, candidate: Candidate, ev: Evidence,
+    data: Path, evaluate_fn: EvaluateFn | None,
+) -> Gate | None:  # fmt: skip
+    """Check that the candidate is what its run produced and that its KPIs are what it says; None when it is
+    (then `ev.kpis` holds the recomputed KPI summary, the recorded one in `ev.extra["recorded_kpis"]`), else
+    the failed gate, whose detail is the one-line reason.
+
+    1. Its files: `read_evidence` already checked every file against backend.json's sha256s; backend.json's own
+       sha256 must equal the `backend.manifest_sha256` recorded when the version was registered.
+    2. Its KPIs: `evaluate_fn(candidate optimized dir, data)` (what re-evaluates a champion) recomputes them on
+       the evaluation data its kpis.json names; the recorded mAP must be within `verify_map_tolerance`."""
+    where = f"{model} v{version}" if version is not None else f"run {candidate.run_id}"
+    if version is not None:
+        recorded = reg.get_version(c, model, version).tags.get("backend.manifest_sha256")
+        have = ev.backend["manifest_sha256"]
+        if recorded is not None and recorded != have:
+            return Gate(VERIFY_GATE, have[:12], recorded[:12], False, None,
+                        f"{where}: its files' backend.json has sha256 {have[:12]}..., registration recorded "
+                        f"{recorded[:12]}...: not the artifact its run produced")  # fmt: skip
+    if evaluate_fn is None:
+        raise RegistryError(f"verifying candidate {where} re-evaluates it: that needs an evaluate function")
+    kpis = evaluate_fn(candidate.optimized, data)
+    got = data_identity(kpis, f"re-evaluation of candidate {where} on {data}")
+    if not same_data(got, ev.data):
+        raise EvidenceError(
+            f"{data}: re-evaluating candidate {where} there gave data {got}, but its kpis.json names {ev.data}; "
+            "pass the candidate's evaluation data (--data)"
+        )
+    summary = kpi_summary(kpis, f"re-evaluation of candidate {where}")
+    recorded_map, recomputed = ev.kpis["mAP"], summary["mAP"]
+    if abs(recorded_map - recomputed) > params.verify_map_tolerance:
+        return Gate(VERIFY_GATE, recomputed, recorded_map, False, None,
+                    f"{where}: recorded mAP {round(recorded_map, 4):g}, recomputed {round(recomputed, 4):g} "
+                    f"(from its artifact on {got['split']} of {got['prepared_hash'][:12]}; "
+                    f"promote.verify_map_tolerance {params.verify_map_tolerance:g})")  # fmt: skip
+    ev.extra["recorded_kpis"] = ev.kpis
+    ev.kpis = summary  # the gates read the recomputed numbers
+    return None
+
+
+def _refuse_unverified(
+    c: Any, params: PromoteParams, model: str, version: int | None, candidate: Candidate, gate: Gate,
+    dry_run: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The result of a candidate that failed verification; unless `dry_run`, its version is tagged refused and
+    the refusal is an audit record `refused-verify` of `model` (where it is registered), written under the lock."""
+    champ = reg.champion(c, params.model_name, params.alias)
+    if not dry_run and version is not None:
+        reg.set_version_tags(
+            c, model, version,
+            {"promotion.decision": "refused", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
+             "promotion.failed_gates": gate.name, reg.STATUS_TAG: "refused"},
+        )  # fmt: skip
+        with reg.registry_lock(reg.registry_uri(), params.lock_timeout_s, model=params.model_name):
+            record = {"id": reg.next_audit_id(c, model), "action": "refused-verify", "from": champ, "to": version,
+                      "at": reg.now_iso(), "by": reg.actor(), "run_id": candidate.run_id, "reason": gate.detail}  # fmt: skip
+            reg.write_audit(c, model, record)
+            if model == params.model_name:
+                reg.describe_model(c, model, params.alias)
+    decision = "dry-run" if dry_run else "refused"
+    extra = {"would_promote": False} if dry_run else {}
+    return _result(decision, version, champ, champ, [gate], False, None, gate.detail, model=model,
+                   champion_kpis_source="not read (the candidate failed verification)", **extra)  # fmt: skip
 
 
 def _latency_vs_champion(
@@ -242,7 +312,9 @@ def copy_to_production(c: Any, source_model: str, version: int, model: str) -> i
     mv = c.copy_model_version(f"models:/{source_model}/{version}", model)
     new = int(mv.version)
     tags = {k: v for k, v in src.tags.items() if not k.startswith("promotion.") and k != reg.STATUS_TAG}
-    reg.set_version_tags(c, model, new, {**tags, "candidate.model": source_model, "candidate.version": version})
+    reg.set_version_tags(
+        c, model, new, {**tags, "candidate.model": source_model, "candidate.version": version}
+    )
     if src.description:
         c.update_model_version(model, str(new), description=src.description)
     return new
@@ -281,6 +353,10 @@ def promote(
         **(candidate.lineage or _git_lineage(c, candidate.run_id)),
         "prepared": ev.extra["prepared"],
     }
+    # Verify what is promoted (docs/PROMOTE.md, "What is verified"): only a caller who may move the alias.
+    verify = allowed and (
+        params.verify_candidate == "always" or (params.verify_candidate == "team" and ident is not None)
+    )
     version = candidate.version
     if version is None and not dry_run:
         if candidate.run_id is None:
@@ -306,81 +382,113 @@ def promote(
             if reg_name == name:
                 reg.describe_model(c, name, params.alias)
 
-    before = reg.champion(c, name, params.alias)
-    if version is not None and reg_name == name and before == version:
-        return _result("promoted", version, before, before, [], False, None,
-                       f"v{version} is already {params.alias}: nothing to do")  # fmt: skip
-    champ_kpis, champ_source = None, "none (no champion)"
-    if before is not None:
-        # The re-evaluation cache is a tag of the champion's version: written only by who may write there.
-        champ_kpis, champ_source = _champion_kpis(c, params, before, ev, data, evaluate_fn, dry_run or not allowed)
-    reeval = champ_source.startswith("re-evaluated")
-    champ_latency = None
-    if before is not None:
-        champ_latency = _latency_vs_champion(c, params, before, candidate.optimized, data, ev.data["split"])
-    gates = apply_gates(params, ev, champ_kpis, champ_latency)
-    bad = failed(gates)
-    vs = f"champion v{before}" if before is not None else "no champion (absolute gates only)"
-    reason = (
-        f"all {len(gates)} gates passed vs {vs}"
-        if not bad
-        else f"{len(bad)} gate(s) failed vs {vs}: " + "; ".join(f"{g.name}: {g.detail}" for g in bad)
-    )
-    fallback = (ev.backend.get("selection") or {}).get("fallback")
-    if fallback:  # said in the run's summary (the caption of the gate table) and on the model card
-        reason += f"; optimize shipped {fallback.get('primary', ev.backend['primary'])}: {fallback['why']}"
-    extra: dict[str, Any] = {"champion_kpis_source": champ_source, "model": reg_name}
-    if dry_run:
-        return _result(
-            "dry-run", version, before, before, gates, reeval, None, reason, would_promote=not bad, **extra
+    if verify:
+        refusal = _verify_candidate(c, params, reg_name, version, candidate, ev, data, evaluate_fn)
+        if refusal is not None:
+            return _refuse_unverified(c, params, reg_name, version, candidate, refusal, dry_run)
+    # With a team the server's lock (`promote-<model>`) is held from reading the champion to moving the alias:
+    # a promotion from another clone waits, then gates against the champion the first one set.
+    server_lock = not dry_run and allowed and reg.server_lock_name(reg.registry_uri(), name) is not None
+    held = contextlib.ExitStack()
+    if server_lock:
+        reg.set_version_tags(c, reg_name, version, {reg.STATUS_TAG: "awaiting-lock"})
+        held.enter_context(reg.registry_lock(reg.registry_uri(), params.lock_timeout_s, model=name))
+    with held:
+        before = reg.champion(c, name, params.alias)
+        if version is not None and reg_name == name and before == version:
+            return _result("promoted", version, before, before, [], False, None,
+                           f"v{version} is already {params.alias}: nothing to do")  # fmt: skip
+        champ_kpis, champ_source = None, "none (no champion)"
+        if before is not None:
+            # The re-evaluation cache is a tag of the champion's version: written only by who may write there.
+            champ_kpis, champ_source = _champion_kpis(
+                c, params, before, ev, data, evaluate_fn, dry_run or not allowed
+            )
+        reeval = champ_source.startswith("re-evaluated")
+        champ_latency = None
+        if before is not None:
+            champ_latency = _latency_vs_champion(
+                c, params, before, candidate.optimized, data, ev.data["split"]
+            )
+        gates = apply_gates(params, ev, champ_kpis, champ_latency)
+        bad = failed(gates)
+        vs = f"champion v{before}" if before is not None else "no champion (absolute gates only)"
+        reason = (
+            f"all {len(gates)} gates passed vs {vs}"
+            if not bad
+            else f"{len(bad)} gate(s) failed vs {vs}: " + "; ".join(f"{g.name}: {g.detail}" for g in bad)
         )
-    assert version is not None
-    if bad:
-        reg.set_version_tags(
-            c, reg_name, version,
-            {"promotion.decision": "refused", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
-             "promotion.failed_gates": ",".join(g.name for g in bad), reg.STATUS_TAG: "refused"},
-        )  # fmt: skip
-        return _result("refused", version, before, before, gates, reeval, None, reason, **extra)
-    if not allowed:  # a team member who may not move the alias: a gated candidate, left for a maintainer
-        who = access.who_may(c, name)
-        reason += (f"; {ident.username} has {has} on {name} and promoting needs {access.PROMOTE_NEEDS}: "
-                   f"{who} can promote it (factory promote {reg_name}/{version})")  # fmt: skip
-        reg.set_version_tags(
-            c, reg_name, version,
-            {"promotion.decision": "awaiting-maintainer", "promotion.at": reg.now_iso(),
-             "promotion.by": reg.actor(), reg.STATUS_TAG: "awaiting-maintainer"},
-        )  # fmt: skip
-        return _result("awaiting-maintainer", version, before, before, gates, reeval, None, reason,
-                       who_may_promote=who, **extra)  # fmt: skip
-
-    reg.set_version_tags(c, reg_name, version, {reg.STATUS_TAG: "awaiting-lock"})
-    with reg.registry_lock(reg.registry_uri(), params.lock_timeout_s):
-        now = reg.champion(c, name, params.alias)
-        if now != before:  # compare-and-set: another promotion moved the alias since step 3
-            lost = Gate(
-                "champion_unchanged", now, before, False, None,
-                f"{params.alias} moved from {before} to {now} while this promotion was gated: lost the race, "
-                "re-run the promotion to gate against the new champion",
-            )  # fmt: skip
-            gates.append(lost)
+        fallback = (ev.backend.get("selection") or {}).get("fallback")
+        if fallback:  # said in the run's summary (the caption of the gate table) and on the model card
+            reason += (
+                f"; optimize shipped {fallback.get('primary', ev.backend['primary'])}: {fallback['why']}"
+            )
+        extra: dict[str, Any] = {"champion_kpis_source": champ_source, "model": reg_name}
+        if dry_run:
+            return _result(
+                "dry-run",
+                version,
+                before,
+                before,
+                gates,
+                reeval,
+                None,
+                reason,
+                would_promote=not bad,
+                **extra,
+            )
+        assert version is not None
+        if bad:
             reg.set_version_tags(
                 c, reg_name, version,
                 {"promotion.decision": "refused", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
-                 "promotion.failed_gates": lost.name, reg.STATUS_TAG: "refused"},
+                 "promotion.failed_gates": ",".join(g.name for g in bad), reg.STATUS_TAG: "refused"},
             )  # fmt: skip
-            return _result("refused", version, before, now, gates, reeval, None, lost.detail, **extra)
-        target = version if reg_name == name else copy_to_production(c, reg_name, version, name)
-        _publish(c, params, target, before, (candidate.optimized, candidate.kpis_file), ev, gates, "promote",
-                 reason, release, lineage)  # fmt: skip
-        if reg_name != name:
+            return _result("refused", version, before, before, gates, reeval, None, reason, **extra)
+        if not allowed:  # a team member who may not move the alias: a gated candidate, left for a maintainer
+            who = access.who_may(c, name)
+            reason += (f"; {ident.username} has {has} on {name} and promoting needs {access.PROMOTE_NEEDS}: "
+                       f"{who} can promote it (factory promote {reg_name}/{version})")  # fmt: skip
             reg.set_version_tags(
                 c, reg_name, version,
-                {"promotion.decision": "promoted", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
-                 "promotion.production_version": target, reg.STATUS_TAG: f"copied to {name} v{target}"},
+                {"promotion.decision": "awaiting-maintainer", "promotion.at": reg.now_iso(),
+                 "promotion.by": reg.actor(), reg.STATUS_TAG: "awaiting-maintainer"},
             )  # fmt: skip
-            extra["production_version"] = target
-    return _result("promoted", version, before, target, gates, reeval, release, reason, **extra)
+            return _result("awaiting-maintainer", version, before, before, gates, reeval, None, reason,
+                           who_may_promote=who, **extra)  # fmt: skip
+
+        reg.set_version_tags(c, reg_name, version, {reg.STATUS_TAG: "awaiting-lock"})
+        lock = (
+            contextlib.nullcontext()
+            if server_lock
+            else reg.registry_lock(reg.registry_uri(), params.lock_timeout_s)
+        )
+        with lock:
+            now = reg.champion(c, name, params.alias)
+            if now != before:  # compare-and-set: another promotion moved the alias since step 3
+                lost = Gate(
+                    "champion_unchanged", now, before, False, None,
+                    f"{params.alias} moved from {before} to {now} while this promotion was gated: lost the race, "
+                    "re-run the promotion to gate against the new champion",
+                )  # fmt: skip
+                gates.append(lost)
+                reg.set_version_tags(
+                    c, reg_name, version,
+                    {"promotion.decision": "refused", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
+                     "promotion.failed_gates": lost.name, reg.STATUS_TAG: "refused"},
+                )  # fmt: skip
+                return _result("refused", version, before, now, gates, reeval, None, lost.detail, **extra)
+            target = version if reg_name == name else copy_to_production(c, reg_name, version, name)
+            _publish(c, params, target, before, (candidate.optimized, candidate.kpis_file), ev, gates, "promote",
+                     reason, release, lineage)  # fmt: skip
+            if reg_name != name:
+                reg.set_version_tags(
+                    c, reg_name, version,
+                    {"promotion.decision": "promoted", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
+                     "promotion.production_version": target, reg.STATUS_TAG: f"copied to {name} v{target}"},
+                )  # fmt: skip
+                extra["production_version"] = target
+        return _result("promoted", version, before, target, gates, reeval, release, reason, **extra)
 
 
 def previous_champion(
@@ -416,7 +524,7 @@ def rollback(
     c = reg.client()
     name = params.model_name
     access.require(c, access.team(), name, "rollback", reg.champion(c, name, params.alias))
-    with reg.registry_lock(reg.registry_uri(), params.lock_timeout_s):
+    with reg.registry_lock(reg.registry_uri(), params.lock_timeout_s, model=name):
         current = reg.champion(c, name, params.alias)
         if current is None:
             raise RegistryError(
@@ -508,7 +616,8 @@ def lineage(ref: str, default_model: str, default_alias: str = "champion") -> di
         "user": tags.get(access.USER_TAG),
         "candidate": (
             {"model": tags["candidate.model"], "version": int(tags["candidate.version"])}
-            if "candidate.model" in tags else None
+            if "candidate.model" in tags
+            else None
         ),
         "run": None,
         "params": {},

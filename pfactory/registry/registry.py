@@ -18,11 +18,14 @@ records (gates, data) are in the release folder's `audit.jsonl`. Durable (in the
 (`client.get_registered_model(name).tags`, `audit_trail()`), and written under the registry lock. Tags
 written as JSON records by earlier versions are still read.
 
-The registry lock (`registry_lock`): an exclusive `fcntl.lockf` on `<db>.registry.lock` beside a local
-sqlite store, else on `artifacts/.state/registry-locks/<hash of the URI>.lock` in the project. It
-serializes every process that shares that file system; MLflow's REST API has no compare-and-set on aliases,
-so against a remote tracking server two machines are only serialized if they share the lock file (or run
-promotion under one Prefect concurrency limit) -- docs/PROMOTE.md, "Racing promotions".
+The registry lock (`registry_lock`): with a team -- a registry on an http(s) server and a Prefect server
+configured (`PREFECT_API_URL`, `pfactory.team.slots.enabled`) -- the lock is held by the team's Prefect
+server: one slot of the global concurrency limit `promote-<model>` (size 1), taken as a 60 s lease that
+Prefect renews while the holder lives and repossesses once it stops (`pfactory.team.slots.hold_limit`), so
+promotions from any clone on any machine are serialized. Otherwise an exclusive `fcntl.lockf` on
+`<db>.registry.lock` beside a local sqlite store, else on `artifacts/.state/registry-locks/<hash of the
+URI>.lock` in the project: it serializes every process that shares that file system (MLflow's REST API has
+no compare-and-set on aliases) -- docs/PROMOTE.md, "Racing promotions".
 """
 
 from __future__ import annotations
@@ -81,9 +84,41 @@ def lock_path(uri: str, root: Path | None = None) -> Path:
     return project_root(root) / "artifacts" / ".state" / "registry-locks" / f"{digest}.lock"
 
 
+SERVER_LOCK_PREFIX = "promote-"  # + the registered model's name: the team's promotion lock on Prefect
+
+
+def server_lock_name(uri: str, model: str | None) -> str | None:
+    """`promote-<model>`, the Prefect global concurrency limit that locks `model`'s registry when `uri` is
+    a team's server (http(s)) and a Prefect server is configured; None: the file lock (module docstring).
+    A sqlite or file store answers without importing Prefect."""
+    if model is None or not uri.startswith(("http://", "https://")):
+        return None
+    from pfactory.team import slots
+
+    return SERVER_LOCK_PREFIX + model if slots.enabled() else None
+
+
 @contextlib.contextmanager
-def registry_lock(uri: str, timeout_s: float, poll_s: float = 0.05) -> Iterator[Path]:
-    """Hold the exclusive registry lock (module docstring); `LockTimeout` after `timeout_s` seconds."""
+def registry_lock(
+    uri: str, timeout_s: float, poll_s: float = 0.05, model: str | None = None
+) -> Iterator[Path | str]:
+    """Hold the exclusive lock of registry `uri` (module docstring): the server's `promote-<model>` with a team
+    (yields its name), else the file lock (yields its path); `LockTimeout` after `timeout_s` seconds."""
+    name = server_lock_name(uri, model)
+    if name is not None:
+        from pfactory.team import slots
+
+        held = contextlib.ExitStack()
+        try:
+            held.enter_context(slots.hold_limit(name, 1, timeout_s))
+        except TimeoutError:
+            raise LockTimeout(
+                f"{os.environ.get('PREFECT_API_URL')}: the promotion lock {name!r} (a Prefect global concurrency "
+                f"limit of 1) is held by another promotion for more than {timeout_s:g} s (promote.lock_timeout_s)"
+            ) from None
+        with held:  # the lease is released when the block ends, however it ends
+            yield name
+        return
     path = lock_path(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -265,7 +300,7 @@ def describe_model(c: Any, name: str, alias: str) -> None:
         "3D object detector (perception-factory), promoted through KPI, parity and latency gates.",
         "",
         f"**`{alias}`: version {current}**" if current is not None else f"No `{alias}` yet.",
-        f"Load it: `mlflow.pyfunc.load_model(\"models:/{name}@{alias}\")`; serve it: "
+        f'Load it: `mlflow.pyfunc.load_model("models:/{name}@{alias}")`; serve it: '
         f"`mlflow models serve -m models:/{name}@{alias} --env-manager local`.",
         "",
         "| # | when | by | move | reason |",
@@ -273,7 +308,9 @@ def describe_model(c: Any, name: str, alias: str) -> None:
     ]
     for r in reversed(trail[-20:]):
         frm = f"v{r['from']}" if r.get("from") is not None else "-"
-        lines.append(f"| {r['id']} | {r['at']} | {r['by']} | {r['action']} {frm} → v{r['to']} | {r.get('reason', '')} |")
+        lines.append(
+            f"| {r['id']} | {r['at']} | {r['by']} | {r['action']} {frm} → v{r['to']} | {r.get('reason', '')} |"
+        )
     if len(trail) > 20:
         lines.append(f"| … | | | | {len(trail) - 20} older records: `factory lineage`, release/audit.jsonl |")
     c.update_registered_model(name, description="\n".join(lines))

@@ -114,6 +114,26 @@ def ensure_limit(name: str, slots: int | None) -> Any:
         return limit
 
 
+@contextlib.contextmanager
+def hold_limit(name: str, size: int, timeout_s: float, lease_s: float = LEASE_S) -> Iterator[None]:
+    """Hold one slot of the global concurrency limit `name` (created, or resized, to `size` slots) for the
+    block, as a lease of `lease_s` seconds (at least 60) that Prefect renews from a background thread while
+    this process lives and the server repossesses once it stops (a SIGKILLed holder frees it within a
+    lease + the repossessor's loop); released at once when the block ends. `TimeoutError` when no slot was
+    free for `timeout_s` seconds (raised before the block runs). `size` 1: a lock held by the server (the
+    promotion lock, `pfactory.registry.registry.registry_lock`)."""
+    from prefect.client.schemas.objects import ConcurrencyLeaseHolder
+    from prefect.concurrency.sync import concurrency
+
+    ensure_limit(name, size)
+    holder = ConcurrencyLeaseHolder(
+        type="flow_run", id=os.environ.get("PREFECT__FLOW_RUN_ID") or uuid.uuid4()
+    )
+    with concurrency(name, occupy=1, timeout_seconds=timeout_s, lease_duration=max(lease_s, LEASE_S),
+                     strict=True, holder=holder, raise_on_lease_renewal_failure=False):  # fmt: skip
+        yield
+
+
 @dataclass
 class Slot:
     """One run's claim on a training slot."""

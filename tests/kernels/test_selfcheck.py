@@ -111,6 +111,17 @@ def test_the_real_c_kernels_verify_once_and_the_verdict_is_read_back(
     assert selfcheck.verify("native.pillar_stem", "cpu", rerun=True).status == selfcheck.VERIFIED and calls
 
 
+@needs_native
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_a_first_use_inside_no_grad_still_verifies(store: Path, mode: str) -> None:
+    """Evaluation's first use of a kernel comes inside torch.no_grad / inference_mode: the check's backward
+    half must still run (it once failed there with 'element 0 of tensors does not require grad')."""
+    with getattr(torch, mode)():
+        verdict = selfcheck.verify("native.pillar_stem", "cpu")
+    assert verdict.status == selfcheck.VERIFIED, verdict
+    assert any(" bwd" in k for k in verdict.figures), verdict.figures
+
+
 _PLANTED_TRITON = "kernels._focal_loss_triton"
 
 

@@ -191,6 +191,17 @@ def candidate(
     return {"optimized": optimized, "eval": root / name / "eval", "kpis": kpis}
 
 
+def honest_candidate(root: Path, bench: dict[str, Path], name: str, prepared: str = "prepared_a") -> dict:
+    """`candidate`, with the kpis.json the evaluate stage writes for its artifact (`real_evaluate`; the
+    reference = itself): what promotion's verification recomputes."""
+    c = candidate(root, bench, name, 0.0, prepared)
+    doc = real_evaluate(c["optimized"], bench[prepared])
+    metrics = {k: v for k, v in doc.items() if k != "data"}
+    c["kpis"] = _document(metrics, metrics, doc["data"])
+    (c["eval"] / "kpis.json").write_text(json.dumps(c["kpis"]))
+    return c
+
+
 def promote_params(**over: Any):
     from pfactory.registry.params import PromoteParams
 

@@ -9,8 +9,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.tasks.test_optimize import _params, dataset  # noqa: F401 (the module-scoped fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,9 +30,7 @@ def test_int8_refused_by_parity_ships_fp32_and_says_so(dataset, tmp_path, monkey
     params_file = tmp_path / "params.yaml"
     paths = {"model": str(dataset["model"]), "prepared": str(dataset["prepared"]), "optimized": str(out)}
     params_file.write_text(yaml.safe_dump({"paths": paths, "optimize": opt.model_dump(mode="json")}))
-    with pytest.raises(SystemExit) as exit_info:
-        tasks.optimize.main(["--params", str(params_file)])
-    assert exit_info.value.code in (0, None)
+    tasks.optimize.main(["--params", str(params_file)])  # a stage that succeeds returns (a failure exits)
     err = capsys.readouterr().err
     assert "onnxruntime/int8 failed parity (onnxruntime/int8: scores: max |diff|" in err, err[-2000:]
     assert "shipping what passed: onnxruntime/fp32" in err

@@ -352,6 +352,7 @@ def test_an_image_dali_refuses_mid_batch_refuses_only_its_frame(
     synth12: Path, tmp_path: Path, monkeypatch
 ) -> None:
     """The stage's recovery path: DALI fails a batch -> images re-run one by one -> one refusal."""
+    import pfactory.data.camera as camera_module
     import pfactory.data.prepare as prep
     from pfactory.data.camera import CameraBatchError, CameraPipeline
 
@@ -375,6 +376,7 @@ def test_an_image_dali_refuses_mid_batch_refuses_only_its_frame(
 
     prepare_dataset(synth12, tmp_path / "ok", PrepareParams(**SMALL))
     monkeypatch.setattr(prep, "CameraPipeline", Flaky)
+    monkeypatch.setattr(camera_module, "CameraPipeline", Flaky)  # what `camera.open_camera` builds
     res = prepare_dataset(synth12, tmp_path / "flaky", PrepareParams(**SMALL, max_reject_fraction=0.2))
     assert res.rejected == [
         {

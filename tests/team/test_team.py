@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.registry.helpers import build_bench, candidate, promote_params
+from tests.registry.helpers import build_bench, candidate, honest_candidate, promote_params, real_evaluate
 
 from .conftest import ROOT
 
@@ -86,12 +86,16 @@ def test_engineer_registers_maintainer_promotes_by_copy(team, tmp_path_factory, 
     from pfactory.team.errors import PermissionRefused
 
     bench = build_bench(tmp_path_factory.getbasetemp() / "promote-bench")
-    prm = promote_params(model_name=MODEL)
+    prm = promote_params(model_name=MODEL, min_map=0.0)  # the bench's tiny model: verification, not quality
     monkeypatch.chdir(tmp_path)
 
     # alice (engineer) runs the promote stage: a gated candidate in the candidates model, not promoted, exit 0.
     team.become(monkeypatch, "alice")
-    c = candidate(tmp_path, bench, "c1", 0.3)
+    forged = candidate(tmp_path, bench, "c0", 0.0)  # kpis.json: ground truth scored as its own detections
+    out = tasks.promote.run(prm, forged["optimized"], forged["eval"], bench["prepared_a"], tmp_path / "release")
+    assert out["decision"] == "awaiting-maintainer", out["reason"]
+    forged_version = out["version"]
+    c = honest_candidate(tmp_path, bench, "c1")
     out = tasks.promote.run(prm, c["optimized"], c["eval"], bench["prepared_a"], tmp_path / "release")
     assert out["decision"] == "awaiting-maintainer", out["reason"]
     assert out["model"] == CANDIDATES and "bob" in out["who_may_promote"]
@@ -119,9 +123,19 @@ def test_engineer_registers_maintainer_promotes_by_copy(team, tmp_path_factory, 
     refusals = [r for r in reg.audit_trail(client, CANDIDATES) if r["action"] == "refused-promote"]
     assert refusals and refusals[-1]["by"].startswith("alice@") and refusals[-1]["to"] == v
 
-    # bob (maintainer) promotes it: copied into the production model, champion there, who did what recorded.
+    # bob (maintainer) promotes the forged one: promotion recomputes its KPIs from its artifact (a team's
+    # default, promote.verify_candidate "team") and refuses it with both figures; nothing moves.
     team.become(monkeypatch, "bob")
-    res = promote_ref(prm, f"{CANDIDATES}/{v}", bench["prepared_a"], tmp_path / "release-bob")
+    res = promote_ref(prm, f"{CANDIDATES}/{forged_version}", bench["prepared_a"], tmp_path / "release-bob",
+                      evaluate_fn=real_evaluate)  # fmt: skip
+    assert res["decision"] == "refused" and res["gates"][0]["name"] == "candidate_verified", res["reason"]
+    assert f"recorded mAP {round(forged['kpis']['mAP'], 4):g}, recomputed " in res["reason"]
+    assert reg.champion(MlflowClient(), MODEL, "champion") is None
+    assert reg.audit_trail(MlflowClient(), CANDIDATES)[-1]["action"] == "refused-verify"
+
+    # bob promotes the honest one: copied into the production model, champion there, who did what recorded.
+    res = promote_ref(prm, f"{CANDIDATES}/{v}", bench["prepared_a"], tmp_path / "release-bob",
+                      evaluate_fn=real_evaluate)  # fmt: skip
     assert res["decision"] == "promoted", res["reason"]
     pv = res["production_version"]
     client = MlflowClient()
@@ -144,6 +158,57 @@ def test_engineer_registers_maintainer_promotes_by_copy(team, tmp_path_factory, 
     # No credentials at all: MLflow's 401 becomes one line and exit 77.
     res = _cli(team, None, "lineage", f"{MODEL}@champion")
     assert res.returncode == 77 and "401 not authenticated" in _last_line(res.stderr), res.stderr[-2000:]
+
+
+LOCK_HOLDER = textwrap.dedent(
+    """
+    import os, sys, time
+    from pfactory.registry import registry as reg
+    try:
+        with reg.registry_lock(os.environ["MLFLOW_TRACKING_URI"], float(sys.argv[2]), model=sys.argv[1]) as held:
+            print("held", held, time.time(), flush=True)
+            time.sleep(float(sys.argv[3]))
+            print("released", time.time(), flush=True)
+    except reg.LockTimeout as e:
+        print("timeout", e, flush=True)
+        sys.exit(1)
+    """
+)
+
+
+def _lock_holder(team, clone: Path, timeout_s: float, hold_s: float) -> subprocess.Popen:
+    """A promotion's lock taken in another clone (its own working directory, so its own file lock)."""
+    clone.mkdir(exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, MODEL, str(timeout_s), str(hold_s)], stdout=subprocess.PIPE,
+        text=True, env=team.subprocess_env("bob"), cwd=clone,
+    )  # fmt: skip
+
+
+def test_the_promotion_lock_is_held_by_the_server_not_by_a_clone(team, tmp_path) -> None:
+    """Three clones (three working directories, so three different file locks) take the promotion lock of
+    the same model: it is the team's Prefect limit `promote-<model>`, so while the first holds it the second
+    times out with one line naming the limit, and the third waits and gets it only after the first released
+    it. (Each in its own process, as promotions run.)"""
+    from pfactory.registry import registry as reg
+
+    first = _lock_holder(team, tmp_path / "clone-a", 60.0, 15.0)
+    line = first.stdout.readline()
+    assert line.startswith(f"held promote-{MODEL} "), line
+    gives_up = _lock_holder(team, tmp_path / "clone-b", 2.0, 0.0)
+    waits = _lock_holder(team, tmp_path / "clone-c", 120.0, 0.0)
+    out, _ = gives_up.communicate(timeout=120)
+    assert gives_up.returncode == 1, out
+    assert out.startswith("timeout ") and f"the promotion lock 'promote-{MODEL}'" in out, out
+    assert "held by another promotion" in out and len(out.strip().splitlines()) == 1, out
+    out, _ = waits.communicate(timeout=180)
+    assert waits.returncode == 0, out
+    acquired = float(out.splitlines()[0].split()[-1])
+    assert first.wait(60) == 0
+    released = float(first.stdout.read().split()[-1])
+    assert acquired >= released, "two promotions held the lock at once"
+    # A local registry (no team server) takes the file lock.
+    assert reg.server_lock_name("sqlite:///mlflow.db", MODEL) is None
 
 
 HOLDER = textwrap.dedent(
