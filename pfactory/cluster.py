@@ -2,10 +2,15 @@
 
 One module, used by `pfactory.data.scaleout` (prepare) and `pfactory.evaluate.distributed` (evaluate):
 
-- `dask_client(address, workers, threads, setting)`: `address` None or "local:N" opens a `LocalCluster`
-  (worker processes with a nanny each, `host=127.0.0.1`, no dashboard, scratch under
-  `DASK_TEMPORARY_DIRECTORY`) that is closed on exit; any other value connects to that scheduler
-  (`tcp://host:8786`; a dask-kubernetes or dask-jobqueue cluster's address) and leaves it running.
+- `dask_client(address, workers, threads, setting)`: where the scheduler comes from (`resolve_scheduler`):
+  the stage's params (`address`, when set) win; else Dask's own configuration, `scheduler-address` (filled by
+  Dask from `DASK_SCHEDULER_ADDRESS` and its YAML files, as `dask worker` and `Client()` read it); else a
+  `LocalCluster`. "local:N" or no address at all opens a `LocalCluster` (worker processes with a nanny each,
+  `host=127.0.0.1`, no dashboard, scratch under `DASK_TEMPORARY_DIRECTORY`) that is closed on exit; any other
+  value connects to that scheduler (`tcp://host:8786`; a dask-kubernetes or dask-jobqueue cluster's address)
+  and leaves it running. The choice and its source are said once on stderr and returned as the cluster's
+  description (`tcp://h:8786 from Dask config scheduler-address (DASK_SCHEDULER_ADDRESS)`), which the
+  stages record (an MLflow tag `<stage>.cluster`; evaluate's timings.json): never in a hashed output.
 - `run_tasks(client, tasks, on_result, error, what)`: submits `Task`s (one per work unit, never one per
   frame: Dask costs ~0.2-1 ms per task), hands each result to `on_result` in *completion* order, and submits
   the follow-up tasks `on_result` returns (prepare's shard writes start as soon as their units are in).
@@ -25,11 +30,48 @@ import contextlib
 import logging
 import os
 import resource
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+SCHEDULER_CONFIG = "scheduler-address"  # Dask's own key: `Client()`, `dask worker` read it too
+SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"  # how Dask fills it from the environment
+
+
+def resolve_scheduler(address: str | None, setting: str = "dask_address") -> tuple[str | None, str]:
+    """Where a stage's scheduler comes from: `(address, source)`.
+
+    `address` is the stage's (its params' `setting`, or `--dask`): when set it wins, "local:N" included
+    (a LocalCluster even when Dask's config names a scheduler); source `params <setting>`. Else Dask's
+    configuration key `scheduler-address` (`dask.config`: the `DASK_SCHEDULER_ADDRESS` variable, read when
+    Dask is imported, or Dask's YAML files, or `dask.config.set`); source
+    `Dask config scheduler-address (DASK_SCHEDULER_ADDRESS)` when the variable holds it, else
+    `Dask config scheduler-address`. Else `(None, "local cluster (<stage>.workers)")`: a LocalCluster.
+    """
+    if address:
+        return address, f"params {setting}"
+    import dask
+
+    configured = dask.config.get(SCHEDULER_CONFIG, None)
+    if configured:
+        configured = str(configured)
+        via = f" ({SCHEDULER_ENV})" if os.environ.get(SCHEDULER_ENV, "").strip() == configured else ""
+        return configured, f"Dask config {SCHEDULER_CONFIG}{via}"
+    stage = setting.rpartition(".")[0]
+    return None, f"local cluster ({stage}.workers)" if stage else "local cluster"
+
+
+def _record(setting: str, description: str) -> None:
+    """Say where the cluster came from: one stderr line, and the tag `<stage>.cluster` of the active MLflow
+    run when the stage is tracked (the stage run `pfactory.tracking.stage_run` opened; none: no tag)."""
+    stage = setting.rpartition(".")[0] or "dask"
+    print(f"{stage}: Dask cluster {description}", file=sys.stderr, flush=True)
+    mlflow = sys.modules.get("mlflow")  # imported by a tracked stage only: never imported here
+    if mlflow is not None and mlflow.active_run() is not None:
+        mlflow.set_tag(f"{stage}.cluster", description)
 
 
 @contextlib.contextmanager
@@ -40,21 +82,26 @@ def dask_client(
     setting: str = "dask_address",
     worker_env: dict[str, str | None] | None = None,
 ) -> Iterator[tuple[Any, str]]:
-    """`(Client, description)` for `address`: None / "local:N" -> a LocalCluster of `workers` / N worker
-    processes (closed on exit); anything else -> a connection to that scheduler (left running).
+    """`(Client, description)` for the scheduler `resolve_scheduler(address, setting)` picks: none /
+    "local:N" -> a LocalCluster of `workers` / N worker processes (closed on exit); anything else -> a
+    connection to that scheduler (left running). `description` is `<address or local:N> from <source>`
+    (said once on stderr; also the active MLflow run's tag `<stage>.cluster`).
 
-    `setting` names the parameter the address came from, for the error when no scheduler answers
-    (`ConnectionError`, after Dask's `distributed.comm.timeouts.connect`, 30 s by default). `worker_env`:
-    variables a LocalCluster's worker processes start with on top of Dask's
+    `setting` names the parameter `address` came from; the error when no scheduler answers
+    (`ConnectionError`, one line, after Dask's `distributed.comm.timeouts.connect`, 30 s by default) names
+    it, or Dask's `scheduler-address` / `DASK_SCHEDULER_ADDRESS` when the address came from there.
+    `worker_env`: variables a LocalCluster's worker processes start with on top of Dask's
     `distributed.nanny.pre-spawn-environ`; None removes one (prepare removes Dask's MALLOC_TRIM_THRESHOLD_:
     docs/DATA.md). A remote cluster's workers keep their own environment.
     """
     from distributed import Client, LocalCluster
 
+    address, source = resolve_scheduler(address, setting)
     if address is None or address.startswith("local:"):
         import dask
 
         n = workers if address is None else int(address.removeprefix("local:"))
+        _record(setting, f"local:{n} from {source}")
         scratch = os.environ.get("DASK_TEMPORARY_DIRECTORY")  # configure_environment: inside the project
         env = {**dask.config.get("distributed.nanny.pre-spawn-environ"), **(worker_env or {})}
         with contextlib.ExitStack() as stack:
@@ -76,18 +123,26 @@ def dask_client(
             )
             try:
                 with Client(cluster) as client:
-                    yield client, f"local:{n}"
+                    yield client, f"local:{n} from {source}"
             finally:
                 cluster.close()
     else:
         import dask
 
+        description = f"{address} from {source}"
+        _record(setting, description)
         try:
             client = Client(address, timeout=dask.config.get("distributed.comm.timeouts.connect"))
         except OSError as e:
-            raise ConnectionError(f"{setting} {address!r}: no Dask scheduler answered ({e})") from e
+            why = " ".join(str(e).split())  # one line
+            if source.startswith("params"):
+                raise ConnectionError(f"{setting} {address!r}: no Dask scheduler answered ({why})") from e
+            raise ConnectionError(
+                f"{source} {address!r}: no Dask scheduler answered ({why}); start it, or unset {SCHEDULER_ENV} "
+                f"(or remove {SCHEDULER_CONFIG} from Dask's YAML config) for a local cluster"
+            ) from e
         with client:
-            yield client, address
+            yield client, description
 
 
 def cluster_slots(client: Any) -> int:

@@ -76,8 +76,10 @@ class PrepareParams(Section):
     # so they are left out of the manifest's params (SCALE_OUT): 1 worker and N workers write the same files.
     dask_address: str | None = None
     """Scheduler address (`tcp://host:8786`) of an existing Dask cluster, or `local:N` for a LocalCluster of
-    N workers; null = this process (today's single-machine path) when `workers` is 1, else a LocalCluster of
-    `workers`. Remote workers must reach the raw data and the output (object storage, or the same paths)."""
+    N workers (even when Dask's config names a scheduler); null = Dask's own `scheduler-address` when set
+    (`DASK_SCHEDULER_ADDRESS`, Dask's YAML config), else this process (today's single-machine path) when
+    `workers` is 1, else a LocalCluster of `workers`. Remote workers must reach the raw data and the output
+    (object storage, or the same paths)."""
     workers: PositiveInt = 1
     """LocalCluster worker processes when `dask_address` is null (1 = no cluster: prepare in this process)."""
     threads_per_worker: PositiveInt = 1

@@ -1,7 +1,8 @@
 """The prepare stage on a Dask cluster: work units of frame ids, shards assembled in order, same bytes.
 
 `prepare_data(raw, out, params, dask_address)` is the stage's entry: with no cluster asked for (no
-`--dask`, `prepare.dask_address` null, `prepare.workers` 1) and local paths it is `prepare_dataset`, the
+`--dask`, `prepare.dask_address` null, no Dask `scheduler-address` / `DASK_SCHEDULER_ADDRESS`,
+`prepare.workers` 1) and local paths it is `prepare_dataset`, the
 single-process streaming path (unchanged); otherwise `prepare_scaled` below. Both write the same bytes
 (tests/data/test_scaleout.py compares every file).
 
@@ -319,9 +320,14 @@ def prepare_data(
     dask_address: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Any:
-    """The prepare stage's body: in this process, or on Dask (module docstring). Returns a PrepareResult."""
+    """The prepare stage's body: in this process, or on Dask (module docstring). Returns a PrepareResult.
+    The scheduler: `dask_address` (`--dask`), else `params.dask_address`, else Dask's own config
+    `scheduler-address` / `DASK_SCHEDULER_ADDRESS` (`pfactory.cluster.resolve_scheduler`)."""
+    from pfactory.cluster import resolve_scheduler
+
     address = dask_address or params.dask_address
-    if address is None and params.workers == 1 and not is_url(raw) and not is_url(out):
+    in_process = resolve_scheduler(address, "prepare.dask_address")[0] is None and params.workers == 1
+    if in_process and not is_url(raw) and not is_url(out):
         from pfactory.data.prepare import prepare_dataset
 
         return prepare_dataset(raw, out, params, progress)
@@ -400,7 +406,7 @@ def _prepare_scaled(
         t0 = time.perf_counter()
         with cluster.dask_client(
             address, params.workers, params.threads_per_worker, "prepare.dask_address", WORKER_ENV
-        ) as (client, _):
+        ) as (client, _):  # the description: stderr + the MLflow tag prepare.cluster, never the manifest
             figures["seconds_cluster"] = time.perf_counter() - t0
             loop = cluster.run_tasks(
                 client, jobs, on_result, PrepareTaskError, "prepare", lambda r: r.compute_s

@@ -60,7 +60,9 @@ def evaluate(
 ) -> dict[str, Any]:
     """Evaluate `optimized` (and `model`, the PyTorch reference, unless None) on `data`; build `out`.
 
-    `address`: a scheduler address, "local:N", or None (a LocalCluster of `ev.workers`). `progress`: a
+    `address`: a scheduler address, "local:N", or None (Dask's own `scheduler-address` /
+    `DASK_SCHEDULER_ADDRESS` when set, else a LocalCluster of `ev.workers`; where it came from is in
+    timings.json's and the metrics' `cluster`, and the MLflow tag `evaluate.cluster`). `progress`: a
     rich bar per model on stderr. `active`: the MLflow run to log to (None: no tracking). `write_report`:
     `(report_dir, doc, gt, pred, optimized, data, worst_n)` writes the run report (the task passes
     `pfactory.report.stage.write_stage_report`; None: no report page, e.g. a champion's re-evaluation). `raw`: the raw dataset

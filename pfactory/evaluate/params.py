@@ -30,7 +30,9 @@ class EvaluateParams(Section):
     several processes on one GPU gain nothing; set auto/cuda for a cluster of GPU workers."""
     dask_address: str | None = None
     """Scheduler address (`tcp://host:8786`) of an existing Dask cluster, or `local:N` for a LocalCluster
-    of N workers; null = a LocalCluster of `workers`. Remote workers must see the same paths."""
+    of N workers (even when Dask's config names a scheduler); null = Dask's own `scheduler-address` when set
+    (`DASK_SCHEDULER_ADDRESS`, Dask's YAML config), else a LocalCluster of `workers`. Remote workers must see
+    the same paths."""
     workers: PositiveInt = 2
     """LocalCluster worker processes (one per core is the CPU default: docs/EVALUATE.md)."""
     threads_per_worker: PositiveInt = 1
