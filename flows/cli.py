@@ -36,6 +36,9 @@ app.add_typer(data_app, name="data")
 from flows.team import team_app  # noqa: E402 (Typer only: `factory team ...`, flows/team.py)
 
 app.add_typer(team_app, name="team")
+from flows.worker import worker_app  # noqa: E402 (`factory worker start --pool NAME`, flows/worker.py)
+
+app.add_typer(worker_app, name="worker")
 
 from flows.stage_cli import ParamsOpt, SetOpt  # noqa: E402 (every command's -S and --params, declared once)
 
@@ -439,8 +442,9 @@ def compare_cmd(
 @app.command("deploy")
 def deploy_cmd(
     cron: Annotated[
-        str, typer.Option(help='Cron schedule: "minute hour day month weekday", e.g. "0 3 * * *".')
-    ],
+        str | None,
+        typer.Option(help='Cron schedule: "minute hour day month weekday", e.g. "0 3 * * *" (optional with --pool).'),
+    ] = None,
     name: Annotated[
         str, typer.Option(help="Deployment name (address: FLOW/NAME; the pipeline's: perception-factory/NAME).")
     ] = "nightly",
@@ -468,10 +472,17 @@ def deploy_cmd(
         bool,
         typer.Option("--serve/--print-only", help="Serve (long-running) or only print the deployment."),
     ] = True,
+    pool: Annotated[
+        str | None,
+        typer.Option(help="Deploy to this work pool (workers: factory worker start), code from git at HEAD."),
+    ] = None,
+    git_remote: Annotated[str, typer.Option(help="With --pool: the git remote workers clone.")] = "origin",
+    run_now: Annotated[bool, typer.Option("--run-now", help="With --pool: also start one run now.")] = False,
 ) -> None:
     """Schedule the pipeline (or any flow: --flow): a Prefect deployment on a cron schedule, served from here.
 
-    Needs a Prefect server (PREFECT_API_URL); for work pools use prefect.yaml (`prefect deploy --all`).
+    Needs a Prefect server (PREFECT_API_URL). --pool NAME: deploy to a work pool instead (workers: `factory worker
+    start`), code from git at HEAD (docs/OPERATIONS.md, "Workers on other hosts"); or prefect.yaml.
     Example: factory deploy --cron "0 3 * * *" -S train.epochs=20
     """
     from flows.deploy import (
@@ -502,6 +513,16 @@ def deploy_cmd(
             ),
             entrypoint=flow or PIPELINE_ENTRYPOINT,
         )
+        if pool is not None or run_now:  # a work pool, code from git (flows/deploy.py: deploy_to_pool)
+            from flows.deploy import deploy_to_pool, git_source
+            from pfactory.tracking import project_root
+
+            if pool is None:
+                raise DeployError("--run-now: only with --pool NAME (a served deployment runs here)")
+            source = git_source(project_root(), git_remote)
+            out = spec.to_dict() | {"pool": pool, "remote": source.url, "commit": source.commit}
+            typer.echo(json.dumps(deploy_to_pool(spec, source, pool, run_now) if serve else out, indent=2))
+            return
         if not serve:
             typer.echo(json.dumps(spec.to_dict(), indent=2))
             return

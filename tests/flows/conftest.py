@@ -152,3 +152,47 @@ def mlflow_server(tmp_path_factory) -> Iterator[Server]:
         yield server
     finally:
         _stop(server)
+
+
+@dataclass
+class TeamServers:
+    """A team started by `pfactory.team.services.up` (what `factory team up` runs): MLflow with basic auth and
+    Prefect with an auth string; `env(user)` is what that user exports (URLs, auth string, their MLflow
+    password)."""
+
+    state: object
+    passwords: dict[str, str]
+
+    def env(self, user: str) -> dict[str, str]:
+        from pfactory.team.services import client_env
+
+        return {**client_env(self.state), "PFACTORY_TRAIN_SLOT_LIMIT": self.state.slot_limit,
+                "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": self.passwords[user]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def team_servers(tmp_path_factory) -> Iterator[TeamServers]:
+    """`factory team up` in a tmp DIR on free 127.0.0.1 ports (1 training slot) with one engineer, alice;
+    `factory team down` at the end of the module. ~15 s on a quiet 2-core box, over a minute under load."""
+    from pfactory.team.services import admin_env, down, up
+    from pfactory.team.users import add_user
+
+    d = tmp_path_factory.mktemp("team")
+    state = up(d, "127.0.0.1", free_port(), free_port(), train_slots=1, slot_limit="pfactory-train-workers")
+    passwords = {"alice": "alice-pw-0123456789"}
+    keys = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PREFECT_API_URL",
+            "PREFECT_API_AUTH_STRING")  # fmt: skip
+    saved = {k: os.environ.get(k) for k in keys}
+    try:
+        os.environ.update(admin_env(state))
+        add_user(state.mlflow_url, "alice", "engineer", passwords["alice"])
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    try:
+        yield TeamServers(state, passwords)
+    finally:
+        down(d)
