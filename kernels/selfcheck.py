@@ -319,9 +319,16 @@ def _run(check: Check, device: Any, key: dict[str, str]) -> Verdict:
     try:
         import torch
 
-        # The first use may come inside a caller's no_grad/inference_mode (evaluation): the backward checks
-        # need autograd whatever the caller's mode.
-        with torch.inference_mode(False), torch.enable_grad():
+        # The first use may come inside a caller's no_grad/inference_mode (evaluation) or autocast (AMP
+        # training): the check compares each dtype it names against a float64 reference, with autograd,
+        # whatever the caller's modes (under autocast the reference itself ran in bfloat16: a right kernel
+        # failed its float32 check and training silently took the reference path).
+        with contextlib.ExitStack() as modes:
+            modes.enter_context(torch.inference_mode(False))
+            modes.enter_context(torch.enable_grad())
+            for kind in ("cpu", "cuda"):
+                if kind == "cpu" or torch.cuda.is_available():
+                    modes.enter_context(torch.autocast(kind, enabled=False))
             figures = check.run(device)
         verdict = Verdict(check.path, VERIFIED, "", figures, key)
     except Mismatch as e:
