@@ -37,6 +37,7 @@ from pfactory.registry.errors import EvidenceError, LockTimeout, PromotionRefuse
 from pfactory.sensors.errors import DatasetError
 from pfactory.team.errors import NotAuthenticated, PermissionRefused, TeamError
 from pfactory.tracking import TrackingUnavailable
+from pfactory.train.runtime import LaunchFailed
 from pfactory.train.trainer import Preempted, TrainingDiverged
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +53,7 @@ ERRORS: dict[type[UserError], tuple[Callable[[], UserError], int]] = {
     DatasetError: (lambda: DatasetError("calib/0.txt", "P2", "12 numbers"), 1),
     TrainingDiverged: (lambda: TrainingDiverged("loss is NaN at step 3"), 1),
     Preempted: (lambda: Preempted("stopped by SIGTERM at step 9 of 20: checkpoint written"), 143),
+    LaunchFailed: (lambda: LaunchFailed("train: node 1's worker exited 2: -S differs from node 0's", 2), 2),
     TrackingUnavailable: (lambda: TrackingUnavailable("http://127.0.0.1:5999 does not answer"), 75),
     EvaluateInputError: (lambda: EvaluateInputError("optimized: backend.json missing"), 2),
     EvaluateTaskError: (lambda: EvaluateTaskError("unit 3 failed"), 1),

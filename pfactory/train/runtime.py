@@ -2,21 +2,52 @@
 per-process utilities the loop needs (phase timer with NVTX ranges, peak memory, all-reduce).
 
 CPU: gloo; CUDA: nccl. The process group is joined when torchrun sets WORLD_SIZE > 1.
+
+Launching (the end of this module): `factory train --nproc-per-node N [--nnodes M --node-rank R
+--rdzv-endpoint HOST:PORT]` starts PyTorch's elastic agent (what `torchrun` runs) in-process.
+In:  the launch options (`launch_spec` validates them: a `UsageError`, exit 2, names the option), a picklable
+     module-level function and its arguments (what each worker process runs).
+Out: `launch(spec, fn, args)` -> `fn`'s return value on global rank 0 when that rank runs on this node, else
+     None; a failed worker raises `LaunchFailed` carrying that worker's exit code (the command's exit code).
+
+Why `torch.distributed.launcher.api.elastic_launch` with a function, not `python -m torch.distributed.run`
+as a subprocess: torchrun's process exits 1 whatever its workers exited with, where the agent's
+`ChildFailedError` keeps each worker's exit code, so a bad parameter on a worker still exits 2 and a transient
+failure 75 (the stage contract, `tasks._stage`); and a function receives the validated params and options
+as they are, so no argv has to be rebuilt from what `factory train` parsed. The agent is torchrun's own:
+c10d rendezvous at `--rdzv-endpoint` (node 0 hosts its store), `max_restarts=0`, spawn start method.
+
+Ranks: the c10d rendezvous numbers nodes in the order it sorts them (host name, pid), not by `--node-rank`
+(torchrun reads `--node_rank` only for its static rendezvous). Each worker therefore takes the global rank
+`node_rank * nproc_per_node + local_rank` before it joins the process group (`adopt_node_rank`), after
+checking through the agent's store that every node agrees: the node ranks are distinct and in range, every
+node runs the same number of processes, and the train/model params are the same (a digest). So global
+rank 0, the one process that writes the outputs (`pfactory.train.trainer`: checkpoint, model, curves,
+MLflow), is always local rank 0 of `--node-rank 0`; the other nodes' `--out` is left untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
+import re
 import resource
+import signal
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from kernels import selfcheck
+from pfactory import failures as fl
 
 
 @dataclass
@@ -197,3 +228,251 @@ def all_reduce_sum(t: torch.Tensor, rt: Runtime) -> torch.Tensor:
     if rt.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Launching (module docstring)
+
+DEFAULT_RDZV_TIMEOUT_S = 600  # torchrun's default join timeout: nodes started by hand have 10 min to meet
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_STORE_PREFIX = "pfactory-train"
+
+
+class LaunchFailed(fl.UserError):
+    """A worker of the launch failed: exit with its code (`exit_code` per instance)."""
+
+    def __init__(self, message: str, exit_code: int = fl.EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Where and how many: `nproc_per_node` workers on each of `nnodes` nodes, this node's `node_rank`, the
+    c10d rendezvous `endpoint` (HOST:PORT; node 0 hosts it) under the id `rdzv_id`, and `timeout_s` for the
+    nodes to join (and for a node to reach the endpoint)."""
+
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    endpoint: str | None = None
+    rdzv_id: str = ""
+    timeout_s: int = DEFAULT_RDZV_TIMEOUT_S
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+
+def under_launcher(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process is already a worker of torchrun / an elastic agent (WORLD_SIZE or LOCAL_RANK set)."""
+    env = os.environ if env is None else env
+    return "WORLD_SIZE" in env or "LOCAL_RANK" in env
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (`[v6addr]:PORT` too) -> (host, port); a `UsageError` naming `--rdzv-endpoint` otherwise."""
+    m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):([0-9]{1,5})", text.strip())
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        raise fl.UsageError(f"--rdzv-endpoint {text!r}: expected HOST:PORT with a port in 1..65535 (node 0's address)")
+    return m.group(1), int(m.group(2))
+
+
+def default_rdzv_id(out: str | Path) -> str:
+    """The rendezvous id when `--rdzv-id` is not given: from the name of the output folder (each node passes
+    its own `--out`; the same name, e.g. `artifacts/model`, on every node gives the same id)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(out).name).strip("-.") or "model"
+    return f"train-{name}"[:128]
+
+
+def launch_spec(
+    nproc_per_node: int | None,
+    nnodes: int | None,
+    node_rank: int | None,
+    endpoint: str | None,
+    rdzv_id: str | None,
+    timeout_s: int | None,
+    out: str | Path,
+    batch_size: int = 0,
+) -> LaunchSpec:
+    """The validated launch options (None: the default); a `UsageError` (exit 2) names the option at fault.
+    `out`: the output folder (the default rendezvous id, `default_rdzv_id`); `batch_size`: the global batch
+    (`train.batch_size`), which the processes share out evenly (0: not checked)."""
+    nproc = 1 if nproc_per_node is None else nproc_per_node
+    nodes = 1 if nnodes is None else nnodes
+    timeout = DEFAULT_RDZV_TIMEOUT_S if timeout_s is None else timeout_s
+    if nproc < 1:
+        raise fl.UsageError(f"--nproc-per-node {nproc}: expected a process count >= 1")
+    if nodes < 1:
+        raise fl.UsageError(f"--nnodes {nodes}: expected a node count >= 1")
+    if timeout < 1:
+        raise fl.UsageError(f"--rdzv-timeout {timeout}: expected seconds >= 1")
+    if nodes > 1 and node_rank is None:
+        raise fl.UsageError(f"--node-rank is required with --nnodes {nodes}: 0 on the node at --rdzv-endpoint, "
+                         f"1..{nodes - 1} on the others")  # fmt: skip
+    rank = 0 if node_rank is None else node_rank
+    if not 0 <= rank < nodes:
+        raise fl.UsageError(f"--node-rank {rank}: expected 0..{nodes - 1} (--nnodes {nodes})")
+    if nodes > 1 and not endpoint:
+        raise fl.UsageError(f"--rdzv-endpoint HOST:PORT is required with --nnodes {nodes} (node 0's address)")
+    if endpoint:
+        host, port = parse_endpoint(endpoint)
+        endpoint = f"{host}:{port}"
+    if rdzv_id is not None and not _ID.fullmatch(rdzv_id):
+        raise fl.UsageError(f"--rdzv-id {rdzv_id!r}: expected 1-128 of A-Z a-z 0-9 . _ - (not starting with . _ -)")
+    if batch_size % (nproc * nodes):
+        raise fl.UsageError(f"train.batch_size={batch_size} must be divisible by the {nproc * nodes} processes "
+                            "(--nproc-per-node x --nnodes)")  # fmt: skip
+    return LaunchSpec(nproc, nodes, rank, endpoint, rdzv_id or default_rdzv_id(out), timeout)
+
+
+def launch(spec: LaunchSpec, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Run `fn(*args)` in `spec.nproc_per_node` spawned workers of this node, which meet the other nodes' at
+    `spec.endpoint` (c10d; a single node without an endpoint: a free local port). `fn` returns None except on
+    global rank 0; returns rank 0's value when it runs here, else None. `fn` and `args` must pickle (spawn).
+
+    A worker that fails raises `LaunchFailed` with the exit code of the first worker that failed (a signal
+    N: 128 + N); a signal to this process (SIGTERM) is passed to the workers, then 128 + N."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
+        raise fl.UsageError("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: factory train's launch needs the agent's shared "
+                         "store; unset it")  # fmt: skip
+    single = spec.nnodes == 1 and spec.endpoint is None
+    config = LaunchConfig(
+        min_nodes=spec.nnodes,
+        max_nodes=spec.nnodes,
+        nproc_per_node=spec.nproc_per_node,
+        run_id=spec.rdzv_id,
+        role="train",
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0" if single else str(spec.endpoint),
+        # node 0 hosts the store at the endpoint (not guessed from the host name: two "nodes" on one host);
+        # the others wait for it to listen as long as they wait for the rendezvous.
+        rdzv_configs={
+            "join_timeout": spec.timeout_s,
+            "read_timeout": spec.timeout_s,
+            "is_host": spec.node_rank == 0,
+        },
+        max_restarts=0,
+        start_method="spawn",
+    )
+    try:
+        results = elastic_launch(config, fn)(*args)
+    except ChildFailedError as e:
+        _, failure = e.get_first_failure()  # the first of this node's workers to fail: the root cause
+        code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
+        why = _reason(failure)
+        detail = f": {why}" if why else ""
+        where = f"node {spec.node_rank} local rank {failure.local_rank}"
+        raise LaunchFailed(f"training process ({where}) exited {code}{detail}", code or 1) from None
+    except RendezvousConnectionError:
+        where = config.rdzv_endpoint
+        why = ("could not listen there: port in use (another node with --node-rank 0?)" if spec.node_rank == 0
+               else f"node 0 did not listen there within --rdzv-timeout {spec.timeout_s} s")  # fmt: skip
+        raise LaunchFailed(f"rendezvous at --rdzv-endpoint {where}: {why}", fl.EXIT_TRANSIENT) from None
+    except RendezvousError as e:  # a timeout: not every node joined
+        raise LaunchFailed(
+            f"rendezvous {spec.rdzv_id!r} at {config.rdzv_endpoint}: {type(e).__name__} {e}".strip()
+            + f"; the {spec.nnodes} nodes did not all join within --rdzv-timeout {spec.timeout_s} s (the same "
+            "--nnodes, --rdzv-endpoint and --rdzv-id on every node?)",
+            fl.EXIT_TRANSIENT,
+        ) from None
+    except SignalException as e:
+        raise LaunchFailed(f"stopped by {signal.Signals(e.sigval).name}", 128 + int(e.sigval)) from None
+    # keyed by the rank the rendezvous gave (not the one `adopt_node_rank` took): `fn` returns None but on rank 0
+    return next((r for r in (results or {}).values() if r is not None), None)
+
+
+def _reason(failure: Any) -> str:
+    """The first line of a failed worker's error file (`record_exception`: "Type: message"), else ""."""
+    message = failure.message if os.path.isfile(str(failure.error_file)) else ""
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    lines = str(message or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def params_digest(doc: Mapping[str, Any]) -> str:
+    """A short digest of a params document (JSON-able): what every node must agree on."""
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def adopt_node_rank(node_rank: int, nnodes: int, digest: str, timeout_s: float) -> int:
+    """In a worker of `launch`: check with every other worker, through the agent's store, that the nodes agree
+    (distinct `--node-rank`s in range, the same `--nproc-per-node` and `--nnodes`, the same params `digest`),
+    then set RANK to `node_rank * nproc_per_node + local_rank` (module docstring) and return it. Every
+    worker reaches the same verdict: on a disagreement all raise the same `UsageError` (exit 2)."""
+    env = os.environ
+    agent_rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    local, nproc = int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
+    store = dist.PrefixStore(
+        f"{_STORE_PREFIX}/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+        dist.TCPStore(
+            env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=timeout_s)
+        ),
+    )
+    me = {"node_rank": node_rank, "nnodes": nnodes, "local_rank": local, "nproc": nproc, "digest": digest,
+          "host": os.uname().nodename}  # fmt: skip
+    store.set(f"worker/{agent_rank}", json.dumps(me))
+    keys = [f"worker/{r}" for r in range(world)]
+    store.wait(keys, timedelta(seconds=timeout_s))
+    workers = [json.loads(store.get(k)) for k in keys]
+    problem = world_problem(workers, world)
+    if problem:
+        raise fl.UsageError(problem)
+    rank = node_rank * nproc + local
+    env["RANK"] = env["ROLE_RANK"] = str(rank)
+    env["GROUP_RANK"] = str(node_rank)
+    return rank
+
+
+def world_problem(workers: list[dict[str, Any]], world: int) -> str | None:
+    """What is wrong with the nodes' launch options as the workers report them (`adopt_node_rank`), else None."""
+    counts = {w["nproc"] for w in workers}
+    if len(counts) > 1:
+        return f"--nproc-per-node differs between nodes ({sorted(counts)}): give every node the same"
+    nodes = {w["nnodes"] for w in workers}
+    if len(nodes) > 1 or next(iter(nodes)) * next(iter(counts)) != world:
+        return f"--nnodes differs between nodes ({sorted(nodes)}) or from the {world} workers that met"
+    pairs = [(w["node_rank"], w["local_rank"]) for w in workers]
+    if len(set(pairs)) != len(pairs):
+        dup = sorted({n for n, _ in pairs if pairs.count((n, 0)) > 1})
+        return f"--node-rank {dup[0] if dup else '?'} was given to more than one node: each node needs its own"
+    digests = {}
+    for w in sorted(workers, key=lambda w: (w["node_rank"], w["local_rank"])):
+        digests.setdefault(w["digest"], w["node_rank"])
+    if len(digests) > 1:
+        other = sorted(digests.values())[1]
+        return (f"the train/model params of --node-rank {other} differ from --node-rank 0's: start every node "
+                "with the same params.yaml and -S overrides")  # fmt: skip
+    return None
+
+
+def check_same_start(step: int, finished: bool) -> None:
+    """In a DDP worker (no-op outside one): every rank resumes from the same step (a `UsageError` on all ranks,
+    exit 2, else). A node that resumes a checkpoint the others do not see would make DDP hang."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    positions: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(positions, (step, finished))
+    if len(set(positions)) > 1:
+        steps = ", ".join(f"rank {r}: step {s}" for r, (s, _) in enumerate(positions))
+        raise fl.UsageError(f"the workers would resume from different checkpoints ({steps}): give every node the "
+                            "same --out (a shared folder) or remove the checkpoint.pt to start fresh")  # fmt: skip
+
+
+def exit_worker(stage: str, exc: Exception) -> None:
+    """In a worker of `launch`: an error a user can act on (`pfactory.failures.stage_outcome`) is written to
+    the worker's error file, which the launching process reports (`LaunchFailed`), and the worker exits with
+    its code; a bug returns (the caller re-raises it: its traceback, exit 1)."""
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+    outcome = fl.stage_outcome(stage, exc)
+    if outcome.code == fl.EXIT_FAILED and fl.explain(exc) is None:
+        return
+    get_error_handler().record_exception(exc)
+    sys.exit(outcome.code)
