@@ -28,6 +28,9 @@ same workspace, so it resumes too; so does a retry of the whole flow (a deployme
 that is on its second or later try reopens the workspace its first try made (`flow_run_id` in the record).
 SIGTERM to `factory run` (preemption) goes to the running stage (train checkpoints and exits 143), no retry
 follows, and the flow raises `RunInterrupted` (`factory run` prints one line saying how to resume, exit 143).
+With a default DVC remote the run travels (`flows.workspace`): train's checkpoints go to the remote as they are
+written, an interrupted run pushes its finished stages and marks its record there interrupted, and `--resume
+NAME` in a clone without that workspace makes it from the remote (`flows.workspace.fetch_remote_run`).
 
 Run: `factory run [-S section.key=value ...] [--name NAME]`, or `pipeline(overrides=[...])` (a deployment).
 """
@@ -62,7 +65,8 @@ from flows.workspace import (  # noqa: E402
     Workspace,
     check_cache,
     create_workspace,
-    find_resumable,
+    fetch_remote_run,
+    locate_run,
     new_run_id,
     open_workspace,
     read_record,
@@ -292,10 +296,12 @@ def pipeline(
 
 
 def _reopened(root: Path, resume: str | None) -> Path | None:
-    """The workspace this flow run continues: the one `resume` names (`find_resumable`), or, on a retry of
-    the flow run (Prefect's run count > 1), the workspace its earlier try made; None: a new run."""
+    """The workspace this flow run continues: the one `resume` names (`locate_run`: here, or fetched from the
+    DVC remote), or, on a retry of the flow run (Prefect's run count > 1), the workspace its earlier try made;
+    None: a new run."""
     if resume is not None:
-        return find_resumable(root, resume or None)
+        found = locate_run(root, resume or None)  # here, else on the DVC remote (another machine's run)
+        return found if isinstance(found, Path) else fetch_remote_run(root, found)
     from prefect.runtime import flow_run
 
     if flow_run.get_run_count() <= 1 or not flow_run.get_id():
@@ -309,6 +315,23 @@ def _reopened(root: Path, resume: str | None) -> Path | None:
     return mine[0] if mine else None
 
 
+TRIGGER_PREFIX = "pfactory.triggered-by:"  # a flow run's Prefect tag: flows/deploy.py triggered_by_tag
+
+
+def _triggered_by() -> dict[str, str]:
+    """{"pfactory.triggered_by": user} when this flow run carries the Prefect tag `pfactory.triggered-by:<user>`
+    (`factory deploy --run-now` on a worker: the person who triggered it, as their client said; the MLflow
+    user of the run stays the worker's account, `pfactory.user`); {} otherwise."""
+    from prefect.runtime import flow_run
+
+    try:
+        tags = flow_run.get_tags() or []
+    except Exception:  # no flow run context
+        return {}
+    users = [t.removeprefix(TRIGGER_PREFIX) for t in tags if t.startswith(TRIGGER_PREFIX)]
+    return {"pfactory.triggered_by": users[0]} if users else {}
+
+
 @contextlib.contextmanager
 def _parent_run(
     exp_id: str, run_id: str, name: str | None, ws: Workspace, reopen: str | None
@@ -317,7 +340,7 @@ def _parent_run(
     one (tagged `resumes_mlflow_run` = the one it could not reopen, linking the two)."""
     import mlflow
 
-    tags = {"pipeline": "true", "run_id": run_id, "workspace": str(ws.path)}
+    tags = {"pipeline": "true", "run_id": run_id, "workspace": str(ws.path), **_triggered_by()}
     if reopen is not None:
         try:
             ctx = mlflow.start_run(run_id=reopen)
@@ -371,15 +394,35 @@ def _run(
         results = _run_in(ws, root_path, params, selected, run_id, name, checkout, t_start, record, resumes)
     except RunInterrupted:
         ws.record(state="interrupted")
+        _travel(ws, "interrupted")
         raise
     except StageFailed as e:
         ws.record(state="interrupted" if e.interrupted else "failed", failed_stage=e.stage)
+        if e.interrupted:
+            _travel(ws, "interrupted")
         raise
     except BaseException:
         ws.record(state="failed")
         raise
     ws.record(state="finished")
+    results["remote_run"] = _travel(ws, "finished")
     return results
+
+
+def _travel(ws: Workspace, state: str) -> dict[str, Any] | None:
+    """With a default DVC remote, the run's copy there (module docstring): an interrupted run pushes the
+    stages it finished (their outputs and run-cache: another clone restores them) and marks its record
+    interrupted; a finished one marks it finished (its resume checkpoint removed). Never raises."""
+    if not ws.remote:
+        return None
+    out: dict[str, Any] = {}
+    if state == "interrupted":
+        done = list(ws.lock().get("stages") or {})
+        out["pushed"] = ws.push(done) if done else None
+    out["record"] = ws.sync_remote(state)
+    if not all(r is None or r.get("ok") for r in out.values()):
+        get_run_logger().warning("run %s: its copy on the DVC remote is incomplete: %s", ws.run_id, out)
+    return out
 
 
 def _run_in(

@@ -55,7 +55,7 @@ def run_command(
     )
     from flows.pipeline import RunInterrupted, pipeline
     from flows.startup import start_services
-    from flows.workspace import CacheNotWritable, ResumeError, StageFailed, check_cache, find_resumable
+    from flows.workspace import CacheNotWritable, ResumeError, StageFailed, check_cache, locate_run
 
     console = RunConsole()
     use(console)
@@ -65,8 +65,8 @@ def run_command(
         with runlog.capture() as log:
             try:
                 check_cache(root)  # a read-only shared cache: said before services start or anything runs
-                if resume is not None:  # a run to continue, found before services start
-                    find_resumable(root, resume or None)
+                if resume is not None:  # a run to continue (here, or on the DVC remote), found before services start
+                    locate_run(root, resume or None)
                 startup = start_services(console, root)
                 flow = pipeline.with_options(flow_run_name=name) if name else pipeline
                 result = flow(overrides=overrides, name=name, stages=stages, checkout=checkout, resume=resume)

@@ -30,6 +30,12 @@ beside it; two runs sharing one directory would overwrite each other's params, o
                             run, state (running | interrupted | failed | finished): what `factory run
                             --resume [NAME]` reopens (`open_workspace`, `find_resumable`)
 
+With a default DVC remote, the run travels: train uploads each checkpoint (with the record and params.yaml)
+to `<remote>/pfactory-runs/<run id>/` (`pfactory.train.remote_checkpoint`, `$PFACTORY_CHECKPOINT_REMOTE`), an
+interrupted run pushes its finished stages' outputs and run-cache and marks its record there interrupted, a
+finished one marks it finished (its checkpoint removed); `factory run --resume NAME` in a clone that has no
+such workspace makes one from the remote's record and checkpoint (`fetch_remote_run`).
+
 `dvc repro` in the project root runs the same DAG without Prefect; `dvc repro` inside a workspace
 replays that run. Workspaces are kept (they are the run's artifacts) until `factory gc` removes them
 (pfactory/retention.py: never the lineage of a registered model, never a run in progress); a run saved as an
@@ -165,6 +171,11 @@ class Workspace:
         env.setdefault("DVC_NO_ANALYTICS", "1")
         env[OUTCOME_ENV] = str(self.outcomes)
         env[RESUME_ENV] = str(self.path / RESUME_DIR)
+        if self.remote:  # train's checkpoints travel with the run (module docstring)
+            from pfactory.train.remote_checkpoint import REMOTE_ENV, target_env
+
+            env[REMOTE_ENV] = target_env(self.root, self.run_id, self.path, self.path / RUN_RECORD,
+                                         self.path / "params.yaml")  # fmt: skip
         return env
 
     def dvc(self, *args: str, log_name: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -274,13 +285,33 @@ class Workspace:
                     "mlflow_parent_run_id": os.environ.get("PFACTORY_PARENT_RUN_ID"),
                 })  # fmt: skip
 
-    def push(self) -> dict[str, Any]:
-        """`dvc push --run-cache` to the default remote (after a successful run): this run's outputs and the
-        run-cache entries, so a clone on another machine restores them (`repro --pull`). Never raises: returns
-        `{"remote", "ok", "detail"}` (a push that failed is reported, the run stays a success)."""
+    def sync_remote(self, state: str) -> dict[str, Any] | None:
+        """With a default remote: the run's record (now in `state`) and params.yaml to the remote's copy of the
+        run (`pfactory.train.remote_checkpoint`), keeping the checkpoint it names, or dropping it when the run
+        `finished` (a finished run that never put anything there leaves nothing). Never raises: None without a
+        remote, else `{"ok", "detail"}`."""
+        if not self.remote:
+            return None
+        from pfactory.train.remote_checkpoint import RunRemote
+
+        try:
+            remote = RunRemote(self.root)
+            if state == "finished" and remote.read_marker(self.run_id) is None:
+                return {"ok": True, "detail": f"nothing of this run on the {remote}"}  # no clutter to mark
+            remote.write_record(self.run_id, read_record(self.path), (self.path / "params.yaml").read_text(),
+                                checkpoint=state != "finished")  # fmt: skip
+        except Exception as e:  # the run's outcome stands; the remote copy is a convenience
+            return {"ok": False, "detail": f"{type(e).__name__}: {e}".splitlines()[0][:250]}
+        return {"ok": True, "detail": str(remote)}
+
+    def push(self, stages: list[str] | None = None) -> dict[str, Any]:
+        """`dvc push --run-cache` to the default remote (after a successful run; `stages`: only theirs, an
+        interrupted run's finished ones): this run's outputs and the run-cache entries, so a clone on another
+        machine restores them (`repro --pull`). Never raises: returns `{"remote", "ok", "detail"}` (a push that
+        failed is reported, the run stays a success)."""
         if not self.remote:
             return {"remote": None, "ok": False, "detail": "no default remote (dvc remote add -d NAME URL)"}
-        proc = self.dvc("push", "--run-cache", log_name="push", check=False)
+        proc = self.dvc("push", "--run-cache", *(stages or []), log_name="push", check=False)
         lines = [ln for ln in proc.stdout.strip().splitlines() if ln.strip()]
         return {"remote": self.remote, "ok": proc.returncode == 0, "detail": lines[-1] if lines else ""}
 
@@ -357,6 +388,84 @@ def find_resumable(root: Path, name: str | None = None) -> Path:
     raise ResumeError(
         f"--resume: no interrupted run under {runs} (every run there finished or is in progress)"
     )
+
+
+def _remote_runs(root: Path) -> Any:
+    """The project's default DVC remote's run area (`pfactory.train.remote_checkpoint.RunRemote`), None
+    without a default remote."""
+    from pfactory.dvccache import read_config
+    from pfactory.train.remote_checkpoint import RunRemote
+
+    return RunRemote(root) if read_config(root).remote else None
+
+
+def locate_run(root: Path, name: str | None) -> Path | str:
+    """What `factory run --resume [NAME]` continues: a local workspace (`find_resumable`), else, for a NAME
+    this clone has no workspace of and with a default DVC remote, the run id the remote holds it under (an
+    interrupted run on another machine: `fetch_remote_run`). ResumeError (one line: the run, where it looked)."""
+    from pfactory.train.remote_checkpoint import RemoteRunError
+
+    try:
+        return find_resumable(root, name)
+    except ResumeError:
+        local = any(p.name == name or read_record(p).get("name") == name
+                    for p in (Path(root).resolve() / RUNS_DIR).glob("*"))  # fmt: skip
+        try:
+            remote = _remote_runs(root) if name and not local else None
+        except RemoteRunError as e:
+            raise ResumeError(f"--resume {name}: no run with this id or name here; {e}") from None
+        if remote is None:
+            raise
+    try:
+        run_id = remote.find(name)
+        marker = remote.read_marker(run_id) if run_id else None
+    except RemoteRunError as e:
+        raise ResumeError(f"--resume {name}: no run with this id or name here; {e}") from None
+    except Exception as e:  # the remote unreachable, credentials refused, ...
+        raise ResumeError(f"--resume {name}: no run with this id or name here, and the {remote} could not be "
+                          f"read ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    if marker is None:
+        raise ResumeError(f"--resume {name}: no run with this id or name under {Path(root).resolve() / RUNS_DIR}"
+                          f" nor on the {remote}")  # fmt: skip
+    if (marker.get("record") or {}).get("state") == "finished":
+        raise ResumeError(f"--resume {name}: run {run_id} finished (the {remote} says); nothing to resume")
+    return run_id
+
+
+def fetch_remote_run(root: Path, run_id: str) -> Path:
+    """Make this clone's workspace of run `run_id` from the default DVC remote's copy (`locate_run`): the
+    run's params.yaml and overrides, its record (state interrupted), train's checkpoint where the run keeps it
+    (`artifacts/.state/resume/...`). The stages it finished come from the remote on the first `repro --pull`
+    (an interrupted run pushed them). Returns the workspace's path."""
+    import tempfile
+
+    from pfactory.config import load_params
+
+    root = Path(root).resolve()
+    remote = _remote_runs(root)
+    marker = remote.read_marker(run_id) if remote is not None else None
+    if marker is None:
+        raise ResumeError(f"--resume {run_id}: not on the {remote or 'DVC remote (none configured)'}")
+    record = dict(marker.get("record") or {})
+    overrides = list(record.get("overrides") or [])
+    if marker.get("params_yaml"):
+        with tempfile.TemporaryDirectory() as d:  # the run's own params, whatever this clone's params.yaml says
+            (Path(d) / "params.yaml").write_text(marker["params_yaml"])
+            params = load_params(Path(d) / "params.yaml")
+    else:
+        params = load_params(root / "params.yaml", overrides)
+    ws = create_workspace(root, params, run_id, overrides)
+    entry = marker.get("checkpoint") or {}
+    rel = Path(entry.get("path", ""))
+    if entry and (rel.is_absolute() or ".." in rel.parts or rel.parts[: len(RESUME_DIR.parts)] != RESUME_DIR.parts):
+        raise ResumeError(f"--resume {run_id}: the {remote} names checkpoint path {rel}, expected one under "
+                          f"{RESUME_DIR}")  # fmt: skip
+    if entry:
+        remote.get_checkpoint(run_id, ws.path / rel)
+    ws.record(**{**record, "mode": ws.mode, "baseline": ws.baseline, "untracked": ws.untracked,
+                 "params_written": ws.params_written, "state": "interrupted", "fetched_from": str(remote),
+                 "fetched_step": entry.get("step")})  # fmt: skip
+    return ws.path
 
 
 def open_workspace(root: Path, path: Path) -> Workspace:
@@ -584,6 +693,9 @@ def _copy_remotes(root: Path, tmp: Path) -> None:
     for name, section in conf.items():
         if name.startswith("remote "):
             dst[name] = dict(section)
+            url = str(section.get("url", ""))
+            if url and "://" not in url and not os.path.isabs(url):  # relative to the project's .dvc/
+                dst[name]["url"] = str((root / ".dvc" / url).resolve())
     if conf.get("core", {}).get("remote"):
         dst.setdefault("core", {})["remote"] = conf["core"]["remote"]
     dst.write()

@@ -72,6 +72,7 @@ from pfactory.train.data import (
     to_device,
 )
 from pfactory.train.params import TrainParams
+from pfactory.train.remote_checkpoint import uploader_from_env
 from pfactory.train.rng import rng_state, seed_everything, set_rng_state
 from pfactory.train.runtime import Runtime, Timer, all_reduce_sum, peak_memory_mb, setup_runtime, use_bf16
 from pfactory.train.schedule import lr_factor, make_optimizer
@@ -164,6 +165,9 @@ class Trainer:
         self.stop_signal: int | None = None  # set by the SIGTERM handler: checkpoint and stop after this step
         self.checkpoints = 0  # written by this process
         self._last_ckpt = time.monotonic()
+        self.resumed_at = 0  # the step a resumed run continued from
+        # `$PFACTORY_CHECKPOINT_REMOTE`: each checkpoint also goes to the DVC remote (a background thread)
+        self.uploader = uploader_from_env() if rt.is_main else None
         state = load_checkpoint(self.ckpt_path)
         if state is None and self.ckpt_path != self.final_ckpt:
             state = load_checkpoint(self.final_ckpt)
@@ -215,7 +219,9 @@ class Trainer:
         )
         self.curves, self.val_curves = list(state["curves"]), list(state["val_curves"])
         self.elapsed_before = float(state["elapsed_s"])
-        self.resumed, self.finished = True, bool(state["done"])
+        self.resumed, self.finished, self.resumed_at = True, bool(state["done"]), self.step
+        if self.rt.is_main:
+            print(f"train: resumed from {self.ckpt_path} at step {self.step} of {self.total}", file=sys.stderr)
         return state.get("mlflow_run_id")
 
     def train_time(self) -> float:
@@ -263,16 +269,21 @@ class Trainer:
                 self.checkpoint(done=True)
             if rt.is_main and tp.compile:
                 self.save_compile_cache()
+            if self.uploader is not None:
+                self.uploader.close()  # a queued resume copy is moot now
             if rt.is_main:
                 summary = finish(self.out, self.model, (self.arch, self.plugin), self.info, tp, rt, self.curves,
                                  self.val_curves, self.timer, train_s, self.tracker, self.resumed,
-                                 checkpoints=self.checkpoints)  # fmt: skip
+                                 checkpoints=self.checkpoints, resumed_at=self.resumed_at,
+                                 remote=self.uploader.stats() if self.uploader is not None else None)  # fmt: skip
         except BaseException as e:
             self.tracker.close(e)
             raise
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+            if self.uploader is not None:
+                self.uploader.close()
         self.tracker.close()
         if rt.distributed:
             dist.barrier()  # nobody tears the process group down before the main process has written
@@ -334,6 +345,8 @@ class Trainer:
         if not asked:
             return
         self.checkpoint(done=False)
+        if self.uploader is not None:
+            self.uploader.flush()  # the copy on the DVC remote is what another machine resumes from
         raise Preempted(
             f"stopped by SIGTERM at step {self.step} of {self.total}: checkpoint {self.ckpt_path} written; "
             "the same command resumes from it"
@@ -384,6 +397,8 @@ class Trainer:
                 "val_curves": self.val_curves, "elapsed_s": self.elapsed_before + self.train_time(),
                 "mlflow_run_id": self.tracker.run_id, "done": done,
             }, *also)  # fmt: skip
+            if self.uploader is not None and not done:
+                self.uploader.submit(self.ckpt_path, self.step)
         self.checkpoints += 1
         self._last_ckpt = time.monotonic()
 
@@ -472,9 +487,13 @@ def finish(
     tracker: Tracker,
     resumed: bool,
     checkpoints: int = 0,
+    resumed_at: int = 0,
+    remote: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write model.pt, model_config.json, curves, metrics; log them; return the summary. `checkpoints`: how
-    many this process wrote (their cost: `checkpoint` = written, seconds, share of this process' loop)."""
+    many this process wrote (their cost: `checkpoint` = written, seconds, share of this process' loop);
+    `resumed_at`: the step a resumed run continued from; `remote`: the uploads to the DVC remote
+    (`pfactory.train.remote_checkpoint.CheckpointUploader.stats`)."""
     paths = save_model(out, model, *arch)
     atomic_write_json(out / af.CURVES, curves)
     atomic_write_json(out / af.VAL_CURVES, [{k: v for k, v in r.items() if k != "kpis"} for r in val_curves])
@@ -488,6 +507,8 @@ def finish(
         "seconds": round(ckpt_s, 3),
         "fraction": round(ckpt_s / loop_s, 5) if loop_s else 0.0,
     }
+    if remote is not None:
+        ckpt["remote"] = remote
     summary = {
         "steps": steps,
         "epochs": max((r["epoch"] for r in curves), default=-1) + 1,
@@ -497,6 +518,7 @@ def finish(
         "peak_memory_mb": round(peak_memory_mb(rt.device), 1),
         "final_loss": curves[-1]["loss"] if curves else None,
         "resumed": resumed,
+        "resumed_at_step": resumed_at,
         "checkpoint": ckpt,
         "world_size": rt.world_size,
         "device": str(rt.device),

@@ -9,10 +9,16 @@ One tiny project (tests/flows/pipeline_project.py's TINY, 6 train epochs: 36 ste
   kill   the whole process tree SIGKILLed at ~60 % of train, then `factory run --resume kill`: exit 0, train
          resumed from its last periodic checkpoint;
   retry  only the train process SIGKILLed (through train): Prefect's retry of the stage task resumes it;
-  ref    uninterrupted.
+  ref    uninterrupted (the `reference` fixture: its own project).
 The runs differ only in `train.checkpoint_every_steps` (not part of the trajectory, so resuming ignores it; a DVC
 param, so no run restores another's train from the run-cache). Every resumed loss curve equals ref's at every
 step; the final KPIs are equal.
+
+Then the pipeline as a schedule runs it: deployed (`factory deploy`, served from the project) on a real
+`prefect server` on 127.0.0.1, a flow run triggered, its train process SIGKILLed once after a checkpoint:
+Prefect's retry of the train task resumes at the checkpoint's step and the flow run completes. And a run
+that travels: two clones sharing only a DVC remote (a local directory), SIGTERM in clone A, `factory run
+--resume NAME` in clone B, which has no such workspace, continues from the checkpoint on the remote.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.flows.pipeline_project import clean_env, make_project, tiny_args
+from tests.flows.pipeline_project import clean_env, dvc, make_project, tiny_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.full]
 TRAJECTORY_KEYS = ("step", "epoch", "lr", "loss", "heatmap", "reg", "grad_norm")
@@ -101,7 +107,32 @@ def _kpis(ws: Path) -> dict:
     return {"mAP": k["mAP"], "NDS": k["NDS"], "classes": k["classes"]}
 
 
-def test_interrupted_runs_resume_to_the_uninterrupted_result(tmp_path: Path) -> None:
+def _resumed_at(ws: Path) -> int:
+    """The step train's last attempt resumed at: its log line (`train: resumed from ... at step N of T`),
+    checked against metrics.json."""
+    lines = [ln for ln in (ws / "logs" / "train.log").read_text().splitlines() if "train: resumed from" in ln]
+    assert lines, (ws / "logs" / "train.log").read_text()[-3000:]
+    step = int(lines[-1].split(" at step ")[1].split()[0])
+    metrics = json.loads((ws / "artifacts" / "model" / "metrics.json").read_text())
+    assert metrics["resumed"] and metrics["resumed_at_step"] == step, metrics
+    return step
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """An uninterrupted run (its own project): the loss curve (36 steps) and KPIs the resumed runs end with."""
+    project = make_project(tmp_path_factory.mktemp("reference") / "project")
+    code, ref, err = _run(project, "ref", *tiny_args(), *EPOCHS, "--until", "evaluate",
+                          "-S", "train.checkpoint_every_steps=5")  # fmt: skip
+    assert code == 0, err[-3000:]
+    ref_ws = Path(ref["workspace"])
+    assert json.loads((ref_ws / "artifacts" / "model" / "metrics.json").read_text())["resumed"] is False
+    curve = _curve(ref_ws)
+    assert len(curve) == 36  # 6 epochs x 6 steps
+    return {"curve": curve, "kpis": _kpis(ref_ws)}
+
+
+def test_interrupted_runs_resume_to_the_uninterrupted_result(tmp_path: Path, reference: dict) -> None:
     project = make_project(tmp_path / "project")
     base = [*tiny_args(), *EPOCHS, "--until", "evaluate"]
     t0 = time.time()
@@ -174,18 +205,153 @@ def test_interrupted_runs_resume_to_the_uninterrupted_result(tmp_path: Path) -> 
     assert "train: transient failure (killed); resuming" in err
     assert json.loads((retry_ws / "artifacts" / "model" / "metrics.json").read_text())["resumed"]
 
-    # ref: uninterrupted.
-    code, ref, err = _run(project, "ref", *base, "-S", "train.checkpoint_every_steps=5")
-    assert code == 0, err[-3000:]
-    ref_ws = Path(ref["workspace"])
-    assert json.loads((ref_ws / "artifacts" / "model" / "metrics.json").read_text())["resumed"] is False
-    reference = _curve(ref_ws)
-    assert len(reference) == 36  # 6 epochs x 6 steps
     for ws in (term_ws, kill_ws, retry_ws):
-        assert _curve(ws) == reference, ws.name  # every step, every loss term
-    assert _kpis(term_ws) == _kpis(ref_ws) and _kpis(kill_ws) == _kpis(ref_ws)
+        assert _curve(ws) == reference["curve"], ws.name  # every step, every loss term
+    assert _kpis(term_ws) == reference["kpis"] and _kpis(kill_ws) == reference["kpis"]
     print(f"kill: resumed from step {killed_at}; retry: resumed from step >= {retried_from}; "
           f"{time.time() - t0:.0f} s in all")  # fmt: skip
+
+
+def _api(url: str, body: dict | None = None) -> object:
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if data else "GET",
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read() or b"null")
+
+
+def _descendant_train(pid: int) -> psutil.Process | None:
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return None
+    for k in kids:
+        try:
+            if "tasks.train" in " ".join(k.cmdline()):
+                return k
+        except psutil.Error:
+            continue
+    return None
+
+
+def test_a_scheduled_runs_killed_train_is_resumed_by_prefects_retry(
+    tmp_path: Path, prefect_server, reference: dict
+) -> None:
+    """The pipeline deployed and served (`factory deploy`) on a real Prefect server, one flow run triggered; its
+    train process SIGKILLed once a checkpoint exists: the train task's retry (Prefect's, run_count 2) resumes at
+    the checkpoint's step, the flow run is Completed, the loss curve equals the uninterrupted run's."""
+    project = make_project(tmp_path / "project")
+    args = [*tiny_args(), *EPOCHS, "-S", "train.checkpoint_every_steps=3"]
+    params = {"stages": ["synth", "prepare", "train"], "name": "scheduled", "checkout": False}
+    cmd = [sys.executable, "-m", "flows.cli", "deploy", "--name", "resume-nightly", "--cron", "0 3 * * *", *args,
+           "--parameters", json.dumps(params)]  # fmt: skip
+    log = project / "serve.log"
+    with open(log, "wb") as f:
+        serve = subprocess.Popen(cmd, cwd=project, env={**clean_env(project), **prefect_server.env}, stdout=f,
+                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    api = prefect_server.url
+    try:
+        dep, deadline = None, time.monotonic() + 180
+        while dep is None:
+            try:
+                dep = _api(f"{api}/deployments/name/perception-factory/resume-nightly")
+            except OSError:
+                assert serve.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(1)
+        fr = _api(f"{api}/deployments/{dep['id']}/create_flow_run", {"name": "scheduled-run"})
+
+        deadline, victim, step = time.monotonic() + 900, None, 0
+        while victim is None:
+            assert time.monotonic() < deadline and serve.poll() is None, log.read_text()[-3000:]
+            ws = _workspace(project, "scheduled")
+            ckpt = ws / "artifacts" / ".state" / "resume" / "train" / "checkpoint.pt" if ws else None
+            if ckpt is not None and ckpt.is_file() and _train_progress(ws)[0] >= 0.5 * 36:
+                import torch
+
+                step = torch.load(ckpt, weights_only=True)["step"]
+                victim = _descendant_train(serve.pid)
+            time.sleep(0.05)
+        victim.kill()  # SIGKILL: no checkpoint of its own; the periodic one is what the retry has
+        t_kill = time.monotonic()
+
+        deadline = time.monotonic() + 900
+        while (state := _api(f"{api}/flow_runs/{fr['id']}")["state_type"]) not in (
+            "COMPLETED", "FAILED", "CRASHED", "CANCELLED"
+        ):  # fmt: skip
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        assert state == "COMPLETED", log.read_text()[-4000:]
+        tasks = _api(f"{api}/task_runs/filter", {"flow_runs": {"id": {"any_": [fr["id"]]}}})
+        train = [t for t in tasks if t["name"].rsplit("-", 1)[0] == "train"]
+        assert [(t["run_count"], t["state_type"]) for t in train] == [(2, "COMPLETED")], tasks
+    finally:
+        serve.terminate()
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+    resumed_at = _resumed_at(ws)
+    assert resumed_at >= step > 0, (resumed_at, step)  # the retry continued from the checkpoint, not step 0
+    assert _curve(ws) == reference["curve"]
+    assert json.loads((ws / "logs" / "run.json").read_text())["state"] == "finished"
+    print(f"scheduled: train SIGKILLed after its step-{step} checkpoint; Prefect's retry resumed at step "
+          f"{resumed_at}; Completed {time.monotonic() - t_kill:.0f} s after the kill")  # fmt: skip
+
+
+def test_a_run_interrupted_on_one_machine_resumes_on_another_through_the_dvc_remote(
+    tmp_path: Path, reference: dict
+) -> None:
+    """Two clones sharing only a DVC remote (a local directory). A: SIGTERM during train, exit 143, the
+    checkpoint of that moment on the remote. B (no such workspace): `factory run --resume NAME` makes the run's
+    workspace from the remote, restores synth and prepare from it, resumes train at the checkpoint's step, and
+    ends with the uninterrupted curve; the remote then says finished. A name the remote lacks: one line, exit 2."""
+    from pfactory.train.remote_checkpoint import RunRemote
+
+    shared = tmp_path / "dvc-remote"
+    a, b = make_project(tmp_path / "a"), make_project(tmp_path / "b")
+    for clone in (a, b):
+        r = dvc(clone, "remote", "add", "-d", "shared", str(shared))
+        assert r.returncode == 0, r.stderr
+
+    proc = _start(a, "travel", *tiny_args(), *EPOCHS, "--until", "train", "-S", "train.checkpoint_every_steps=4")
+    _wait_for_train(a, "travel", proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(300)
+    err = (a / "travel.stderr").read_text()
+    assert proc.returncode == 143, err[-3000:]
+    ws_a = _workspace(a, "travel")
+    import torch
+
+    stopped = torch.load(ws_a / "artifacts" / ".state" / "resume" / "train" / "checkpoint.pt",
+                         weights_only=True)["step"]  # fmt: skip
+    marker = RunRemote(a).read_marker(ws_a.name)
+    assert marker["checkpoint"]["step"] == stopped and marker["record"]["state"] == "interrupted", marker
+    assert (shared / "pfactory-runs" / ws_a.name / marker["checkpoint"]["key"]).is_file()
+
+    code, out, err = _run(b, "travel-b", "--resume", "travel")
+    assert code == 0, err[-3000:]
+    ws_b = Path(out["workspace"])
+    assert ws_b.parent == b / "artifacts" / "runs" and ws_b.name == ws_a.name  # the same run, in clone B
+    assert {s: out["stages"][s]["how"] for s in ("synth", "prepare")} == {
+        "synth": "run-cache",
+        "prepare": "run-cache",
+    }, out["stages"]  # restored from the remote (A pushed them when it stopped), not recomputed
+    assert _resumed_at(ws_b) == stopped > 0
+    assert _curve(ws_b) == reference["curve"]
+    after = RunRemote(b).read_marker(ws_a.name)
+    assert after["record"]["state"] == "finished" and "checkpoint" not in after, after
+    assert not list((shared / "pfactory-runs" / ws_a.name).glob("checkpoint-*"))
+
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--resume", "nosuch"], cwd=b, env=clean_env(b),
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+    assert "--resume nosuch" in lines[0] and "DVC remote 'shared'" in lines[0], lines
+    up = json.loads((ws_b / "artifacts" / "model" / "metrics.json").read_text())["checkpoint"]
+    print(f"travel: SIGTERM in A at step {stopped}; B resumed at step {stopped} from the remote; B's checkpoints: "
+          f"{up}")  # fmt: skip
 
 
 def test_resume_refuses_what_it_cannot_continue(tmp_path: Path) -> None:
