@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from flows.failure import failure_lines, stage_failure
+from flows.worker import WorkerError
 from flows.workspace import StageFailed
 from pfactory.config import ParamsError
 from pfactory.data.errors import RejectFractionExceeded, SchemaError
@@ -53,6 +54,7 @@ ERRORS: dict[type[UserError], tuple[Callable[[], UserError], int]] = {
     DatasetError: (lambda: DatasetError("calib/0.txt", "P2", "12 numbers"), 1),
     TrainingDiverged: (lambda: TrainingDiverged("loss is NaN at step 3"), 1),
     Preempted: (lambda: Preempted("stopped by SIGTERM at step 9 of 20: checkpoint written"), 143),
+    WorkerError: (lambda: WorkerError("--dir /srv/x: inside a git checkout of the project"), 2),
     LaunchFailed: (lambda: LaunchFailed("train: node 1's worker exited 2: -S differs from node 0's", 2), 2),
     TrackingUnavailable: (lambda: TrackingUnavailable("http://127.0.0.1:5999 does not answer"), 75),
     EvaluateInputError: (lambda: EvaluateInputError("optimized: backend.json missing"), 2),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import shutil
 import subprocess
@@ -155,6 +156,14 @@ def factory(*args: str) -> Result:
     argv = sys.argv
     sys.argv = ["factory", *args]
     code = 0
+    # A root handler an earlier test of this process left behind (Prefect's console handler, configured while
+    # pytest captured stderr) writes to a closed stream: every library warning would add logging's own
+    # "--- Logging error ---" report to `err`. A fresh `factory` process has none; set them aside meanwhile.
+    root = logging.getLogger()
+    stale = [h for h in root.handlers
+             if isinstance(h, logging.StreamHandler) and getattr(h.stream, "closed", False)]  # fmt: skip
+    for h in stale:
+        root.removeHandler(h)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             main()
@@ -165,6 +174,8 @@ def factory(*args: str) -> Result:
         err.write(traceback.format_exc())
     finally:
         sys.argv = argv
+        for h in stale:
+            root.addHandler(h)
     return Result(code, out.getvalue(), err.getvalue())
 
 

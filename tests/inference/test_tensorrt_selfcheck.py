@@ -69,10 +69,25 @@ def _feeds(tiny_model) -> list[dict[str, np.ndarray]]:
     return [make_feed(tiny_model, 1, 600, seed=s) for s in (0, 1)]
 
 
-def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [
-        r.getMessage() for r in caplog.records if r.name == "pfk.selfcheck" and r.levelno == logging.WARNING
-    ]
+@pytest.fixture
+def warned() -> list[str]:
+    """The WARNING lines of the `pfk.selfcheck` logger during the test, from a handler on that logger itself
+    (pytest's caplog sits on the root logger, whose handlers a library's logging set-up may replace
+    mid-suite)."""
+    lines: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno == logging.WARNING:
+                lines.append(record.getMessage())
+
+    logger = logging.getLogger("pfk.selfcheck")
+    handler, level = Lines(logging.WARNING), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)
 
 
 def test_a_correct_engine_verifies_once_and_is_read_back(tmp_path, store, exported, fp32_model, tiny_model):
@@ -99,9 +114,8 @@ def test_a_correct_engine_verifies_once_and_is_read_back(tmp_path, store, export
 
 
 def test_a_wrong_engine_fails_with_one_line_and_onnx_runtime_runs_instead(
-    tmp_path, store, exported, fp32_model, tiny_model, caplog
+    tmp_path, store, exported, fp32_model, tiny_model, warned
 ):
-    caplog.set_level(logging.WARNING, logger="pfk.selfcheck")
     plan = _optimized_dir(tmp_path / "opt", exported, fp32_model, wrong=True)
     fallbacks: list[Path] = []
 
@@ -122,7 +136,7 @@ def test_a_wrong_engine_fails_with_one_line_and_onnx_runtime_runs_instead(
     runner2 = open_engine(plan, "fp32", "cpu", fallback, **kw)
     assert fallbacks == [tmp_path / "opt" / "onnxruntime" / "model.fp32.onnx"] * 2
     assert runner.backend == "onnxruntime" and runner2.backend == "onnxruntime"
-    lines = _warnings(caplog)
+    lines = warned
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"pfk self-check: {ENGINE_PATH} (model.fp32.plan) on cpu: ")
     assert "FAILED (fp32 scores: max|err| " in lines[0] and lines[0].endswith("; using ONNX Runtime FP32")
