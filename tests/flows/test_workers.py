@@ -296,7 +296,7 @@ def test_two_workers_without_a_checkout_run_a_triggered_and_a_cron_run(team_serv
     assert len(parents) == 2, [p.data.tags.get("workspace") for p in parents]
     # Who triggered the run now (--run-now by alice) is on its parent run; the cron run has no trigger.
     triggers = [p.data.tags.get("pfactory.triggered_by") for p in parents]
-    assert sorted(triggers, key=str) == ["alice", None], triggers
+    assert sorted(triggers, key=str) == [None, "alice"], triggers  # str(None) sorts first
     owners_all = []
     for p in parents:
         assert p.info.status == "FINISHED" and p.data.tags["git.commit"] == commit, p.data.tags
