@@ -80,6 +80,7 @@ def test_forged_kpis_refused_with_both_figures_and_audited_honest_promoted(bench
     assert r["decision"] == "refused"
     assert r["gates"] == [pytest.approx(r["gates"][0])] and r["gates"][0]["name"] == "candidate_verified"
     line = f"recorded mAP {FORGED_MAP:g}, recomputed {round(recomputed, 4):g}"
+    print(f"\nforged candidate: {r['decision']}: {r['reason']}")  # the figures, with -s
     assert line in r["reason"] and "\n" not in r["reason"], r["reason"]
     assert reg.champion(registry, "test-detector", "champion") is None
     mv = registry.get_model_version("test-detector", str(r["version"]))
