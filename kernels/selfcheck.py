@@ -377,10 +377,17 @@ def trusted(path: str, device: Any) -> bool:
     verdict = _VERDICTS.get((path, str(device)))
     if verdict is None:
         verdict = verify(path, device)
-    if verdict.status == FAILED and path not in _WARNED:
-        _WARNED.add(path)
-        log.warning(verdict.line())
+    if verdict.status == FAILED:
+        warn_once(path, verdict.line())
     return verdict.status == VERIFIED
+
+
+def warn_once(key: str, line: str) -> None:
+    """`line` as one warning of the `pfk.selfcheck` logger, the first time this process warns about `key`
+    (a path, or a path and the engine it checked); `forget()` starts over."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        log.warning(line)
 
 
 # --------------------------------------------------------------------------------------------------

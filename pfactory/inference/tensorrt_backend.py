@@ -616,7 +616,6 @@ ENGINE_TOLERANCES: dict[str, tuple[float, float]] = {
     "int8": (0.1, 0.5),  # calibration error; the optimize stage's parity gate judges quality
 }
 """precision -> (max |err| of the sorted scores, max |err| in m of a matched box's centre and size)."""
-_WARNED_ENGINES: set[str] = set()
 
 
 def tensorrt_missing() -> str | None:
@@ -773,13 +772,11 @@ def verify_engine(
     selfcheck.register(selfcheck.Check(ENGINE_PATH, run, fingerprint, device_types, what))
     verdict = selfcheck.verify(ENGINE_PATH, device)
     if verdict.status == selfcheck.FAILED:
-        tag = verdict.key.get("source", str(plan_path))
-        if tag not in _WARNED_ENGINES:
-            _WARNED_ENGINES.add(tag)
-            selfcheck.log.warning(
-                f"pfk self-check: {ENGINE_PATH} ({plan_path.name}) on {verdict.key.get('device', device)} "
-                f"FAILED ({verdict.reason}); using ONNX Runtime FP32"
-            )
+        selfcheck.warn_once(  # one line per engine and process
+            f"{ENGINE_PATH}:{verdict.key.get('source', str(plan_path))}",
+            f"pfk self-check: {ENGINE_PATH} ({plan_path.name}) on {verdict.key.get('device', device)} "
+            f"FAILED ({verdict.reason}); using ONNX Runtime FP32",
+        )
     return verdict
 
 
