@@ -3,6 +3,7 @@ server enforces, the promotion of a candidate by copy, refusals (one line, exit 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -211,6 +212,74 @@ def test_the_promotion_lock_is_held_by_the_server_not_by_a_clone(team, tmp_path)
     assert reg.server_lock_name("sqlite:///mlflow.db", MODEL) is None
 
 
+PROMOTER = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from pfactory.registry.candidates import promote_ref
+    from tests.registry.helpers import promote_params, real_evaluate
+    prm = promote_params(model_name=sys.argv[1], min_map=0.0)
+    print("ready", flush=True)
+    sys.stdin.readline()  # both start at the same moment
+    r = promote_ref(prm, sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]), evaluate_fn=real_evaluate)
+    print(json.dumps({k: r.get(k) for k in ("decision", "champion_before", "champion_after", "reason")}), flush=True)
+    """
+)
+
+
+def test_two_maintainers_promoting_at_once_from_two_clones(team, tmp_path_factory, tmp_path, monkeypatch) -> None:
+    """Two promotions of two gated candidates started at the same moment in two clones (their own working
+    directories): both exit 0 and are promoted, one after the other; the second was gated against the champion
+    the first one set; the audit shows the two moves in that order."""
+    from mlflow import MlflowClient
+
+    import tasks.promote
+    from pfactory.registry import registry as reg
+
+    bench = build_bench(tmp_path_factory.getbasetemp() / "promote-bench")
+    prm = promote_params(model_name=MODEL, min_map=0.0)
+    monkeypatch.chdir(tmp_path)
+    team.become(monkeypatch, "alice")
+    versions = []
+    for name in ("race-a", "race-b"):
+        c = honest_candidate(tmp_path, bench, name)
+        out = tasks.promote.run(prm, c["optimized"], c["eval"], bench["prepared_a"], tmp_path / "release")
+        assert out["decision"] == "awaiting-maintainer", out["reason"]
+        versions.append(out["version"])
+    team.become(monkeypatch, "bob")
+    before = reg.champion(MlflowClient(), MODEL, "champion")
+    trail_before = len(reg.audit_trail(MlflowClient(), MODEL))
+    procs = []
+    for v, clone in zip(versions, ("clone-a", "clone-b")):
+        (tmp_path / clone).mkdir()
+        p = subprocess.Popen(
+            [sys.executable, "-c", PROMOTER, MODEL, f"{CANDIDATES}/{v}", str(bench["prepared_a"]),
+             str(tmp_path / clone / "release")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=team.subprocess_env("bob"), cwd=tmp_path / clone,
+        )  # fmt: skip
+        assert p.stdout.readline().startswith("ready")
+        procs.append(p)
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert [r["decision"] for r in results] == ["promoted", "promoted"], [r["reason"] for r in results]
+    first, second = sorted(results, key=lambda r: r["champion_before"] != before)
+    assert first["champion_before"] == before and second["champion_before"] == first["champion_after"]
+    assert f"vs champion v{first['champion_after']}" in second["reason"], second["reason"]
+    client = MlflowClient()
+    assert reg.champion(client, MODEL, "champion") == second["champion_after"]
+    moves = [(a["action"], a["from"], a["to"]) for a in reg.audit_trail(client, MODEL)[trail_before:]]
+    assert moves == [("promote", before, first["champion_after"]), ("promote", first["champion_after"],
+                                                                     second["champion_after"])], moves
+    print(f"\ntwo promotions at once: {[(r['champion_before'], r['champion_after']) for r in results]}, audit {moves}")
+
+
 HOLDER = textwrap.dedent(
     """
     import sys, time
@@ -254,6 +323,7 @@ def test_slots_use_the_team_server_even_when_prefect_was_imported_before(team, m
     assert PREFECT_API_URL.value() == team.state.prefect_url
 
 
+@pytest.mark.timeout(300)  # normally < 60 s; a client stuck in Prefect's acquisition service fails, not hangs
 def test_training_slot_waits_says_who_and_records_on_the_run(team, monkeypatch) -> None:
     import mlflow
     from mlflow import MlflowClient
