@@ -212,6 +212,138 @@ def test_the_promotion_lock_is_held_by_the_server_not_by_a_clone(team, tmp_path)
     assert reg.server_lock_name("sqlite:///mlflow.db", MODEL) is None
 
 
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pfactory.team import slots
+    with slots.training_slot(sys.argv[1], sys.argv[2]) as s:
+        print("acquired", s.acquired_at, flush=True)
+        end = time.time() + float(sys.argv[3])
+        while time.time() < end:
+            if sys.argv[4] == "busy":  # CPU-bound Python in the main thread, as a training step loop
+                sum(i * i for i in range(20000))
+            else:
+                time.sleep(0.1)
+    print("released", s.released_at, flush=True)
+    """
+)
+
+
+def _holder(team, user: str, run: str, hold_s: float, work: str = "sleep") -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, run, user, str(hold_s), work], stdout=subprocess.PIPE,
+                         text=True, env=team.subprocess_env(user), cwd=ROOT)  # fmt: skip
+    line = p.stdout.readline()
+    assert line.startswith("acquired"), line
+    return p
+
+
+def test_slots_use_the_team_server_even_when_prefect_was_imported_before(team, monkeypatch) -> None:
+    """Prefect reads PREFECT_API_URL once, at import. A process that imported it earlier (an xdist worker that
+    ran a local flow; a notebook) must still take its slot on the team's server, not on the URL it saw first:
+    that mismatch let a waiting run take a slot on another server and say nothing (two CI runs)."""
+    from prefect.context import refresh_global_settings_context
+    from prefect.settings import PREFECT_API_URL
+
+    from pfactory.team import slots
+
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # discard port: nothing answers
+    refresh_global_settings_context()
+    assert PREFECT_API_URL.value() == "http://127.0.0.1:9/api"
+    team.become(monkeypatch, "bob")  # exports the team's variables after Prefect read its settings
+    status = slots.status()
+    assert status["limit"] == team.state.slot_limit and status["slots"] == 1
+    assert PREFECT_API_URL.value() == team.state.prefect_url
+
+
+WAITER = textwrap.dedent(
+    """
+    import dataclasses, json, sys
+    from pfactory.team import slots
+    said = []
+    with slots.training_slot(sys.argv[1], sys.argv[2], say=said.append) as slot:
+        status = slots.status()
+    after = slots.status()
+    print(json.dumps({"said": said, "slot": dataclasses.asdict(slot), "during": status["holding"],
+                      "active": status["active"], "after": [after["active"], after["holding"]]}), flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(300)  # normally < 60 s
+def test_training_slot_waits_says_who_and_records_on_the_run(team, monkeypatch) -> None:
+    """The waiting run is its own process, as a train stage is (a long-lived process that had swapped
+    PREFECT_API_URL between tests was seen to stay waiting inside Prefect's slot-acquisition client while the
+    server had the slot free)."""
+    import json
+
+    import mlflow
+    from mlflow import MlflowClient
+
+    from pfactory.team import slots
+
+    team.become(monkeypatch, "bob")
+    holder = _holder(team, "alice", "run-of-alice", 20.0)  # long enough that bob waits on a loaded machine
+    t0 = time.time()
+    waiter = subprocess.run([sys.executable, "-c", WAITER, "run-of-bob", "bob"], capture_output=True, text=True,
+                            env=team.subprocess_env("bob"), cwd=ROOT, timeout=240)  # fmt: skip
+    assert waiter.returncode == 0, waiter.stderr[-3000:]
+    got = json.loads(waiter.stdout.strip().splitlines()[-1])
+    said, slot = got["said"], slots.Slot(**got["slot"])
+    assert [r["user"] for r in got["during"]] == ["bob"] and got["active"] == 1
+    assert holder.wait(60) == 0
+    released = float(holder.stdout.read().split()[-1])
+    assert said and said[0].startswith("waiting for a training slot: 1 of 1 held by alice, run run-of-alice, since ")
+    assert slot.acquired_at >= released and slot.wait_s > 0 and slot.released_at >= slot.acquired_at
+    assert slot.acquired_at - released < 15, "a freed slot is taken within the server's retry cap (5 s) + jitter"
+    assert time.time() - t0 < 90
+    assert got["after"] == [0, []]
+
+    mlflow.set_tracking_uri(team.state.mlflow_url)
+    exp = MlflowClient().get_experiment_by_name("perception-factory").experiment_id
+    run_id = MlflowClient().create_run(exp, tags={"stage": "train"}).info.run_id
+    slots.record_on_run(run_id, slot)
+    run = MlflowClient().get_run(run_id)
+    assert float(run.data.tags["pfactory.slot.acquired_at"]) == pytest.approx(slot.acquired_at, abs=1e-3)
+    assert float(run.data.tags["pfactory.slot.released_at"]) == pytest.approx(slot.released_at, abs=1e-3)
+    assert run.data.metrics["slot/wait_s"] == pytest.approx(slot.wait_s)
+
+
+@pytest.mark.full
+def test_sigkilled_holder_slot_is_back_within_90_s(team, monkeypatch) -> None:
+    """Lease 60 s (Prefect's minimum) + repossessor loop 5 s + retry cap 5 s (`factory team up`'s settings)."""
+    from pfactory.team import slots
+
+    team.become(monkeypatch, "bob")
+    holder = _holder(team, "alice", "killed-run", 600.0)
+    killed = time.time()
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    with slots.training_slot("after-kill", "bob", say=lambda _line: None) as slot:
+        pass
+    assert slot.acquired_at - killed < 90
+
+
+@pytest.mark.full
+def test_lease_is_renewed_while_both_cores_are_busy(team, monkeypatch) -> None:
+    """A holder busy in Python for 1.6 leases while two more processes spin on both cores keeps its slot: the
+    waiter gets it only after the holder released it (a starved renewal would free it after 60-70 s)."""
+    from pfactory.team import slots
+
+    team.become(monkeypatch, "bob")
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        holder = _holder(team, "alice", "busy-run", 1.6 * slots.LEASE_S, work="busy")
+        with slots.training_slot("waiter", "bob", say=lambda _line: None) as slot:
+            pass
+        assert holder.wait(60) == 0
+        released = float(holder.stdout.read().split()[-1])
+        assert slot.acquired_at >= released, "the busy holder lost its lease: renewal was starved"
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+
+
 PROMOTER = textwrap.dedent(
     """
     import json, sys, time
@@ -227,6 +359,7 @@ PROMOTER = textwrap.dedent(
 )
 
 
+@pytest.mark.full
 def test_two_maintainers_promoting_at_once_from_two_clones(team, tmp_path_factory, tmp_path, monkeypatch) -> None:
     """Two promotions of two gated candidates started at the same moment in two clones (their own working
     directories): both exit 0 and are promoted, one after the other; the second was gated against the champion
@@ -278,114 +411,3 @@ def test_two_maintainers_promoting_at_once_from_two_clones(team, tmp_path_factor
     assert moves == [("promote", before, first["champion_after"]), ("promote", first["champion_after"],
                                                                      second["champion_after"])], moves
     print(f"\ntwo promotions at once: {[(r['champion_before'], r['champion_after']) for r in results]}, audit {moves}")
-
-
-HOLDER = textwrap.dedent(
-    """
-    import sys, time
-    from pfactory.team import slots
-    with slots.training_slot(sys.argv[1], sys.argv[2]) as s:
-        print("acquired", s.acquired_at, flush=True)
-        end = time.time() + float(sys.argv[3])
-        while time.time() < end:
-            if sys.argv[4] == "busy":  # CPU-bound Python in the main thread, as a training step loop
-                sum(i * i for i in range(20000))
-            else:
-                time.sleep(0.1)
-    print("released", s.released_at, flush=True)
-    """
-)
-
-
-def _holder(team, user: str, run: str, hold_s: float, work: str = "sleep") -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", HOLDER, run, user, str(hold_s), work], stdout=subprocess.PIPE,
-                         text=True, env=team.subprocess_env(user), cwd=ROOT)  # fmt: skip
-    line = p.stdout.readline()
-    assert line.startswith("acquired"), line
-    return p
-
-
-def test_slots_use_the_team_server_even_when_prefect_was_imported_before(team, monkeypatch) -> None:
-    """Prefect reads PREFECT_API_URL once, at import. A process that imported it earlier (an xdist worker that
-    ran a local flow; a notebook) must still take its slot on the team's server, not on the URL it saw first:
-    that mismatch let a waiting run take a slot on another server and say nothing (two CI runs)."""
-    from prefect.context import refresh_global_settings_context
-    from prefect.settings import PREFECT_API_URL
-
-    from pfactory.team import slots
-
-    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")  # discard port: nothing answers
-    refresh_global_settings_context()
-    assert PREFECT_API_URL.value() == "http://127.0.0.1:9/api"
-    team.become(monkeypatch, "bob")  # exports the team's variables after Prefect read its settings
-    status = slots.status()
-    assert status["limit"] == team.state.slot_limit and status["slots"] == 1
-    assert PREFECT_API_URL.value() == team.state.prefect_url
-
-
-@pytest.mark.timeout(300)  # normally < 60 s; a client stuck in Prefect's acquisition service fails, not hangs
-def test_training_slot_waits_says_who_and_records_on_the_run(team, monkeypatch) -> None:
-    import mlflow
-    from mlflow import MlflowClient
-
-    from pfactory.team import slots
-
-    team.become(monkeypatch, "bob")
-    holder = _holder(team, "alice", "run-of-alice", 20.0)  # long enough that bob waits on a loaded machine
-    said: list[str] = []
-    t0 = time.time()
-    with slots.training_slot("run-of-bob", "bob", say=said.append) as slot:
-        status = slots.status()
-        assert [r["user"] for r in status["holding"]] == ["bob"] and status["active"] == 1
-    assert holder.wait(60) == 0
-    released = float(holder.stdout.read().split()[-1])
-    assert said and said[0].startswith("waiting for a training slot: 1 of 1 held by alice, run run-of-alice, since ")
-    assert slot.acquired_at >= released and slot.wait_s > 0 and slot.released_at >= slot.acquired_at
-    assert slot.acquired_at - released < 15, "a freed slot is taken within the server's retry cap (5 s) + jitter"
-    assert time.time() - t0 < 60
-    assert slots.status()["active"] == 0 and not slots.status()["holding"]
-
-    mlflow.set_tracking_uri(team.state.mlflow_url)
-    exp = MlflowClient().get_experiment_by_name("perception-factory").experiment_id
-    run_id = MlflowClient().create_run(exp, tags={"stage": "train"}).info.run_id
-    slots.record_on_run(run_id, slot)
-    run = MlflowClient().get_run(run_id)
-    assert float(run.data.tags["pfactory.slot.acquired_at"]) == pytest.approx(slot.acquired_at, abs=1e-3)
-    assert float(run.data.tags["pfactory.slot.released_at"]) == pytest.approx(slot.released_at, abs=1e-3)
-    assert run.data.metrics["slot/wait_s"] == pytest.approx(slot.wait_s)
-
-
-@pytest.mark.full
-def test_sigkilled_holder_slot_is_back_within_90_s(team, monkeypatch) -> None:
-    """Lease 60 s (Prefect's minimum) + repossessor loop 5 s + retry cap 5 s (`factory team up`'s settings)."""
-    from pfactory.team import slots
-
-    team.become(monkeypatch, "bob")
-    holder = _holder(team, "alice", "killed-run", 600.0)
-    killed = time.time()
-    os.kill(holder.pid, signal.SIGKILL)
-    holder.wait()
-    with slots.training_slot("after-kill", "bob", say=lambda _line: None) as slot:
-        pass
-    assert slot.acquired_at - killed < 90
-
-
-@pytest.mark.full
-def test_lease_is_renewed_while_both_cores_are_busy(team, monkeypatch) -> None:
-    """A holder busy in Python for 1.6 leases while two more processes spin on both cores keeps its slot: the
-    waiter gets it only after the holder released it (a starved renewal would free it after 60-70 s)."""
-    from pfactory.team import slots
-
-    team.become(monkeypatch, "bob")
-    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
-        holder = _holder(team, "alice", "busy-run", 1.6 * slots.LEASE_S, work="busy")
-        with slots.training_slot("waiter", "bob", say=lambda _line: None) as slot:
-            pass
-        assert holder.wait(60) == 0
-        released = float(holder.stdout.read().split()[-1])
-        assert slot.acquired_at >= released, "the busy holder lost its lease: renewal was starved"
-    finally:
-        for p in spin:
-            p.kill()
-            p.wait()
