@@ -223,12 +223,4 @@ def _check_native(device: torch.device) -> selfcheck.Figures:
     return figures
 
 
-selfcheck.register(
-    selfcheck.Check(
-        _NATIVE,
-        _check_native,
-        lambda: selfcheck.sources_hash([__file__], native.build_id()),
-        ("cpu",),
-        "C GroupNorm+ReLU fwd+bwd vs the PyTorch ops, fp32/bf16",
-    )
-)
+native.register_check(_NATIVE, _check_native, __file__, "C GroupNorm+ReLU fwd+bwd vs the PyTorch ops, fp32/bf16")

@@ -64,6 +64,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -591,3 +592,13 @@ def pillar_stem_backward(
     _check(code, "pillar_stem_backward")
     dw = functools.reduce(torch.add, dwt.unbind(0))  # in sample order: deterministic
     return grad_features, dw[..., :cout].permute(3, 2, 0, 1).contiguous()
+
+
+def register_check(path: str, run: Any, source_file: str, what: str) -> None:
+    """Register the self-check `path` of a C kernel (`kernels.selfcheck`): `run(device) -> figures`, keyed by
+    `source_file`'s bytes and this library's build; CPU only."""
+
+    def fingerprint() -> str:
+        return selfcheck.sources_hash([source_file], build_id())
+
+    selfcheck.register(selfcheck.Check(path, run, fingerprint, ("cpu",), what))

@@ -499,12 +499,4 @@ selfcheck.register(
         "Triton scatter-max fwd+bwd vs the reference, fp32/bf16, bit for bit",
     )
 )
-selfcheck.register(
-    selfcheck.Check(
-        _NATIVE,
-        _check_native,
-        lambda: selfcheck.sources_hash([__file__], native.build_id()),
-        ("cpu",),
-        "C scatter-max fwd+bwd vs the reference, fp32/bf16, bit for bit",
-    )
-)
+native.register_check(_NATIVE, _check_native, __file__, "C scatter-max fwd+bwd vs the reference, fp32/bf16, bit for bit")

@@ -303,12 +303,4 @@ def _check_native(device: torch.device) -> selfcheck.Figures:
     return figures
 
 
-selfcheck.register(
-    selfcheck.Check(
-        _NATIVE,
-        _check_native,
-        lambda: selfcheck.sources_hash([__file__], native.build_id()),
-        ("cpu",),
-        "C sparse BEV stem fwd+bwd vs the dense conv's autograd, fp32/bf16",
-    )
-)
+native.register_check(_NATIVE, _check_native, __file__, "C sparse BEV stem fwd+bwd vs the dense conv's autograd, fp32/bf16")
