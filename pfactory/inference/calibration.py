@@ -96,3 +96,26 @@ def load_feeds(
             "prepare with a larger prepare.val_fraction, or point the split elsewhere"
         )
     return out
+
+
+def rebatch(frames: FrameFeeds, batch_size: int, max_frames: int) -> FrameFeeds | None:
+    """The first `max_frames` frames of single-frame `frames` as feeds of `batch_size` frames, exactly what
+    `load_feeds(..., batch_size, max_frames)` reads from the same split (points zero-padded to the batch's
+    largest count, as the loader pads), without reading or decoding the frames again; None when `frames`
+    is not one frame per feed or holds fewer than `max_frames` frames (then read them with `load_feeds`)."""
+    if any(len(ids) != 1 for ids in frames.frame_ids) or frames.num_frames < max_frames or batch_size < 1:
+        return None
+    out = FrameFeeds()
+    for start in range(0, max_frames, batch_size):
+        group = frames.feeds[start : min(start + batch_size, max_frames)]
+        num_points = np.concatenate([f["num_points"] for f in group])  # [B]
+        p = max(1, int(num_points.max()))
+        points = np.zeros((len(group), p, 4), dtype=np.float32)  # [B, P, 4]
+        for i, f in enumerate(group):
+            n = min(p, f["points"].shape[1])
+            points[i, :n] = f["points"][0, :n]
+        feed = {"points": points, "num_points": num_points}
+        feed.update({k: np.concatenate([f[k] for f in group]) for k in ("images", "proj")})
+        out.feeds.append(feed)
+        out.frame_ids.append([ids[0] for ids in frames.frame_ids[start : start + len(group)]])
+    return out

@@ -257,9 +257,11 @@ def optimize(
         t0 = time.perf_counter()
         eager = TorchRunner(model, torch_device, threads)
         reference = [eager.run(f) for f in held.feeds]
+        # One session per artifact, for parity and then latency (the timed session is the gated one). No
+        # spinning: ORT's idle threads would otherwise busy-wait into the next runner's turn when timed.
         runners = {
             a["backend"] + "/" + a["precision"]: open_runner(
-                tmp / a["file"], a["backend"], a["precision"], ort_device, threads
+                tmp / a["file"], a["backend"], a["precision"], ort_device, threads, spin=False
             )
             for a in artifacts
         }
@@ -302,15 +304,8 @@ def optimize(
         emit_progress("optimize", phase=f"latency at batch {', '.join(map(str, opt.latency.batch_sizes))}")
         t0 = time.perf_counter()
         timed = {EAGER: eager} if opt.latency.eager else {}
-        for name, a in zip(runners, artifacts):
-            # No spinning: ORT's idle threads would otherwise busy-wait into the next runner's turn.
-            timed[name] = open_runner(
-                tmp / a["file"], a["backend"], a["precision"], ort_device, threads, spin=False
-            )
-        feeds_by_batch = {
-            b: load_feeds(data, opt.parity.split, b, b * 4, opt.num_threads).feeds
-            for b in opt.latency.batch_sizes
-        }
+        timed.update(runners)  # what parity gated (minus what it refused), already loaded
+        feeds_by_batch = {b: _latency_feeds(held, data, opt, b) for b in opt.latency.batch_sizes}
         latency = measure_latency(
             timed, feeds_by_batch,
             opt.latency.warmup, opt.latency.iterations,
@@ -371,6 +366,17 @@ def optimize(
     if fallback is not None:
         metrics["parity/fallback"] = 1.0
     return metrics
+
+
+def _latency_feeds(held: Any, data: Path, opt: OptimizeParams, batch: int) -> list[Any]:
+    """The latency frames at `batch`: the first `batch * 4` frames of `opt.parity.split` in feeds of `batch`
+    frames, rebatched from the parity frames `held` (a `FrameFeeds`) when it holds them, else read anew."""
+    from pfactory.inference.calibration import load_feeds, rebatch
+
+    again = rebatch(held, batch, batch * 4)
+    if again is not None:
+        return again.feeds
+    return load_feeds(data, opt.parity.split, batch, batch * 4, opt.num_threads).feeds
 
 
 def refuse_failed_engine(entry: dict[str, Any], root: Path) -> dict[str, Any]:
