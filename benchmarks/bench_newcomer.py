@@ -7,11 +7,17 @@ install timed apart) or this environment reused (`python -m flows.cli run` from 
 clone's code comes first on sys.path), then the clone is deleted (`--keep DIR` keeps them). Nothing is
 shared between runs, so every run pays the first-start costs a newcomer pays.
 
-Variants (`--variant LABEL=k=v[,k=v...]`, repeatable) run `--runs` times each, in the order given, so one
-command produces the whole acceptance table, e.g. the default, one training thread and two other seeds:
+Variants (`--variant LABEL=k=v[,k=v...]`, repeatable) run `--runs` times each, interleaved (A B A B ...:
+a drift in the machine's load falls on every variant alike), so one command produces the whole acceptance
+table, e.g. the default, one training thread and two other seeds:
 
     factory bench newcomer --runs 3 --variant default= --variant torch1=train.torch_threads=1 \\
         --variant seed1=synth.seed=1 --variant seed2=synth.seed=2 --json newcomer.json
+
+`LABEL@REF=...` runs the code of git revision REF instead of the working tree (a clone checked out at REF, no
+uncommitted files): the change against main in one sitting, paired run by run:
+
+    factory bench newcomer --runs 3 --variant main@origin/main= --variant mine= --json ab.json
 
 `--cpus 0.7` runs each clone inside a CPU quota (cgroup) of 0.7 CPUs: a slower machine, emulated.
 Quote figures measured on a quiet machine only; the load average before and after each run is printed.
@@ -65,9 +71,9 @@ def _children_cpu_s() -> float:
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
     label, sep, overrides = text.partition("=")
-    if not sep or not label:
+    if not sep or not label or label.startswith("@") or label.endswith("@"):
         raise argparse.ArgumentTypeError(
-            f"--variant {text!r}: expected LABEL=k=v[,k=v...] (or LABEL= for none)"
+            f"--variant {text!r}: expected LABEL[@REF]=k=v[,k=v...] (or LABEL= for none)"
         )
     parts, depth, cur = [], 0, ""
     for ch in overrides:  # split on commas outside brackets: `prepare.image_size=[104,32]` stays whole
@@ -80,6 +86,26 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return label, [o for o in [*parts, cur] if o]
 
 
+def split_ref(label: str) -> tuple[str, str | None]:
+    """`"main@origin/main"` -> `("main", "origin/main")`; a label without `@` runs the working tree (None)."""
+    name, sep, ref = label.partition("@")
+    return (name, ref) if sep else (label, None)
+
+
+def _clone_at(dst: Path, ref: str | None) -> Any:
+    """A fresh clone of this repository: its working tree (uncommitted files copied over), or revision `ref`."""
+    if ref is None:
+        return fresh_clone(dst)
+    clone = fresh_clone(dst, working_tree=False)
+    try:
+        subprocess.run(["git", "-C", str(dst), "checkout", "--quiet", "--detach", ref], check=True,
+                       capture_output=True, text=True)  # fmt: skip
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"--variant ...@{ref}: git checkout {ref} failed: {e.stderr.strip()[:200]}") from None
+    commit = subprocess.run(["git", "-C", str(dst), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return type(clone)(clone.path, commit.stdout.strip(), [])
+
+
 def one_run(
     label: str,
     overrides: list[str],
@@ -88,14 +114,16 @@ def one_run(
     keep: Path | None,
     timeout_s: float,
     shared: Path | None = None,
+    ref: str | None = None,
 ) -> dict[str, Any]:
     """Clone, (install,) run; returns the record of the run (figures, exit, where, how). `shared`: run in
-    this directory's clone, made by the first run and kept (later runs reuse its state)."""
+    this directory's clone, made by the first run and kept (later runs reuse its state). `ref`: the clone is
+    checked out at this git revision (else the working tree)."""
     work = shared or Path(tempfile.mkdtemp(prefix="pfactory-newcomer-", dir=keep))
-    rec: dict[str, Any] = {"variant": label, "overrides": overrides, "load_before": os.getloadavg()}
+    rec: dict[str, Any] = {"variant": label, "ref": ref, "overrides": overrides, "load_before": os.getloadavg()}
     try:
         fresh = not (work / "clone").exists()
-        clone = fresh_clone(work / "clone") if fresh else None
+        clone = _clone_at(work / "clone", ref) if fresh else None
         rec["from_scratch"] = fresh
         if clone is not None:
             rec.update(commit=clone.commit, dirty=clone.dirty)
@@ -299,11 +327,12 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER)
     print("|" + "---|" * (HEADER.count("|") - 1), flush=True)
     records: list[dict[str, Any]] = []
-    for label, overrides in variants:
-        for i in range(1, args.runs + 1):
+    for i in range(1, args.runs + 1):
+        for tagged, overrides in variants:
+            label, ref = split_ref(tagged)
             rec = one_run(
                 label, [*args.set_param, *overrides], args.install, args.cpus, args.keep, args.timeout,
-                shared=args.shared_clone,
+                shared=args.shared_clone, ref=ref,
             )  # fmt: skip
             rec["run"] = i
             records.append(rec)
@@ -313,8 +342,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:  # after every run: a long matrix stopped halfway keeps what it measured
                 atomic_write_json(args.json, {"machine": machine(), "install": env_note, "runs": records})
     print()
-    for label, _ in variants:
-        print(f"{label}: {medians([r for r in records if r['variant'] == label])}")
+    for tagged, _ in variants:
+        label = split_ref(tagged)[0]
+        print(f"{tagged}: {medians([r for r in records if r['variant'] == label])}")
     print("\naccuracy (per run):")
     for r in records:
         print("  " + accuracy_line(r["run"], r))

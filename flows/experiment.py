@@ -153,6 +153,7 @@ def checkout_outputs(ws: Workspace) -> list[str]:
     output paths brought (relative to the root)."""
     import yaml
 
+    from pfactory.dag import load_yaml
     from pfactory.dvccache import link_or_copy
     from pfactory.fsutil import (
         OutputRefused,
@@ -191,7 +192,7 @@ def checkout_outputs(ws: Workspace) -> list[str]:
                 continue
             brought.append(rel)
         root_lock_path = ws.root / "dvc.lock"
-        root_lock = yaml.safe_load(root_lock_path.read_text()) if root_lock_path.is_file() else None
+        root_lock = load_yaml(root_lock_path.read_text()) if root_lock_path.is_file() else None
         merged = dict(root_lock or {"schema": lock.get("schema", "2.0")})
         merged["stages"] = {**(merged.get("stages") or {}), **lock["stages"]}
         atomic_write_text(root_lock_path, yaml.safe_dump(merged, sort_keys=False))

@@ -10,7 +10,8 @@
 - the run report (report.html, PR curves, bird's-eye views of the worst frames) under `report/` and its
   PNGs as MLflow images (`pfactory.report.run.log_report`): `champion_report`, made by the flow right after
   the evaluate stage from the workspace's files (there whether evaluate ran in this run or was restored from
-  the run-cache) and compared with the registry's champion as it is then, before this run's promote stage;
+  the run-cache) and compared with the registry's champion as it is then, before this run's promote stage
+  (read then; the page is drawn in a thread while promote runs);
   the evaluate stage's own report (no champion: a cached output depends only on its inputs) when that
   could not be made.
 """
@@ -20,6 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import tempfile
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -29,27 +33,53 @@ STAGE_TAG = "stage.{}.{}"
 REPORT_DIR = "report"  # under the workspace's logs/: the run report compared with the champion
 
 
-def champion_report(ws: Any) -> str | None:
+def champion_report(ws: Any) -> Future[str | None]:
     """The run report of the workspace's evaluation compared with the registry's champion as it is now
-    (`factory report`'s page: `pfactory.report.run.make_report`), in `<workspace>/logs/report/`; None (and a
-    warning in the log) when it cannot be made: the evaluate stage's own report is logged instead."""
-    from pfactory.report.frames import write_pngs
-    from pfactory.report.run import make_report
+    (`factory report`'s page: `pfactory.report.run`), in `<workspace>/logs/report/`. The champion and the
+    evaluation are read before this returns (the promote stage may change the champion next); the page and its
+    images (~2 s of drawing) are made in a background thread while the next stage runs: the future's result is
+    the folder, or None (and a warning in the log) when it cannot be made -- the evaluate stage's own report is
+    logged instead."""
+    from pfactory.report.run import resolve_report
 
     p, prm = ws.params.paths, ws.params.promote
     out = ws.path / "logs" / REPORT_DIR
     try:
-        _, report = make_report(str(ws.abs(p.eval)), out / "report.html", "champion", ws.abs(p.optimized),
-                                ws.abs(p.prepared), prm.model_name, prm.alias, ws.params.evaluate.worst_frames)  # fmt: skip
-        if report.worst:
-            write_pngs(out / "worst", report.worst)
-        pr = ws.abs(p.eval) / af.REPORT_DIR / "pr.png"  # the evaluation's PR curves (no champion in them)
-        if pr.is_file():
-            shutil.copy2(pr, out / "pr.png")
+        with tempfile.TemporaryDirectory(prefix="pfactory-report-") as tmp:  # an evaluation folder: not used
+            inputs = resolve_report(str(ws.abs(p.eval)), Path(tmp), "champion", ws.abs(p.optimized),
+                                    ws.abs(p.prepared), prm.model_name, prm.alias)  # fmt: skip
     except Exception as e:  # the report explains; the run's work is done
-        logging.getLogger("pfactory.run").warning("the run report vs the champion could not be made: %r", e)
-        return None
-    return str(out)
+        return _done(_cannot_report(e))
+    future: Future[str | None] = Future()
+
+    def draw() -> None:
+        from pfactory.report.build import write_report
+        from pfactory.report.frames import write_pngs
+
+        try:
+            report = write_report(inputs, out / "report.html", ws.params.evaluate.worst_frames)
+            if report.worst:
+                write_pngs(out / "worst", report.worst)
+            pr = ws.abs(p.eval) / af.REPORT_DIR / "pr.png"  # the evaluation's PR curves (no champion in them)
+            if pr.is_file():
+                shutil.copy2(pr, out / "pr.png")
+        except Exception as e:
+            future.set_result(_cannot_report(e))
+        else:
+            future.set_result(str(out))
+
+    threading.Thread(target=draw, name="champion-report", daemon=True).start()
+    return future
+
+
+def _cannot_report(e: Exception) -> None:
+    logging.getLogger("pfactory.run").warning("the run report vs the champion could not be made: %r", e)
+
+
+def _done(value: str | None) -> Future[str | None]:
+    future: Future[str | None] = Future()
+    future.set_result(value)
+    return future
 
 
 def _md5_of_stage(lock: dict[str, Any], stage: str) -> tuple[str, str] | None:

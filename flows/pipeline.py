@@ -44,6 +44,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -484,6 +485,7 @@ def _run_in(
         os.environ[PROGRESS_ENV] = str(progress_file)
         if not slots.enabled():  # the stages need not import Prefect to find that out again
             os.environ[slots.NO_SERVER_ENV] = "1"
+        report = None  # the run report vs the champion, drawn while the stages after evaluate run
         try:
             n = len(selected)
             for i, stage in enumerate(selected, 1):
@@ -501,11 +503,13 @@ def _run_in(
                     raise RunInterrupted(run_id, None)
                 results["timings_s"][stage] = round(ws.stage_seconds[stage], 3)
                 if stage == "evaluate":  # the champion as it is before this run's promote stage
-                    results["report"] = parent_run.champion_report(ws)
+                    report = parent_run.champion_report(ws)
                 r = results["stages"][stage]
                 console.stage_finished(i, n, stage, r["how"], r["seconds"])
                 mlflow.log_metric(f"time/{stage}_s", results["timings_s"][stage])
         finally:
+            if report is not None:
+                results["report"] = report.result()
             for k, v in env_before.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -516,9 +520,13 @@ def _run_in(
                 mlflow.set_tags({f"data.{k}.md5": v for k, v in ws.out_hashes().items()})
         # The finished run as DVC sees it: an experiment of the project, its outputs at the root's paths.
         partial = selected != list(declared_stages(root_path))
-        results["experiment"] = save_experiment(ws, name, selected if partial else None)
+        # `dvc exp save` (a git commit of the workspace, ~2 s) runs beside the checkout to the project's paths:
+        # they write different trees; the experiment is waited for before the tags and the lineage name it.
+        with ThreadPoolExecutor(1, thread_name_prefix="exp-save") as pool:
+            saving = pool.submit(save_experiment, ws, name, selected if partial else None)
+            results["checked_out"] = checkout_outputs(ws) if checkout else None
+            results["experiment"] = saving.result()
         mlflow.set_tags(experiment_tags(ws, results["experiment"]))
-        results["checked_out"] = checkout_outputs(ws) if checkout else None
         if ws.remote:  # machines that share no disk: this run's outputs and run-cache to the remote
             results["pushed"] = ws.push()
             mlflow.set_tag("dvc.push", "ok" if results["pushed"]["ok"] else results["pushed"]["detail"][:250])

@@ -15,8 +15,11 @@ checked for an answer so that a wrong address fails in seconds, before any stage
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +40,20 @@ def _first_start(db: Path | None) -> bool:
 
 
 def start_prefect(console: RunConsole) -> dict[str, Any]:
-    """Start Prefect's ephemeral API (unless `PREFECT_API_URL` names a server, which is checked instead).
+    """Start Prefect's ephemeral API (unless `PREFECT_API_URL` names a server, which is checked instead) and
+    wait for it. Returns `{"prefect": "ephemeral" | url, "prefect_start_s": seconds, "prefect_first_start":
+    bool}`. Raises `ServiceFailed`."""
+    with prefect_starting(console) as figures:
+        pass
+    return figures
 
-    Returns `{"prefect": "ephemeral" | url, "prefect_start_s": seconds, "prefect_first_start": bool}`.
-    Raises `ServiceFailed`.
-    """
+
+@contextlib.contextmanager
+def prefect_starting(console: RunConsole) -> Iterator[dict[str, Any]]:
+    """`start_prefect` with the body run while the ephemeral API boots in its own process (a first start
+    migrates its database: ~10 s); leaving the block waits for it and fills the yielded dict with
+    `start_prefect`'s figures. An exception in the body propagates without waiting (the server process is
+    stopped at exit by Prefect's own handler). Raises `ServiceFailed` on leaving."""
     from prefect.settings import (
         PREFECT_API_URL,
         PREFECT_HOME,
@@ -50,6 +62,7 @@ def start_prefect(console: RunConsole) -> dict[str, Any]:
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
     )
 
+    figures: dict[str, Any] = {}
     t0 = time.perf_counter()
     api = PREFECT_API_URL.value()
     if api:
@@ -66,11 +79,9 @@ def start_prefect(console: RunConsole) -> dict[str, Any]:
                     "or `unset PREFECT_API_URL` to run on the embedded local API",
                 ],
             ) from e
-        return {
-            "prefect": api,
-            "prefect_start_s": round(time.perf_counter() - t0, 3),
-            "prefect_first_start": False,
-        }
+        figures.update(prefect=api, prefect_start_s=round(time.perf_counter() - t0, 3), prefect_first_start=False)
+        yield figures
+        return
     if not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         raise ServiceFailed(
             "Prefect",
@@ -91,10 +102,23 @@ def start_prefect(console: RunConsole) -> dict[str, Any]:
         if first
         else "starting the local Prefect API"
     )
-    try:
-        with console.status(what + " …", announce=first):
+    failed: list[BaseException] = []
+
+    def boot() -> None:  # Prefect's own start-up: launch, then poll /health until it answers or times out
+        try:
             SubprocessASGIServer().start()
-    except Exception as e:  # RuntimeError on a timeout or a crashed server; httpx errors
+        except BaseException as e:  # RuntimeError on a timeout or a crashed server; httpx errors
+            failed.append(e)
+
+    if first:
+        console.note(what + " …")
+    booting = threading.Thread(target=boot, name="prefect-start", daemon=True)
+    booting.start()
+    yield figures
+    with console.status(what + " …", announce=False):
+        booting.join()
+    if failed:
+        e = failed[0]
         last = str(e).strip().splitlines()
         raise ServiceFailed(
             "the local Prefect API did not start",
@@ -108,7 +132,7 @@ def start_prefect(console: RunConsole) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     if first or seconds > 10:
         console.note(f"local Prefect API ready in {seconds:.1f} s" + (" (database created)" if first else ""))
-    return {"prefect": "ephemeral", "prefect_start_s": round(seconds, 3), "prefect_first_start": first}
+    figures.update(prefect="ephemeral", prefect_start_s=round(seconds, 3), prefect_first_start=first)
 
 
 def start_mlflow(console: RunConsole, root: Path) -> dict[str, Any]:
@@ -198,7 +222,10 @@ def probe_mlflow_server(uri: str, timeout: float = MLFLOW_PROBE_TIMEOUT_S) -> No
 
 
 def start_services(console: RunConsole, root: Path) -> dict[str, Any]:
-    """A tracking server's address checked first (`probe_mlflow_server`: seconds), then Prefect, then MLflow
-    (`start_prefect`, `start_mlflow`); their start-up figures."""
+    """A tracking server's address checked first (`probe_mlflow_server`: seconds), then Prefect, with the
+    MLflow store opened while Prefect's API boots in its own process (`prefect_starting`, `start_mlflow`);
+    their start-up figures."""
     probe_mlflow_server(os.environ["MLFLOW_TRACKING_URI"])
-    return {**start_prefect(console), **start_mlflow(console, root)}
+    with prefect_starting(console) as prefect:
+        mlflow = start_mlflow(console, root)
+    return {**prefect, **mlflow}

@@ -317,10 +317,10 @@ class Workspace:
 
     def lock(self) -> dict[str, Any]:
         """The workspace's `dvc.lock` (empty dict before the first stage)."""
-        import yaml
+        from pfactory.dag import load_yaml
 
         p = self.path / "dvc.lock"
-        return yaml.safe_load(p.read_text()) if p.is_file() else {}
+        return (load_yaml(p.read_text()) or {}) if p.is_file() else {}
 
     def out_hashes(self) -> dict[str, str]:
         """`{out path: md5}` of every stage output recorded in `dvc.lock` (the data version of this run)."""

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pfactory.dag import load_yaml
 from pfactory.dvccache import CacheConfig, read_config
 
 RUNS_DIR = Path("artifacts") / "runs"
@@ -197,7 +198,7 @@ def lock_hashes(lock_file: Path) -> dict[str, list[tuple[str, str]]]:
     if not lock_file.is_file():
         return {}
     try:
-        doc = yaml.safe_load(lock_file.read_text()) or {}
+        doc = load_yaml(lock_file.read_text()) or {}
     except (OSError, yaml.YAMLError):
         return {}
     out: dict[str, list[tuple[str, str]]] = {}
@@ -268,7 +269,7 @@ def run_cache_entries(cache: CacheConfig) -> dict[Path, set[str]]:
         if not f.is_file():
             continue
         try:
-            doc = yaml.safe_load(f.read_text()) or {}
+            doc = load_yaml(f.read_text()) or {}
         except (OSError, yaml.YAMLError):
             continue
         entries[f] = {o["md5"] for o in doc.get("outs", []) or [] if isinstance(o, dict) and o.get("md5")}

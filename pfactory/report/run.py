@@ -49,6 +49,33 @@ def _other_baseline(ref: str, default_model: str, workdir: Path, kpis: dict[str,
     return Baseline(label, summary_of(doc, ref), note)
 
 
+def resolve_report(
+    source: str,
+    workdir: Path,
+    vs: str = "champion",
+    optimized: Path | None = None,
+    prepared: Path | None = None,
+    model_name: str = "pfactory-detector",
+    alias: str = "champion",
+) -> ReportInputs:
+    """What the page shows, read now (module docstring): the source's evaluation and the baseline `vs` (the
+    registry's champion as it is at this call). `workdir`: where runs and models are downloaded to."""
+    if Path(source).is_dir():
+        inputs = load_eval_dir(Path(source), optimized, prepared)
+    else:
+        inputs = load_run(mlflow_client(), source, workdir / "source", model_name, prepared)
+    if vs == "champion":
+        if _tracking_available():
+            inputs.baseline = champion_baseline(
+                mlflow_client(), inputs.kpis, model_name, alias, inputs.run_ids.get("pipeline")
+            )
+        if inputs.baseline is None:
+            inputs.notes.append(f"no champion ({model_name}@{alias}) in the registry: no baseline deltas")
+    elif vs != "none":
+        inputs.baseline = _other_baseline(vs, model_name, workdir / "baseline", inputs.kpis)
+    return inputs
+
+
 def make_report(
     source: str,
     out: Path,
@@ -59,23 +86,11 @@ def make_report(
     alias: str = "champion",
     worst_n: int = 6,
 ) -> tuple[ReportInputs, Report]:
-    """Resolve `source` and `vs` (module docstring), build the page and write it to `out`."""
+    """Resolve `source` and `vs` (`resolve_report`), build the page and write it to `out`."""
     with tempfile.TemporaryDirectory(prefix="pfactory-report-") as tmp:
-        if Path(source).is_dir():
-            inputs = load_eval_dir(Path(source), optimized, prepared)
-        else:
-            inputs = load_run(mlflow_client(), source, Path(tmp) / "source", model_name, prepared)
-        if vs == "champion":
-            if _tracking_available():
-                inputs.baseline = champion_baseline(
-                    mlflow_client(), inputs.kpis, model_name, alias, inputs.run_ids.get("pipeline")
-                )
-            if inputs.baseline is None:
-                inputs.notes.append(f"no champion ({model_name}@{alias}) in the registry: no baseline deltas")
-        elif vs != "none":
-            inputs.baseline = _other_baseline(vs, model_name, Path(tmp) / "baseline", inputs.kpis)
+        inputs = resolve_report(source, Path(tmp), vs, optimized, prepared, model_name, alias)
         report = write_report(inputs, out, worst_n)
     return inputs, report
 
 
-__all__ = ["ReportError", "log_report", "make_report"]
+__all__ = ["ReportError", "log_report", "make_report", "resolve_report"]
