@@ -264,12 +264,61 @@ def camera_rays(cam: CameraSpec) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarr
     return -Rt @ tr, dirs  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class CameraGrid:
+    """What a camera's pixels need in every frame, computed once per camera (`camera_grid`).
+
+    `origin [3]` and `dirs (dx, dy, dz) [H, W]` float64 as `camera_rays`; per pixel, flattened
+    row-major `[H*W]`: `d32 [H*W, 3]` the directions in float32, `d_len [H*W]` their length and
+    `view [H*W, 3]` the unit vector back to the camera (both float32), `w_sky [H*W]` float32 the
+    zenith colour's weight in the sky gradient. All read-only.
+    """
+
+    origin: np.ndarray
+    dirs: tuple[np.ndarray, np.ndarray, np.ndarray]
+    d32: np.ndarray
+    d_len: np.ndarray
+    view: np.ndarray
+    w_sky: np.ndarray
+
+
+_GRIDS: dict[bytes, CameraGrid] = {}
+_MAX_GRIDS = 8  # a nuScenes rig has 6 cameras; ~25 MB each at 1242x375
+
+
+def camera_grid(cam: CameraSpec) -> CameraGrid:
+    """`cam`'s `CameraGrid`, cached per process by its intrinsics, pose and image size (each
+    frame's render reads the same arrays instead of recomputing them: every value is the same
+    as computing it per frame, element by element)."""
+    key = np.asarray(cam.K, np.float64).tobytes() + np.asarray(cam.T_cam_from_lidar, np.float64).tobytes()
+    key += np.asarray(cam.image_size, np.int64).tobytes()
+    grid = _GRIDS.get(key)
+    if grid is not None:
+        return grid
+    origin, dirs = camera_rays(cam)
+    dx, dy, dz = (a.ravel() for a in dirs)
+    d32 = np.stack([dx, dy, dz], 1).astype(np.float32)  # [H*W, 3]
+    d_len = np.sqrt(np.einsum("ij,ij->i", d32, d32))
+    view = d32 * (np.float32(-1.0) / d_len)[:, None]
+    # Sky: horizon colour blending into the zenith colour with the ray's elevation.
+    el = dz / np.sqrt(dx**2 + dy**2 + dz**2)
+    w_sky = (np.clip(el / 0.4, 0, 1) ** 0.7).astype(np.float32)
+    arrays = (origin, *dirs, d32, d_len, view, w_sky)
+    for a in arrays:
+        a.setflags(write=False)
+    if len(_GRIDS) >= _MAX_GRIDS:
+        _GRIDS.pop(next(iter(_GRIDS)))
+    grid = _GRIDS[key] = CameraGrid(origin, dirs, d32, d_len, view, w_sky)
+    return grid
+
+
 def render_camera(
     scene: Scene, cam: CameraSpec, rng: np.random.Generator, track_objects: bool = False
 ) -> CameraImage:
     """Render `scene` through `cam`; with `track_objects` also count each labelled object's
     visible and unoccluded pixels (used for KITTI occlusion levels)."""
-    origin, (dx, dy, dz) = camera_rays(cam)
+    grid = camera_grid(cam)
+    origin, (dx, dy, dz) = grid.origin, grid.dirs
     prims = scene.prims
     windows, min_depth = camera_windows(prims.params, cam.T_cam_from_lidar, cam.K, cam.image_size)
     m = len(scene.boxes)
@@ -283,15 +332,15 @@ def render_camera(
     )  # fmt: skip
     ids = np.where(res.prim >= 0, prims.owner[np.maximum(res.prim, 0)], -1).astype(np.int32)
     visible = np.bincount(ids[ids >= 0].ravel(), minlength=m)[:m] if m else np.zeros(0, np.int64)
-    img = _shade(scene, cam, origin, (dx, dy, dz), res.t, res.prim, rng, visible > 0)
+    img = _shade(scene, grid, res.t, res.prim, rng, visible > 0)
     silhouette = np.zeros(m, dtype=np.int64)
     for i, (_w, mask) in res.owner_masks.items():
         silhouette[i] = int(mask.sum())
     return CameraImage(img, ids, visible, silhouette)
 
 
-def _shade(scene: Scene, cam: CameraSpec, origin, dirs, t, prim, rng, shadowing: np.ndarray) -> np.ndarray:
-    """Colour every pixel `[H, W, 3]` uint8 from the first hits `t, prim [H, W]`.
+def _shade(scene: Scene, grid: CameraGrid, t, prim, rng, shadowing: np.ndarray) -> np.ndarray:
+    """Colour every pixel `[H, W, 3]` uint8 from the first hits `t, prim [H, W]` of `grid`'s rays.
 
     `shadowing [M]` bool: labelled objects that darken the ground under them (the visible
     ones; a hidden object's patch would be hidden too, and it may be dropped from the labels).
@@ -299,23 +348,20 @@ def _shade(scene: Scene, cam: CameraSpec, origin, dirs, t, prim, rng, shadowing:
     light = scene.light
     height, width = t.shape
     prim_f, t_f = prim.ravel(), t.ravel()
-    dx, dy, dz = (a.ravel() for a in dirs)
     out = np.empty((height * width, 3), dtype=np.float32)
     sky = np.flatnonzero(prim_f == HIT_NONE)
-    # Sky: horizon colour blending into the zenith colour with the ray's elevation.
-    el = dz[sky] / np.sqrt(dx[sky] ** 2 + dy[sky] ** 2 + dz[sky] ** 2)
-    w_sky = (np.clip(el / 0.4, 0, 1) ** 0.7).astype(np.float32)[:, None]
+    w_sky = grid.w_sky[sky][:, None]
     out[sky] = light.horizon * (1 - w_sky) + light.zenith * w_sky
     hit = np.flatnonzero(prim_f != HIT_NONE)
     p_idx = prim_f[hit]
     f32 = np.float32
     # float32 from here on: colours need no more, and it halves the memory traffic.
-    d = np.stack([dx[hit], dy[hit], dz[hit]], 1).astype(f32)  # [Nh, 3]
+    d = grid.d32[hit]  # [Nh, 3]
     th = t_f[hit].astype(f32)
-    pts = origin.astype(f32) + d * th[:, None]
+    pts = grid.origin.astype(f32) + d * th[:, None]
     normals, mat, rgb, _refl = surface(scene, pts, p_idx)
-    d_len = np.sqrt(np.einsum("ij,ij->i", d, d))
-    view = d * (f32(-1.0) / d_len)[:, None]
+    d_len = grid.d_len[hit]
+    view = grid.view[hit]
     n_dot_v = np.einsum("ij,ij->i", normals, view)
     normals[n_dot_v < 0] *= -1  # seen from behind (thin parts): light the visible side
     # Texture: value noise on a per-material cell grid, so asphalt, grass and leaves look grainy.
