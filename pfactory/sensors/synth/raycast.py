@@ -445,9 +445,9 @@ def cast(
                 continue  # fully behind what is already there
             t = fn(origin, dx[sl], dy[sl], dz[sl], shape[i])
             closer = t < tb
-            if closer.any():
-                tb[closer] = t[closer]
-                prim_buf[sl][closer] = i
+            if closer.any():  # masked copies: no gather / scatter of the closer pixels
+                np.copyto(tb, t, where=closer)
+                np.copyto(prim_buf[sl], i, where=closer)
             if track:
                 ow, mask = owner_masks[owner]
                 _or_into(mask, ow, win.r0, c0, np.isfinite(t))
