@@ -133,8 +133,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )  # fmt: skip
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument(
+        "--stage", type=int, nargs="+", default=None, metavar="FRAMES",
+        help="instead: the stage end to end at these frame counts, 1 process vs --workers' last count, interleaved",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     logging.getLogger("distributed").setLevel(logging.WARNING)  # cluster start/stop chatter
+    if args.stage:
+        work = args.work or Path(tempfile.mkdtemp(prefix="bench_prepare_stage_"))
+        try:
+            report = stage_main(args.stage, args.workers[-1], args.repeats, args.unit_frames, work)
+        finally:
+            if args.work is None:
+                shutil.rmtree(work, ignore_errors=True)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+        return report
 
     from pfactory.data.params import PrepareParams
     from pfactory.data.prepare import prepare_dataset
@@ -244,6 +258,94 @@ def _print(report: dict[str, Any]) -> None:
         print(f"  peak RSS of one worker vs frames prepared (MiB): {report['rss_vs_frames']}")
     print(f"  shards + rejected.jsonl byte-identical across every run: {report['identical_outputs']} "
           f"({report['files_hashed']} files)")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# `--stage`: the stage as `factory prepare` runs it, one process vs a LocalCluster it starts itself
+
+
+def _cpu_all() -> float:
+    """CPU seconds of this process and of its waited-for children (a LocalCluster's spawned workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def stage_run(raw: Path, out: Path, params: Any) -> dict[str, Any]:
+    """One `prepare_data` call, timed end to end (cluster start, imports, DALI build and close included)."""
+    from pfactory.data.scaleout import prepare_data
+
+    load = os.getloadavg()[0]
+    c0, t0 = _cpu_all(), time.perf_counter()
+    res = prepare_data(raw, out, params)
+    wall, cpu = time.perf_counter() - t0, _cpu_all() - c0
+    hashes = output_hashes(out)
+    shutil.rmtree(out, ignore_errors=True)
+    m = res.metrics
+    return {"wall_s": wall, "cpu_s": cpu, "cores": cpu / wall, "load": load, "hashes": hashes,
+            "cluster_s": m.get("seconds_cluster", 0.0), "tasks_s": m.get("seconds_tasks", wall)}  # fmt: skip
+
+
+def stage_main(sizes: list[int], workers: int, repeats: int, unit_frames: int, work: Path) -> dict[str, Any]:
+    """Per frame count: A = the stage with `prepare.workers` 1 (this process, `prepare.num_threads` 2: the
+    default), B = `prepare.workers` N (a LocalCluster of N single-threaded worker processes started and
+    closed by the stage), run A B A B ... (`repeats` each) back to back; medians, CPU seconds (this process
+    + its children), and a linear fit of CPU-s against frames per arm: the slope is the per-frame work,
+    the intercept the fixed cost (processes, imports, DALI builds). Raises if any run's bytes differ."""
+    from pfactory.data.params import PrepareParams
+
+    one = PrepareParams(device="cpu")
+    many = PrepareParams(device="cpu", workers=workers, threads_per_worker=1, unit_frames=unit_frames)
+    os.environ.setdefault("DASK_TEMPORARY_DIRECTORY", str(work / "dask"))
+    rows = []
+    for n in sizes:
+        raw = build_raw(work / f"raw-{n}", n)
+        runs: dict[str, list[dict[str, Any]]] = {"one": [], "many": []}
+        for r in range(repeats):
+            runs["one"].append(stage_run(raw, work / f"one-{n}-{r}", one))
+            runs["many"].append(stage_run(raw, work / f"many-{n}-{r}", many))
+        hashes = [x["hashes"] for v in runs.values() for x in v]
+        if any(h != hashes[0] for h in hashes):
+            raise AssertionError(f"{n} frames: outputs differ between runs (1 process vs {workers} workers)")
+        row: dict[str, Any] = {"frames": n, "files_identical": len(hashes[0])}
+        for arm, v in runs.items():
+            for k in ("wall_s", "cpu_s", "cores", "cluster_s", "tasks_s"):
+                row[f"{arm}_{k}"] = round(statistics.median(x[k] for x in v), 3)
+            row[f"{arm}_walls"] = [round(x["wall_s"], 2) for x in v]
+        row["ratio"] = round(row["one_wall_s"] / row["many_wall_s"], 3)
+        row["load"] = f"{min(x['load'] for v in runs.values() for x in v):.2f}-{max(x['load'] for v in runs.values() for x in v):.2f}"  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    report: dict[str, Any] = {"machine": f"{platform.machine()} x{os.cpu_count()}", "workers": workers,
+                              "unit_frames": unit_frames, "one_process_threads": one.num_threads, "rows": rows}  # fmt: skip
+    if len(rows) >= 2:
+        for arm in ("one", "many"):
+            a, b = rows[0], rows[-1]
+            slope = (b[f"{arm}_cpu_s"] - a[f"{arm}_cpu_s"]) / (b["frames"] - a["frames"])
+            report[f"{arm}_cpu_ms_per_frame"] = round(1000 * slope, 2)
+            report[f"{arm}_fixed_cpu_s"] = round(a[f"{arm}_cpu_s"] - slope * a["frames"], 2)
+    _print_stage(report)
+    return report
+
+
+def _print_stage(report: dict[str, Any]) -> None:
+    w = report["workers"]
+    print(f"\n== the prepare stage end to end: 1 process ({report['one_process_threads']} threads) vs a LocalCluster "
+          f"of {w} single-threaded workers (units of {report['unit_frames']}), {report['machine']} ==")  # fmt: skip
+    print(f"  {'frames':>6} {'1-proc s':>9} {f'{w}-worker s':>11} {'ratio':>6} {'cores 1/N':>10} "
+          f"{'CPU-s 1/N':>12} {'cluster s':>9}  load")  # fmt: skip
+    for r in report["rows"]:
+        print(f"  {r['frames']:>6} {r['one_wall_s']:>9.2f} {r['many_wall_s']:>11.2f} {r['ratio']:>5.2f}x "
+              f"{r['one_cores']:>4.2f}/{r['many_cores']:<4.2f} {r['one_cpu_s']:>5.1f}/{r['many_cpu_s']:<6.1f} "
+              f"{r['many_cluster_s']:>9.2f}  {r['load']}")  # fmt: skip
+    if "one_cpu_ms_per_frame" in report:
+        print(f"  CPU per frame: 1 process {report['one_cpu_ms_per_frame']} ms, {w} workers "
+              f"{report['many_cpu_ms_per_frame']} ms; fixed CPU: {report['one_fixed_cpu_s']} s vs "
+              f"{report['many_fixed_cpu_s']} s")  # fmt: skip
+        bound = os.cpu_count() / max(r["one_cores"] for r in report["rows"])
+        print(
+            f"  bound on {os.cpu_count()} cores with equal work per frame: cores / cores the one process "
+            f"already uses = {bound:.2f}x (target {TARGET_RATIO}x)"
+        )
 
 
 if __name__ == "__main__":
