@@ -1,4 +1,4 @@
-"""Synthetic dataset generation speed (target: 200 KITTI frames in <= 60 s on 2 cores).
+"""Synthetic dataset generation speed (target, issue 50: the default 250 KITTI frames in <= 15 s on 2 cores).
 
 Times `generate_dataset` (files written, fsync'd, renamed into place) for `--frames` frames at
 each `--workers` count and prints frames/s, then a per-stage breakdown of single frames in
