@@ -35,18 +35,13 @@ from tests.faults.conftest import (
     one_line_error,
 )
 from tests.faults.test_params_paths import _mount_tmpfs, tree_digest
+from tests.local_services import free_port
 
 PREPARE = ["-S", "prepare.batch_size=4"]
 
 
-def _free_port() -> int:
-    from tests.flows.conftest import free_port
-
-    return free_port()
-
-
 def test_mlflow_unreachable_at_start_stage(clean_kitti: Path, tmp_path: Path, ledger) -> None:
-    uri = f"http://127.0.0.1:{_free_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"
     env = clean_env(MLFLOW_TRACKING_URI=uri)
     proc, seconds, _ = factory_subprocess(
         "prepare", "--raw", str(clean_kitti), "--out", str(tmp_path / "out"), *PREPARE, env=env, timeout=300
@@ -64,7 +59,7 @@ def test_mlflow_unreachable_at_start_pipeline(tmp_path: Path, ledger) -> None:
     from tests.faults.pipeline import make_project, start_run, watch
 
     project = make_project(tmp_path / "project")
-    uri = f"http://127.0.0.1:{_free_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"
     t0 = time.perf_counter()
     run = start_run(project, "unreachable", env={"MLFLOW_TRACKING_URI": uri})
     watch(run, timeout=400)

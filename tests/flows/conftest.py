@@ -11,7 +11,6 @@ Usage: `def test_x(prefect_server): ... prefect_server.api_url` / `mlflow_server
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,14 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.local_services import as_admin, free_port
+
 START_TIMEOUT_S = 90.0  # generous: 4 engineers share 2 cores; a healthy start is 4-12 s
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _executable(name: str) -> str:
@@ -174,24 +168,14 @@ class TeamServers:
 def team_servers(tmp_path_factory) -> Iterator[TeamServers]:
     """`factory team up` in a tmp DIR on free 127.0.0.1 ports (1 training slot) with one engineer, alice;
     `factory team down` at the end of the module. ~15 s on a quiet 2-core box, over a minute under load."""
-    from pfactory.team.services import admin_env, down, up
+    from pfactory.team.services import down, up
     from pfactory.team.users import add_user
 
     d = tmp_path_factory.mktemp("team")
     state = up(d, "127.0.0.1", free_port(), free_port(), train_slots=1, slot_limit="pfactory-train-workers")
     passwords = {"alice": "alice-pw-0123456789"}
-    keys = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PREFECT_API_URL",
-            "PREFECT_API_AUTH_STRING")  # fmt: skip
-    saved = {k: os.environ.get(k) for k in keys}
-    try:
-        os.environ.update(admin_env(state))
+    with as_admin(state):
         add_user(state.mlflow_url, "alice", "engineer", passwords["alice"])
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     try:
         yield TeamServers(state, passwords)
     finally:

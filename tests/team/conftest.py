@@ -6,11 +6,12 @@ Start-up: ~12 s (MLflow) on a quiet 2-core box, over a minute under load."""
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.local_services import as_admin, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the repo's `tasks`
@@ -20,12 +21,6 @@ ROLES = {"alice": "engineer", "bob": "maintainer"}
 _VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_REGISTRY_URI",
          "PREFECT_API_URL", "PFACTORY_TRAIN_SLOT_LIMIT", "PFACTORY_TRAIN_SLOTS", "PFACTORY_PARENT_RUN_ID",
          "PREFECT_API_AUTH_STRING", "PREFECT_API_SSL_CERT_FILE", "MLFLOW_TRACKING_SERVER_CERT_PATH")  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Team:
@@ -77,22 +72,14 @@ def _prefect_follows_the_environment_after():
 
 @pytest.fixture(scope="module")  # stopped when tests/team/test_team.py ends: idle servers still cost CPU
 def team(tmp_path_factory):
-    from pfactory.team.services import admin_env, down, up
+    from pfactory.team.services import down, up
     from pfactory.team.users import add_user
 
     d = tmp_path_factory.mktemp("team")
     state = up(d, "127.0.0.1", free_port(), free_port(), train_slots=1, slot_limit="pfactory-train-test")
-    saved = {k: os.environ.get(k) for k in _VARS}
-    try:
-        os.environ.update(admin_env(state))
+    with as_admin(state, also=_VARS):
         for user, role in ROLES.items():
             add_user(state.mlflow_url, user, role, PASSWORDS[user])
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     try:
         yield Team(state)
     finally:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.local_services import free_port
 
 FACTORY = str(Path(sys.executable).with_name("factory"))
 TINY = [
@@ -30,12 +31,6 @@ TINY = [
 ]  # fmt: skip
 # What a step's record holds that is the training's maths (curves.json also has wall-time figures).
 MATHS = ("loss", "heatmap", "reg", "lr", "grad_norm")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict[str, str]:
@@ -158,7 +153,7 @@ def test_two_nodes_train_the_curve_of_one_node_with_two_processes(prepared: Path
     assert json.loads(out)["world_size"] == 2
     one_s = time.monotonic() - t0
 
-    port = _free_port()
+    port = free_port()
     nodes = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "120"]
     t0 = time.monotonic()
     # Node 1 first: it waits for node 0's store to listen (read_timeout), then for the rendezvous.
@@ -186,7 +181,7 @@ def test_two_nodes_train_the_curve_of_one_node_with_two_processes(prepared: Path
 
     # Again in the same folders: node 0 would resume its finished checkpoint, node 1 (nothing in its --out)
     # would train from step 0 -- DDP would hang; every worker stops instead, exit 2 on both nodes.
-    port = _free_port()
+    port = free_port()
     nodes = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "120"]
     node0 = _factory_train(tmp_path / "node0", prepared, *nodes, "--node-rank", "0")
     node1 = _factory_train(tmp_path / "node1", prepared, *nodes, "--node-rank", "1")
@@ -197,7 +192,7 @@ def test_two_nodes_train_the_curve_of_one_node_with_two_processes(prepared: Path
 
 def test_nodes_with_different_params_stop_with_exit_2(prepared: Path, tmp_path: Path) -> None:
     """A node started with other -S overrides is refused by every worker before training (exit 2, both nodes)."""
-    port = _free_port()
+    port = free_port()
     nodes = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "120"]
     node0 = _factory_train(tmp_path / "node0", prepared, *nodes, "--node-rank", "0")
     node1 = _factory_train(tmp_path / "node1", prepared, *nodes, "--node-rank", "1", overrides=[*TINY, "train.lr=0.01"])
@@ -210,7 +205,7 @@ def test_nodes_with_different_params_stop_with_exit_2(prepared: Path, tmp_path: 
 
 def test_a_node_whose_node_0_never_comes_exits_75(tmp_path: Path) -> None:
     """--node-rank 1 with nobody listening at the endpoint: a one-line transient failure after --rdzv-timeout."""
-    port = _free_port()
+    port = free_port()
     t0 = time.monotonic()
     (code, _, err), = _wait([_factory_train(tmp_path / "node1", tmp_path / "none", "--nnodes", "2", "--node-rank", "1",
                                             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-timeout", "3")])  # fmt: skip
