@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -436,3 +437,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                 red=True,
             )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def selfcheck_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh self-check verdict store for the test (`PFK_SELFCHECK_DIR`), and this process's verdicts
+    forgotten before and after (`kernels.selfcheck.forget`)."""
+    from kernels import selfcheck
+
+    folder = tmp_path / "selfcheck"
+    monkeypatch.setenv("PFK_SELFCHECK_DIR", str(folder))
+    selfcheck.forget()
+    yield folder
+    selfcheck.forget()

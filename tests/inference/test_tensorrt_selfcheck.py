@@ -38,15 +38,6 @@ from .helpers import make_feed
 STAND_IN = "onnxruntime stand-in"  # the `version` the stand-in engines are keyed with
 
 
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "selfcheck"
-    monkeypatch.setenv("PFK_SELFCHECK_DIR", str(folder))
-    selfcheck.forget()
-    yield folder
-    selfcheck.forget()
-
-
 def _optimized_dir(root: Path, exported, fp32_model: Path, wrong: bool) -> Path:
     """An optimized directory's layout: model.onnx, onnxruntime/model.fp32.onnx, and tensorrt/model.fp32.plan
     holding the ONNX graph the stand-in engine runs (the export, or with the heatmap weights shifted)."""
@@ -90,7 +81,9 @@ def warned() -> list[str]:
     logger.setLevel(level)
 
 
-def test_a_correct_engine_verifies_once_and_is_read_back(tmp_path, store, exported, fp32_model, tiny_model):
+def test_a_correct_engine_verifies_once_and_is_read_back(
+    tmp_path, selfcheck_store, exported, fp32_model, tiny_model
+):
     plan = _optimized_dir(tmp_path / "opt", exported, fp32_model, wrong=False)
     opened = []
 
@@ -104,7 +97,7 @@ def test_a_correct_engine_verifies_once_and_is_read_back(tmp_path, store, export
     assert v.figures["fp32 scores"] == 0.0 and v.figures["fp32 boxes"] == 0.0
     source = v.key["source"]
     assert source.startswith(f"tensorrt {STAND_IN}; engine {selfcheck.sources_hash([plan])}; onnx ")
-    assert Path(v.recorded).parent == store and opened == [1]
+    assert Path(v.recorded).parent == selfcheck_store and opened == [1]
     selfcheck.forget()
     again = verify_engine(plan, tmp_path / "opt" / "model.onnx", "fp32", "cpu", **kw)
     assert again.status == selfcheck.VERIFIED and again.recorded == v.recorded and opened == [1]  # not rerun
@@ -114,7 +107,7 @@ def test_a_correct_engine_verifies_once_and_is_read_back(tmp_path, store, export
 
 
 def test_a_wrong_engine_fails_with_one_line_and_onnx_runtime_runs_instead(
-    tmp_path, store, exported, fp32_model, tiny_model, warned
+    tmp_path, selfcheck_store, exported, fp32_model, tiny_model, warned
 ):
     plan = _optimized_dir(tmp_path / "opt", exported, fp32_model, wrong=True)
     fallbacks: list[Path] = []
@@ -179,13 +172,15 @@ def test_synthetic_feeds_fit_the_graph(exported, fp32_model) -> None:
 
 
 @pytest.mark.skipif(tensorrt_missing() is None, reason="TensorRT is installed here")
-def test_without_tensorrt_an_engine_is_refused_with_the_install_hint(tmp_path, exported, fp32_model, store):
+def test_without_tensorrt_an_engine_is_refused_with_the_install_hint(
+    tmp_path, exported, fp32_model, selfcheck_store
+):
     plan = _optimized_dir(tmp_path / "opt", exported, fp32_model, wrong=False)
     with pytest.raises(BackendUnavailable, match="TensorRT is not installed"):
         open_runner(plan, "tensorrt", "fp32")
 
 
-def test_doctor_has_the_engine_and_loader_rows_skipped_with_their_reasons(store) -> None:
+def test_doctor_has_the_engine_and_loader_rows_skipped_with_their_reasons(selfcheck_store) -> None:
     from pfactory import doctor
 
     rows = {r["path"]: r for r in doctor.run_checks(rerun=True)}

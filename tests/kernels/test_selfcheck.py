@@ -31,16 +31,6 @@ ROOT = Path(__file__).resolve().parents[2]
 needs_native = pytest.mark.skipif(not native.available(), reason=f"native CPU kernels: {native.status()}")
 
 
-@pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh verdict store for the test, and this process's verdicts forgotten before and after."""
-    folder = tmp_path / "selfcheck"
-    monkeypatch.setenv("PFK_SELFCHECK_DIR", str(folder))
-    selfcheck.forget()
-    yield folder
-    selfcheck.forget()
-
-
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage() for r in caplog.records if r.name == "pfk.selfcheck" and r.levelno == logging.WARNING
@@ -59,7 +49,7 @@ def _planted_native(tmp_path: Path) -> native.NativeLibrary:
 
 @needs_native
 def test_a_planted_wrong_c_kernel_is_caught_and_bypassed(
-    tmp_path: Path, store: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, selfcheck_store: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     planted = _planted_native(tmp_path)
     monkeypatch.setattr(native, "_library", lambda: planted)
@@ -84,16 +74,16 @@ def test_a_planted_wrong_c_kernel_is_caught_and_bypassed(
     # recorded: the failed verdict, 0600 in a 0700 folder, keyed by the planted library's build
     verdict = selfcheck.verify("native.pillar_scatter_max", "cpu")
     assert verdict.status == selfcheck.FAILED and verdict.figures["float32 fwd"] == 0.0
-    assert verdict.figures["float32 bwd"] > 0 and Path(verdict.recorded).parent == store
+    assert verdict.figures["float32 bwd"] > 0 and Path(verdict.recorded).parent == selfcheck_store
     assert oct(Path(verdict.recorded).stat().st_mode & 0o777) == "0o600"
-    assert oct(store.stat().st_mode & 0o777) == "0o700"
+    assert oct(selfcheck_store.stat().st_mode & 0o777) == "0o700"
     # the kernels the planted line does not touch still verify, and run
     assert selfcheck.verify("native.group_norm_relu", "cpu").status == selfcheck.VERIFIED
 
 
 @needs_native
 def test_the_real_c_kernels_verify_once_and_the_verdict_is_read_back(
-    store: Path, monkeypatch: pytest.MonkeyPatch
+    selfcheck_store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for path in ("native.pillar_scatter_max", "native.group_norm_relu", "native.pillar_stem"):
         first = selfcheck.verify(path, "cpu")
@@ -113,7 +103,7 @@ def test_the_real_c_kernels_verify_once_and_the_verdict_is_read_back(
 
 @needs_native
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "autocast"])
-def test_a_first_use_inside_no_grad_or_autocast_still_verifies(store: Path, mode: str) -> None:
+def test_a_first_use_inside_no_grad_or_autocast_still_verifies(selfcheck_store: Path, mode: str) -> None:
     """Evaluation's first use of a kernel comes inside torch.no_grad / inference_mode, AMP training's inside
     autocast: the check must judge the kernel, not the caller's modes (it once failed there with 'element 0
     of tensors does not require grad', and under bf16 autocast with 'float32 fwd: rel|err| 0.00213', which
@@ -132,7 +122,7 @@ _PLANTED_TRITON = "kernels._focal_loss_triton"
     not (triton_available() and interpreter_requested()), reason="needs triton and TRITON_INTERPRET=1"
 )
 def test_a_planted_wrong_triton_kernel_is_caught_and_bypassed(
-    tmp_path: Path, store: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, selfcheck_store: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A copy of the focal loss' Triton module whose backward kernel is off by 10%, run by the interpreter."""
     source = (ROOT / "kernels" / "_focal_loss_triton.py").read_text()
@@ -166,7 +156,7 @@ def test_a_planted_wrong_triton_kernel_is_caught_and_bypassed(
 @pytest.mark.skipif(
     not (triton_available() and interpreter_requested()), reason="needs triton and TRITON_INTERPRET=1"
 )
-def test_the_real_triton_kernels_verify_under_the_interpreter(store: Path) -> None:
+def test_the_real_triton_kernels_verify_under_the_interpreter(selfcheck_store: Path) -> None:
     for path in ("triton.focal_loss", "triton.pillar_scatter_max", "triton.render_heatmap"):
         verdict = selfcheck.verify(path, "cpu")
         assert verdict.status == selfcheck.VERIFIED, verdict
