@@ -29,5 +29,6 @@ def load_yaml(text: str) -> Any:
     For files the factory writes (`dvc.yaml`, `dvc.lock`); params files keep `params_file`'s own reader."""
     import yaml
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load(text, Loader=loader)  # safe either way: CSafeLoader or SafeLoader
+    if hasattr(yaml, "CSafeLoader"):
+        return yaml.load(text, Loader=yaml.CSafeLoader)
+    return yaml.safe_load(text)

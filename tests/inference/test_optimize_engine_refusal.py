@@ -22,7 +22,7 @@ from pfactory.inference.parity import compare_outputs, parity_report
 from pfactory.inference.runtime import OrtRunner, TorchRunner
 from pfactory.inference.tensorrt_backend import selfcheck_failure, selfcheck_record, verify_engine
 
-from .test_tensorrt_selfcheck import STAND_IN, _feeds, _optimized_dir, store  # noqa: F401 (fixture)
+from .test_tensorrt_selfcheck import STAND_IN, _feeds, _optimized_dir
 
 
 def _engine_entry(tmp_path: Path, exported, fp32_model, tiny_model, wrong: bool) -> tuple[Path, dict]:
@@ -56,7 +56,7 @@ def _parity_of_ort_fp32(root: Path, tiny_model) -> dict:
     )
 
 
-@pytest.mark.usefixtures("store")
+@pytest.mark.usefixtures("selfcheck_store")
 def test_an_engine_that_failed_its_selfcheck_is_refused_and_fp32_ships(
     tmp_path, exported, fp32_model, tiny_model
 ) -> None:
@@ -89,7 +89,7 @@ def test_an_engine_that_failed_its_selfcheck_is_refused_and_fp32_ships(
     assert metrics["parity/tensorrt_fp32/passed"] == 0.0 and metrics["parity/onnxruntime_fp32/passed"] == 1.0
 
 
-@pytest.mark.usefixtures("store")
+@pytest.mark.usefixtures("selfcheck_store")
 def test_a_verified_engine_stays_and_no_fallback_is_made(tmp_path, exported, fp32_model, tiny_model) -> None:
     root, entry = _engine_entry(tmp_path, exported, fp32_model, tiny_model, wrong=False)
     assert entry["selfcheck"]["status"] == selfcheck.VERIFIED and selfcheck_failure(entry) is None
@@ -114,7 +114,7 @@ def test_a_skipped_check_keeps_the_engine(tmp_path) -> None:
     assert refuse_failed_engine(entry, root) == {} and (root / entry["file"]).is_file()
 
 
-@pytest.mark.usefixtures("store")
+@pytest.mark.usefixtures("selfcheck_store")
 def test_a_refused_engine_with_a_failing_export_ships_nothing(
     tmp_path, exported, fp32_model, tiny_model
 ) -> None:
