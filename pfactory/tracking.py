@@ -177,9 +177,13 @@ def device_info() -> str:
     return f"cpu:{platform.machine()}x{os.cpu_count()}"
 
 
-def _nvidia_gpu() -> str | None:
-    """The model name of the NVIDIA driver's first GPU (Linux), else None."""
-    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")  # the NVIDIA driver's per-GPU folders (Linux)
+
+
+def _nvidia_gpu(gpus: Path = NVIDIA_GPUS) -> str | None:
+    """The model name of the NVIDIA driver's first GPU (`<gpus>/<bus id>/information`, line `Model:`), else
+    None."""
+    for info in sorted(gpus.glob("*/information")):
         with contextlib.suppress(OSError):
             for line in info.read_text().splitlines():
                 key, _, value = line.partition(":")

@@ -62,3 +62,25 @@ def test_an_unreachable_server_is_refused_in_seconds() -> None:
         check_tracking_server(uri, timeout_s=2)
     assert time.perf_counter() - t0 < 10 and "pw" not in str(info.value)
     check_tracking_server("sqlite:///x.db")  # not a server: nothing to check
+
+
+def test_the_device_tag_does_not_import_torch_where_it_is_not_used() -> None:
+    """A stage or flow that has not imported torch gets its device tag without importing it (~1.5 s)."""
+    import subprocess
+    import sys
+
+    code = "import sys; from pfactory.tracking import device_info; print(device_info(), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[-1] == "False", out
+    assert out[0].startswith(("cpu:", "cuda:")), out
+
+
+def test_the_gpu_name_is_read_from_the_nvidia_drivers_information_file(tmp_path) -> None:
+    from pfactory.tracking import _nvidia_gpu
+
+    assert _nvidia_gpu(tmp_path / "absent") is None
+    (tmp_path / "0000:01:00.0").mkdir()
+    (tmp_path / "0000:01:00.0" / "information").write_text("Model: \t\t NVIDIA H200\nIRQ:   145\n")
+    (tmp_path / "0000:02:00.0").mkdir()
+    (tmp_path / "0000:02:00.0" / "information").write_text("Model: \t\t NVIDIA L4\n")
+    assert _nvidia_gpu(tmp_path) == "NVIDIA H200"  # the first GPU by bus id
