@@ -177,10 +177,12 @@ def _name_dynamic_dims(model: Any) -> None:
     _rename_dims(model, mapping)
 
 
-# Node metadata the exporter writes that names this machine's files: the Python stack of every op, with the
-# absolute path of the source file (a run workspace's path): model.onnx would differ between two identical
-# runs and publish the path. The module scopes (`_SCOPE_KEY`) stay: they name modules, not files.
-_MACHINE_KEYS = ("pkg.torch.onnx.stack_trace",)
+# Node metadata the exporter writes that names where the Python code lives: the stack of every op, with the
+# absolute path of the source file (a run workspace's path: model.onnx would differ between two identical runs
+# and publish the path), and the dotted class path of every module above the op (`namespace`, `class_hierarchy`:
+# moving a module to another package would change model.onnx with the graph unchanged). The module scopes
+# (`_SCOPE_KEY`: attribute paths inside the detector, what `node_module_paths` reads) stay.
+_MACHINE_KEYS = ("pkg.torch.onnx.stack_trace", "namespace", "pkg.torch.onnx.class_hierarchy")
 
 
 def _drop_machine_metadata(model: Any) -> None:

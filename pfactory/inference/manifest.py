@@ -39,7 +39,7 @@ OUTPUT_CONTRACT = (
     "K = max_detections entries per frame, always (static shape). Entries are sorted by descending score; "
     "score 0 marks padding (fewer than K peaks: non-peak cells are zeroed before top-K), its box and label "
     "are meaningless. Nothing is thresholded in the graph: keep scores >= a threshold > 0 (the evaluate "
-    "stage uses train.score_threshold)."
+    "stage uses evaluate.score_threshold)."
 )
 
 

@@ -166,3 +166,12 @@ def test_the_graph_names_no_file_of_this_machine(exported) -> None:
     root = str(Path(__file__).resolve().parents[2])
     assert "pkg.torch.onnx.stack_trace" not in keys and _SCOPE_KEY in keys
     assert not [v for v in values if root in v or 'File "/' in v], "a path of this machine in the graph"
+
+
+def test_the_graph_names_no_python_module(exported) -> None:
+    """model.onnx does not change when the code moves: no node names the Python package of the module that
+    produced it (the exporter's `namespace` and `class_hierarchy`); the attribute scopes stay."""
+    model = onnx.load(str(exported.path))
+    values = [p.value for n in model.graph.node for p in n.metadata_props]
+    assert values, "the scopes are gone too"
+    assert not [v for v in values if "pfactory." in v or "kernels." in v], "a Python module path in the graph"
