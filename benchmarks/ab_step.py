@@ -47,7 +47,7 @@ def _api() -> dict[str, Any]:
 
 
 def _old_build(mp, image_size):
-    from pfactory.model.detector import build_model
+    from pfactory.archs.painted_pillars.detector import build_model
 
     return build_model(mp, image_size)
 
@@ -63,7 +63,7 @@ def _build_for(trainer):
 
 
 def main() -> None:
-    from pfactory.config import load_params
+    from flows.params import load_params
 
     data, steps, warmup, overrides = (
         Path(sys.argv[1]),

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--runs", type=int, default=7)
     args = ap.parse_args(argv)
     exe = shutil.which("factory")
-    cmd = [exe, "--help"] if exe else [sys.executable, "-m", "flows.cli", "--help"]
+    cmd = [exe, "--help"] if exe else [sys.executable, "-m", "factory.cli", "--help"]
     times = []
     for _ in range(args.runs):
         t0 = time.perf_counter()

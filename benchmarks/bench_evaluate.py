@@ -42,9 +42,9 @@ def replicate_split(src: Path, out: Path, frames: int, split: str = "val") -> Pa
     """A prepared directory at `out` whose `split` holds `frames` rows cycled from `src`'s (ids renamed)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from pfactory.prepare.shards import open_prepared, open_shard
 
-    from pfactory.data.shards import open_prepared, open_shard
-    from pfactory.fsutil import atomic_write_json, sha256_file
+    from pfactory.storage.fsutil import atomic_write_json, sha256_file
 
     ds = open_prepared(src)
     tables = [open_shard(p).read() for p in ds.shard_paths(split)]
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.frames, args.repeats = 96, 1
 
-    from pfactory.tracking import configure_environment
+    from pfactory.runtime.project import configure_environment
 
     configure_environment(ROOT)
     scratch = Path(tempfile.mkdtemp(prefix="bench-evaluate-", dir=os.environ["DASK_TEMPORARY_DIRECTORY"]))

@@ -149,11 +149,10 @@ def build(
 ) -> dict[str, Any]:
     """Feeds and the model variants (the stage's float/quantized split or every layer, each format) into `work`."""
     import onnx
-
-    from pfactory.inference.calibration import load_feeds
-    from pfactory.inference.export import node_module_paths
-    from pfactory.inference.ort_backend import preprocess, quantize_layers, write_rewritten
-    from pfactory.inference.params import Int8Params
+    from pfactory.optimize.calibration import load_feeds
+    from pfactory.optimize.export import node_module_paths
+    from pfactory.optimize.ort_backend import preprocess, quantize_layers, write_rewritten
+    from pfactory.optimize.params import Int8Params
 
     work.mkdir(parents=True, exist_ok=True)
     report = json.loads((optimized / "onnxruntime" / "sensitivity.json").read_text())
@@ -226,7 +225,7 @@ def _load(work: Path, tag: str) -> dict[tuple[str, str], list[dict[str, np.ndarr
 
 
 def _compare(a: list[dict], b: list[dict]) -> dict[str, Any]:
-    from pfactory.inference.parity import detection_agreement
+    from pfactory.optimize.parity import detection_agreement
 
     h = np.concatenate([np.abs(x["probe"].astype(np.float64) - y["probe"]).ravel() for x, y in zip(a, b)])
     ag = detection_agreement(a, b, 0.3, 0.5)

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
         labels, results = write_scenes(Path(tmp), gt, dt)
         n_gt, n_dt = sum(map(len, gt.values())), sum(map(len, dt.values()))
         out = Path(tmp) / "kpis.json"
-        ours_cmd = [sys.executable, "-m", "flows.cli", "kpi", "--gt", str(labels), "--pred", str(results)]
+        ours_cmd = [sys.executable, "-m", "factory.cli", "kpi", "--gt", str(labels), "--pred", str(results)]
         ours_cmd += ["--metrics", "kitti", "--out", str(out)]
         ours = [_timed(ours_cmd, cwd=ROOT)[0] for _ in range(args.repeats)]
         doc = json.loads(out.read_text())

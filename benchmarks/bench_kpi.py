@@ -312,9 +312,8 @@ def whole_process(args: argparse.Namespace) -> int:
         dk = [] if args.skip_devkit else [_timed(dk_cmd) for _ in range(args.devkit_repeats)]
         if args.before:  # the same command from another source tree (the code before a change)
             env = {**os.environ, "PYTHONPATH": str(args.before.resolve())}
-            cli = (
-                "flows.cli" if (args.before / "flows" / "cli.py").is_file() else "pfactory.cli"
-            )  # moved in i13
+            # the CLI's module in that tree: factory/cli.py now, flows/cli.py before issue 51, pfactory/cli.py before i13
+            cli = next(f"{d}.cli" for d in ("factory", "flows", "pfactory") if (args.before / d / "cli.py").is_file())
             before_cmd = [
                 sys.executable,
                 "-m",

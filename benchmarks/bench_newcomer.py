@@ -3,7 +3,7 @@
 Each run: a fresh `git clone` of this repository into a new temp dir (no `artifacts/`, no Prefect home, no
 MLflow DB, no DVC cache, a HOME of its own: `tests/newcomer.py`), then either the README's first command
 exactly (`--install`: `python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/factory run`,
-install timed apart) or this environment reused (`python -m flows.cli run` from the clone's root: the
+install timed apart) or this environment reused (`python -m factory.cli run` from the clone's root: the
 clone's code comes first on sys.path), then the clone is deleted (`--keep DIR` keeps them). Nothing is
 shared between runs, so every run pays the first-start costs a newcomer pays.
 
@@ -43,9 +43,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from pfactory.fsutil import atomic_write_json  # noqa: E402
-from pfactory.registry import EvidenceError  # noqa: E402
-from pfactory.registry.evidence import agreement_summary  # noqa: E402
+from pfactory.promote import EvidenceError  # noqa: E402
+from pfactory.promote.evidence import agreement_summary  # noqa: E402
+from pfactory.storage.fsutil import atomic_write_json  # noqa: E402
 from tests.newcomer import cpu_quota, fresh_clone, newcomer_env  # noqa: E402
 
 STAGES = ("synth", "prepare", "train", "optimize", "evaluate", "promote")
@@ -152,7 +152,7 @@ def one_run(
                 cmd = [str(venv / "bin" / "factory"), "run", *sets, "--json"]
                 env["PATH"] = str(venv / "bin") + os.pathsep + os.environ.get("PATH", "")
             else:  # this environment; `-m` from the clone's root puts the clone's code first on sys.path
-                cmd = [sys.executable, "-m", "flows.cli", "run", *sets, "--json"]
+                cmd = [sys.executable, "-m", "factory.cli", "run", *sets, "--json"]
             t0 = time.perf_counter()
             p = subprocess.run(cmd, cwd=clone_path, env=env, capture_output=True, text=True,
                                timeout=timeout_s, preexec_fn=quota.preexec)  # fmt: skip

@@ -10,7 +10,7 @@ Out: a printed table and `--json FILE`: per batch size and runner the latency pe
      eager setting), parity of every artifact vs eager, and -- with `--data` and a trained `--model` --
      mAP of eager vs INT8 (the evaluate stage's KPI code, `pfactory.detectors.inference`).
 Measured end to end: padded points + images in, decoded top-K boxes out (pillar scatter and decode
-included for every runner). Runners alternate call by call (`pfactory.inference.latency`).
+included for every runner). Runners alternate call by call (`pfactory.optimize.latency`).
 
 Targets (issue 37): the fastest artifact >= 2x eager p50 at batch 1 and >= 1.8x at batch 4, the fastest
 FP32 artifact >= 1.3x, at the same thread count; INT8 mAP drop <= 0.5 point. `--aoti` adds the
@@ -19,7 +19,7 @@ timed the same way; skipped with the reason elsewhere.
 
 `--optimized DIR` times the artifacts an optimize stage built (DIR/onnxruntime/model.{fp32,int8}.onnx)
 instead of building them here; otherwise the INT8 model is built with the stage's recipe
-(`pfactory.inference.sensitivity.build_int8`: calibration method and layers kept float chosen by
+(`pfactory.optimize.sensitivity.build_int8`: calibration method and layers kept float chosen by
 measurement). `--profile N` adds ONNX Runtime's per-node profile of every ORT artifact (N runs of the
 first batch-1 frame, kernel time summed per op type): where the time goes, and what bounds INT8.
 
@@ -68,7 +68,7 @@ class EagerAt:
 
 
 def _synthetic_feeds(model: Any, batch: int, points: int, n: int, seed: int) -> list[dict[str, np.ndarray]]:
-    from pfactory.inference.export import INPUT_NAMES, example_inputs
+    from pfactory.optimize.export import INPUT_NAMES, example_inputs
 
     return [
         dict(zip(INPUT_NAMES, (t.numpy() for t in example_inputs(model, batch, points, 1, seed + i))))
@@ -79,10 +79,10 @@ def _synthetic_feeds(model: Any, batch: int, points: int, n: int, seed: int) -> 
 def _kpis(model: Any, runners: dict[str, Any], data: Path, frames: int, threshold: float) -> dict[str, Any]:
     """mAP / NDS of each runner on the first `frames` val frames (the evaluate stage's KPI code)."""
     import torch
+    from pfactory.optimize.calibration import batch_to_feed
+    from pfactory.prepare.loader import make_loader
 
-    from pfactory.data.loader import make_loader
     from pfactory.detectors.inference import evaluate_kpis, frames_from_batch
-    from pfactory.inference.calibration import batch_to_feed
 
     classes = list(model.params.classes)
     gts: list = []
@@ -149,15 +149,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
 
     import torch
-
-    from pfactory.inference.calibration import load_feeds
-    from pfactory.inference.export import export_onnx
-    from pfactory.inference.latency import EAGER, measure_latency
-    from pfactory.inference.ort_backend import save_optimized_fp32, write_rewritten
-    from pfactory.inference.params import Int8Params, ParityParams
-    from pfactory.inference.parity import compare_outputs, gate
-    from pfactory.inference.runtime import OrtRunner, TorchRunner
-    from pfactory.inference.sensitivity import build_int8, format_report
+    from pfactory.optimize.calibration import load_feeds
+    from pfactory.optimize.export import export_onnx
+    from pfactory.optimize.latency import EAGER, measure_latency
+    from pfactory.optimize.ort_backend import save_optimized_fp32, write_rewritten
+    from pfactory.optimize.params import Int8Params, ParityParams
+    from pfactory.optimize.parity import compare_outputs, gate
+    from pfactory.optimize.runtime import OrtRunner, TorchRunner
+    from pfactory.optimize.sensitivity import build_int8, format_report
 
     t_start = time.perf_counter()
     torch.set_num_threads(args.threads)
@@ -167,8 +166,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model, _ = load_model(args.model)
         model_desc = str(args.model)
     else:
-        from pfactory.model.detector import build_model
-        from pfactory.model.params import ModelParams
+        from pfactory.archs.painted_pillars.detector import build_model
+        from pfactory.archs.painted_pillars.params import ModelParams
 
         torch.manual_seed(0)
         model = build_model(ModelParams()).eval()
@@ -224,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     aoti_info = None
     if args.aoti:
-        from pfactory.inference.aoti_backend import AotiRunner, build_aoti
+        from pfactory.optimize.aoti_backend import AotiRunner, build_aoti
 
         pt2 = (
             args.optimized / "aoti" / "model.fp32.pt2"
@@ -354,8 +353,7 @@ def _node_profile(
     ORT's own scheduling and copies).
     """
     import onnxruntime as ort_mod
-
-    from pfactory.inference.ort_backend import needs_exact_u8s8, session_options
+    from pfactory.optimize.ort_backend import needs_exact_u8s8, session_options
 
     so = session_options(threads, "all", spin=False)
     so.enable_profiling = True
@@ -413,18 +411,17 @@ def _torch_profile(runner: Any, feed: dict, threads: int, runs: int) -> dict[str
 
 def _tensorrt(exported: Any, calib: list, work: Path, ort: dict, args: argparse.Namespace) -> dict[str, Any]:
     """TensorRT FP16 and INT8 engines (GPU machines): build, and runners for the latency table."""
-    from pfactory.inference.errors import BackendUnavailable
-    from pfactory.inference.params import OptimizeParams
-    from pfactory.inference.runtime import tensorrt_usable
+    from pfactory.optimize.errors import BackendUnavailable
+    from pfactory.optimize.params import OptimizeParams
+    from pfactory.optimize.runtime import tensorrt_usable
 
     if not tensorrt_usable():
         return {
             "status": "skipped: `import tensorrt` failed or no CUDA GPU (pip install '.[tensorrt]' on a GPU machine)"
         }
     import tensorrt as trt
-
-    from pfactory.inference.ort_backend import quantize_int8
-    from pfactory.inference.tensorrt_backend import TensorRTRunner, build_engine, cast_onnx_fp16, engine_spec
+    from pfactory.optimize.ort_backend import quantize_int8
+    from pfactory.optimize.tensorrt_backend import TensorRTRunner, build_engine, cast_onnx_fp16, engine_spec
 
     opt = OptimizeParams()
     out: dict[str, Any] = {"status": "built", "engines": {}, "runners": {}}

@@ -2,12 +2,12 @@
 
 In:  the real KITTI frames (PNG, 1242x375) and the real nuScenes demo sample (6 JPEGs, 1600x900)
      of ../shared/data/real, replicated by symlinks to `--frames` frames each
-     (`pfactory.data.replicate`; synthetic frames from `pfactory.sensors.synth` when the real
+     (`pfactory.prepare.replicate`; synthetic frames from `pfactory.synth` when the real
      files are absent). Default params (416x128 model input).
 Out: printed tables (and `--json FILE`):
   1. camera path on the same images, same threads (`--threads`, default 2), side by side:
      DALI (decode, resize, pad, normalize, CHW float16), the PIL + NumPy baseline doing
-     identical work in a thread pool (`pfactory.data.camera.pil_reference`), and the decode-only
+     identical work in a thread pool (`pfactory.prepare.camera.pil_reference`), and the decode-only
      ceiling of the same images (DALI and PIL, the faster counts); img/s, frames/s, the ratios
      DALI / baseline and DALI / ceiling. PNG (KITTI) and JPEG (nuScenes) separately. Also
      where the time goes beyond decoding, in CPU ms per image: DALI decode-only, decode +
@@ -51,10 +51,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests.conftest` builds the nuScenes tables around the real files
 
+from pfactory.prepare.camera import CameraPipeline, ResizeGeometry, pil_reference, resize_geometry  # noqa: E402
+from pfactory.prepare.params import PrepareParams  # noqa: E402
 from raw_datasets import build_datasets  # noqa: E402  (this folder: the benchmarks share it)
-
-from pfactory.data.camera import CameraPipeline, ResizeGeometry, pil_reference, resize_geometry  # noqa: E402
-from pfactory.data.params import PrepareParams  # noqa: E402
 
 TARGET_VS_BASELINE = 1.25
 TARGET_VS_CEILING = 0.80
@@ -235,7 +234,7 @@ def camera_table(datas, geos, n_frames, params, threads, repeats, gpu) -> dict:
 
 
 def stage_table(raw: Path, params: PrepareParams, cam: dict, work: Path) -> dict:
-    from pfactory.data.prepare import prepare_dataset
+    from pfactory.prepare.stage import prepare_dataset
 
     res = prepare_dataset(raw, work / f"prepared_{raw.name}", params)
     m = res.metrics
@@ -273,8 +272,8 @@ def lidar_transform_table(raw: Path, repeats: int = 5) -> dict:
     import torch
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
+    from pfactory.prepare.lidar import transform_xyz
 
-    from pfactory.data.lidar import transform_xyz
     from pfactory.sensors.datasets import open_dataset
 
     ds = open_dataset(raw)
@@ -327,7 +326,7 @@ def lidar_transform_table(raw: Path, repeats: int = 5) -> dict:
 
 def _rss_child(raw: str, out: str) -> None:
     """Subprocess body: prepare `raw` and print the peak RSS (VmHWM, KiB) as JSON."""
-    from pfactory.data.prepare import prepare_dataset
+    from pfactory.prepare.stage import prepare_dataset
 
     res = prepare_dataset(raw, out, PrepareParams())
     hwm = next(
@@ -343,7 +342,7 @@ def _rss_child(raw: str, out: str) -> None:
 
 
 def rss_table(work: Path, sizes: tuple[int, ...] = (200, 2000)) -> dict:
-    from pfactory.data.replicate import replicate_kitti
+    from pfactory.prepare.replicate import replicate_kitti
 
     real = Path(os.environ.get("PFACTORY_REAL_DATA", ROOT.parent / "shared/data/real")) / "kitti"
     src = real if real.is_dir() else work / "synth_kitti"
@@ -451,7 +450,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.rss_child:
         _rss_child(*args.rss_child)
         return {}
-    from pfactory.data.camera import cuda_device_count
+    from pfactory.prepare.camera import cuda_device_count
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_prepare_"))
     work.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,7 @@ GROWTH_COLUMNS = ("bytes", "files", "largest_file_bytes", "manifest_bytes", "dvc
 def stage_env(project: Path) -> dict[str, str]:
     """The environment of a stage process in `project`: its own MLflow store, Dask scratch, Prefect home and
     DVC site cache; the compiled-kernel and export caches stay the main project's (built once, not timed)."""
-    from pfactory.tracking import configure_environment
+    from pfactory.runtime.project import configure_environment
 
     configure_environment(ROOT)  # the shared caches' defaults (kernels, Triton, ONNX export)
     env = dict(os.environ)

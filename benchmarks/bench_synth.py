@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pfactory.sensors.synth.dataset import (
+from pfactory.synth.dataset import (
     camera_rig,
     encode_jpeg,
     encode_png,
@@ -29,8 +29,8 @@ from pfactory.sensors.synth.dataset import (
     in_view,
     kitti_camera,
 )
-from pfactory.sensors.synth.scene import sample_scene
-from pfactory.sensors.synth.sensors import hdl64, render_camera, simulate_lidar
+from pfactory.synth.scene import sample_scene
+from pfactory.synth.sensors import hdl64, render_camera, simulate_lidar
 
 
 def _cpu_s() -> float:

@@ -60,14 +60,14 @@ if str(ROOT) not in sys.path:
 # --------------------------------------------------------------------------------------------------
 def make_params(overrides: list[str]) -> Any:
     """The embedded default params (= the shipped params.yaml, a test keeps them equal) + overrides."""
-    from pfactory.config import load_params
+    from flows.params import load_params
 
     return load_params(None, overrides)
 
 
 def loader_factory(backend: str):
     def factory(data, split, batch_size, shuffle, augment, seed, device, num_threads):
-        from pfactory.data.loader import make_loader
+        from pfactory.prepare.loader import make_loader
 
         return make_loader(
             data, split, batch_size=batch_size, shuffle=shuffle, augment=augment, seed=seed,
@@ -148,8 +148,9 @@ def model_step_rate(params: Any, batches: list[dict], steps: int, device: torch.
 
 
 def cmd_throughput(args: argparse.Namespace) -> None:
+    from pfactory.prepare.loader import make_loader
+
     import tasks.train
-    from pfactory.data.loader import make_loader
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = make_params([*args.set, f"train.batch_size={args.batch}"])
@@ -469,8 +470,9 @@ def _prepare(params: Any, raw: Path, out: Path) -> Path:
 
 
 def _train_and_score(params: Any, data: Path, out: Path, val_data: Path, backend: str) -> dict[str, Any]:
+    from pfactory.prepare.loader import make_loader
+
     import tasks.train
-    from pfactory.data.loader import make_loader
     from pfactory.detectors.inference import evaluate_kpis, predict
     from pfactory.detectors.io import load_model
 
@@ -489,7 +491,7 @@ def _train_and_score(params: Any, data: Path, out: Path, val_data: Path, backend
 
 
 def cmd_frames(args: argparse.Namespace) -> None:
-    from pfactory.sensors.synth.dataset import generate_dataset
+    from pfactory.synth.dataset import generate_dataset
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -66,7 +66,7 @@ def build_raw(work: Path, frames: int) -> Path:
 
 
 def timed_run(client: Any, address: str, raw: Path, out: Path, params: Any) -> dict[str, Any]:
-    from pfactory.data.scaleout import prepare_scaled
+    from pfactory.prepare.scaleout import prepare_scaled
 
     cpu0 = client.run(_cpu_s)
     t0 = time.perf_counter()
@@ -99,8 +99,9 @@ def noop_round_trip_ms(client: Any, n: int = 200) -> float:
 @contextlib.contextmanager
 def local_cluster(workers: int) -> Iterator[tuple[Any, str]]:
     """`(Client, scheduler address)` of a LocalCluster started exactly as the stage starts one."""
-    from pfactory import cluster
-    from pfactory.data.scaleout import WORKER_ENV
+    from pfactory.prepare.scaleout import WORKER_ENV
+
+    from pfactory.runtime import cluster
 
     with cluster.dask_client(f"local:{workers}", workers, 1, "bench", WORKER_ENV) as (client, _):
         yield client, client.scheduler.address
@@ -108,7 +109,7 @@ def local_cluster(workers: int) -> Iterator[tuple[Any, str]]:
 
 def rss_vs_frames(work: Path, sizes: list[int], params: Any) -> dict[str, float]:
     """Peak RSS (MiB) of a fresh 1-worker cluster preparing each frame count: flat = bounded by the unit."""
-    from pfactory.data.scaleout import prepare_scaled
+    from pfactory.prepare.scaleout import prepare_scaled
 
     out = {}
     for n in sizes:
@@ -150,9 +151,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             args.json.write_text(json.dumps(report, indent=2) + "\n")
         return report
 
-    from pfactory.data.params import PrepareParams
-    from pfactory.data.prepare import prepare_dataset
-    from pfactory.data.scaleout import prepare_scaled
+    from pfactory.prepare.params import PrepareParams
+    from pfactory.prepare.scaleout import prepare_scaled
+
+    from pfactory.prepare.stage import prepare_dataset
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_prepare_dask_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -272,7 +274,7 @@ def _cpu_all() -> float:
 
 def stage_run(raw: Path, out: Path, params: Any) -> dict[str, Any]:
     """One `prepare_data` call, timed end to end (cluster start, imports, DALI build and close included)."""
-    from pfactory.data.scaleout import prepare_data
+    from pfactory.prepare.scaleout import prepare_data
 
     load = os.getloadavg()[0]
     c0, t0 = _cpu_all(), time.perf_counter()
@@ -291,7 +293,7 @@ def stage_main(sizes: list[int], workers: int, repeats: int, unit_frames: int, w
     closed by the stage), run A B A B ... (`repeats` each) back to back; medians, CPU seconds (this process
     + its children), and a linear fit of CPU-s against frames per arm: the slope is the per-frame work,
     the intercept the fixed cost (processes, imports, DALI builds). Raises if any run's bytes differ."""
-    from pfactory.data.params import PrepareParams
+    from pfactory.prepare.params import PrepareParams
 
     one = PrepareParams(device="cpu")
     many = PrepareParams(device="cpu", workers=workers, threads_per_worker=1, unit_frames=unit_frames)

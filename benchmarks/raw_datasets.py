@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
 
 def build_datasets(work: Path, frames: int) -> dict[str, Path]:
     """{"png": KITTI layout, "jpeg": nuScenes layout}, `frames` frames each (symlinked)."""
-    from pfactory.data.replicate import replicate_kitti, replicate_nuscenes
+    from pfactory.prepare.replicate import replicate_kitti, replicate_nuscenes
 
     real = Path(os.environ.get("PFACTORY_REAL_DATA", ROOT.parent / "shared/data/real"))
     out = {}
@@ -26,7 +26,7 @@ def build_datasets(work: Path, frames: int) -> dict[str, Path]:
         base = build_nuscenes_tables(real / "nuscenes", work / "nuscenes_base")
         out["jpeg"] = replicate_nuscenes(base.root, work / "nuscenes", frames, samples=[DEMO_TOKEN])
     else:  # synthetic stand-ins with the real formats and sizes
-        from pfactory.sensors.synth.dataset import generate_dataset
+        from pfactory.synth.dataset import generate_dataset
 
         generate_dataset(work / "synth_kitti", frames=8, seed=0, cameras=1, image_size=(1242, 375))
         generate_dataset(work / "synth_nus", frames=4, seed=0, cameras=6, image_size=(1600, 900))

@@ -1,7 +1,7 @@
 """The terminal side of a pipeline run: stage lines, live progress of the running stage, notes, failures.
 
 The stages run as `dvc repro` subprocesses with their output in `logs/<stage>.log`; what they report
-as they go (`pfactory.progress.emit`: train step / loss / samples/s, evaluate frames, optimize phase)
+as they go (`pfactory.runtime.progress.emit`: train step / loss / samples/s, evaluate frames, optimize phase)
 arrives as JSON lines in `logs/progress.jsonl`, which `RunConsole.following` tails while a stage runs.
 
 Two modes, chosen by whether stderr is a terminal:
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from pfactory.progress import ProgressReader
+from pfactory.runtime.progress import ProgressReader
 
 PLAIN_EVERY_S = 30.0  # a CI log gets a progress line this often during a long stage
 POLL_S = 0.25  # how often the progress file is read

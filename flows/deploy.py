@@ -11,7 +11,7 @@ Work pools, code from git (`factory deploy --pool NAME [--cron ...] [--run-now]`
 deployment's pull step is Prefect's `prefect.deployments.steps.git_clone` of the git remote `origin`
 (`--git-remote NAME`) at the exact commit of HEAD (`git_source`: a dirty tree, a commit the remote does not have,
 a URL with a password in it are refused in one line naming the remote), so a worker on a host without a checkout
-(`factory worker start --pool NAME`, flows/worker.py) runs the code of that commit, with its own environment's
+(`factory worker start --pool NAME`, factory/worker.py) runs the code of that commit, with its own environment's
 packages (the clone is first on PYTHONPATH). The pipeline in the clone reads and writes data through the DVC
 remote the commit's `.dvc/config` names (`repro --pull`, `dvc push --run-cache`: flows/pipeline.py). `--run-now`
 also creates one flow run right away (tagged `pfactory.triggered-by:<user>`); a cron schedule makes the others.
@@ -22,7 +22,7 @@ parameters) is generic over the flow, so tests serve a small flow through the sa
 
 Run: `factory deploy --cron "0 3 * * *" [--name nightly] [-S key=value ...] [--print-only]` (the
 pipeline), `factory deploy --pool gpu [--cron "0 3 * * *"] [--run-now]` (a work pool, code from git), or
-`factory deploy --flow path/to/file.py:flow_fn --parameters '{"k": 1}' --cron "..."` (any flow). The command (`flows/cli.py:deploy_cmd`) only wires options to the functions here.
+`factory deploy --flow path/to/file.py:flow_fn --parameters '{"k": 1}' --cron "..."` (any flow). The command (`factory/cli.py:deploy_cmd`) only wires options to the functions here.
 
 Why a server: cron schedules are turned into flow runs by the Prefect server's scheduler
 service; the ephemeral local API of `factory run` has no scheduler, so nothing would ever
@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pfactory.tracking import configure_environment
+from pfactory.runtime.project import configure_environment
 
 configure_environment()  # before Prefect is imported: PREFECT_HOME, analytics off
 
@@ -366,7 +366,7 @@ def pull_steps(source: GitSource) -> list[dict[str, Any]]:
 
 def triggered_by_tag() -> str:
     """`pfactory.triggered-by:<user>`: who created a run (the authenticated MLflow user, else the OS user)."""
-    from pfactory.team.identity import user_name
+    from pfactory.tracking.identity import user_name
 
     return f"pfactory.triggered-by:{user_name()}"
 

@@ -153,9 +153,9 @@ def checkout_outputs(ws: Workspace) -> list[str]:
     output paths brought (relative to the root)."""
     import yaml
 
-    from pfactory.dag import load_yaml
-    from pfactory.dvccache import link_or_copy
-    from pfactory.fsutil import (
+    from pfactory.storage.dag import load_yaml
+    from pfactory.storage.dvccache import link_or_copy
+    from pfactory.storage.fsutil import (
         OutputRefused,
         atomic_directory,
         atomic_write_text,

@@ -1,7 +1,7 @@
 """What `factory run` prints when it fails: one screen (at most `MAX_LINES` lines) and a meaningful exit code.
 
 In:  a `StageFailed` (a stage's `dvc repro` exited non-zero: the outcome the stage process wrote -- exit code,
-     error type, reason, hint, as data (`pfactory.failures.Outcome`) --, its log, attempts), a
+     error type, reason, hint, as data (`pfactory.runtime.failures.Outcome`) --, its log, attempts), a
      `ServiceFailed` (the local Prefect API or the MLflow store would not start), or any other exception.
 Out: a `Failure` — title, reason (the error's own message, not a traceback), the log paths as the user can
      open them from their current directory, what to try (the error class' hint), the exit code — and
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flows.workspace import EXIT_INTERRUPTED, StageFailed
-from pfactory.failures import (
+from pfactory.runtime.failures import (
     EXIT_FAILED,
     EXIT_NOPERM,
     EXIT_TRANSIENT,
@@ -221,7 +221,7 @@ def _lost_server(e: BaseException) -> tuple[str, str] | None:
     """(which, URL) of the server that went away while the flow ran, when `e` (or its chain) is a connection
     error to a configured Prefect server (`PREFECT_API_URL`) or MLflow tracking server (an http(s)
     `MLFLOW_TRACKING_URI`): the stages' own work is done or failed on its own; the flow's records are not."""
-    from pfactory.tracking import redact_uri
+    from pfactory.tracking.runs import redact_uri
 
     mlflow_uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     prefect_errors, mlflow_errors = _connection_errors()

@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from pfactory import artifacts as af
+from pfactory.storage import artifacts as af
 
 STAGE_TAG = "stage.{}.{}"
 REPORT_DIR = "report"  # under the workspace's logs/: the run report compared with the champion
@@ -113,10 +113,10 @@ def _producer(client: Any, exp_id: str, parent_id: str, stage: str, out: tuple[s
 
 def _computed_by(ws: Any, lock: dict[str, Any], stage: str) -> str | None:
     """"run <factory run id> (<user>@<host>:<project>)" from the cache's producer record of the stage's first
-    output: the run that computed it, also in another clone sharing the cache (`pfactory.dvccache`)."""
+    output: the run that computed it, also in another clone sharing the cache (`pfactory.storage.dvccache`)."""
     from pathlib import Path
 
-    from pfactory.dvccache import read_producer
+    from pfactory.storage.dvccache import read_producer
 
     key = _md5_of_stage(lock, stage)
     rec = read_producer(Path(ws.cache_dir), key[1]) if key else None

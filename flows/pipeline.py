@@ -48,10 +48,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pfactory import artifacts as af
-from pfactory.dag import stage_names
-from pfactory.failures import chain
-from pfactory.tracking import configure_environment
+from pfactory.runtime.failures import chain
+from pfactory.runtime.project import configure_environment
+from pfactory.storage import artifacts as af
+from pfactory.storage.dag import stage_names
 
 configure_environment()  # before Prefect is imported: PREFECT_HOME, analytics off
 
@@ -81,7 +81,7 @@ STAGES = stage_names()  # declared once, in dvc.yaml
 RETRIES = {"evaluate": 2, "promote": 2}  # others: DEFAULT_RETRIES
 DEFAULT_RETRIES = 1
 RETRY_DELAY_S = 5
-PROGRESS_FILE = "progress.jsonl"  # under <workspace>/logs/: the stages' progress events (pfactory.progress)
+PROGRESS_FILE = "progress.jsonl"  # under <workspace>/logs/: the stages' progress events (pfactory.runtime.progress)
 EXIT_INTERRUPTED = 143  # 128 + SIGTERM
 _stop = threading.Event()  # SIGTERM came while stages ran: no retry, no next stage
 
@@ -173,8 +173,8 @@ def declared_stages(root: Path) -> list[str]:
 def primary_latency(optimized: Path) -> dict[str, float]:
     """p50/p99 (ms) at batch 1 of the primary artifact (backend.json's `primary`) from latency.json; empty
     when optimize has not written them (the same reading as the promote gate's, without its errors)."""
-    from pfactory.registry.errors import EvidenceError
-    from pfactory.registry.evidence import latency_summary
+    from pfactory.promote.errors import EvidenceError
+    from pfactory.promote.evidence import latency_summary
 
     manifest = af.backend_manifest(optimized)
     latency = af.latency(optimized)
@@ -266,8 +266,8 @@ def pipeline(
     `orchestration`, `experiment` (the DVC experiment: name, rev, baseline; None without a git commit) and
     `checked_out` (the output paths brought to the root; None with `checkout=False`).
     """
-    from pfactory.config import load_params
-    from pfactory.retention import run_lease
+    from flows.params import load_params
+    from pfactory.storage.retention import run_lease
 
     t_start = time.perf_counter()
     root_path = configure_environment(root)
@@ -288,7 +288,7 @@ def pipeline(
     check_cache(root_path)  # a read-only shared cache: said before anything starts
     run_id = reopen.name if reopen is not None else new_run_id(name)
     # The lease tells `factory gc` (any clone sharing the cache) that this run is in progress: its workspace
-    # and every object its dvc.lock names stay, whatever the policy (pfactory/retention.py).
+    # and every object its dvc.lock names stay, whatever the policy (pfactory/storage/retention.py).
     with run_lease(root_path, run_id):
         results = _run(root_path, params, selected, run_id, overrides, name, checkout, t_start, reopen)
     if params.gc.keep_last is not None or params.gc.keep_days is not None:
@@ -359,8 +359,8 @@ def _parent_run(
 def _gc_after_run(root: Path, params: Any) -> dict[str, Any]:
     """`-S gc.keep_last=N` / `gc.keep_days=D`: the retention policy applied after a successful run (what
     `factory gc --keep-last N --keep-days D --yes` does). A gc that fails is reported; the run stays a success."""
-    from pfactory.registry import registry as reg
-    from pfactory.retention import collect, plan, registry_lineage
+    from pfactory.promote import registry as reg
+    from pfactory.storage.retention import collect, plan, registry_lineage
 
     try:
         p = plan(root, params.gc.keep_last, params.gc.keep_days, lambda: registry_lineage(reg.client()))
@@ -433,15 +433,9 @@ def _run_in(
     """`_run` once the workspace is there (new, or reopened when `resumes` > 0)."""
     import mlflow
 
-    from pfactory.progress import PROGRESS_ENV
-    from pfactory.tracking import (
-        PARENT_ENV,
-        experiment_id,
-        flatten,
-        lineage_tags,
-        process_tags,
-        reap_orphan_runs,
-    )
+    from pfactory.runtime.lineage import lineage_tags
+    from pfactory.runtime.progress import PROGRESS_ENV
+    from pfactory.tracking.runs import PARENT_ENV, experiment_id, flatten, process_tags, reap_orphan_runs
 
     runlog.attach(ws.path / "logs" / "prefect.log")  # `factory run`: Prefect's own records, off the terminal
     console = current_console()

@@ -6,7 +6,7 @@ its tables (a few seconds). Done here, explicitly, they are announced ("first ru
 failure is one clear `ServiceFailed` (what failed, what to try) instead of a traceback from inside the
 flow. The ephemeral server is Prefect's own (`SubprocessASGIServer`, a process-wide singleton): the flow's
 client finds it running and reuses it. Its start-up timeout is Prefect's setting
-`PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`, which `pfactory.tracking.configure_environment`
+`PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`, which `pfactory.runtime.project.configure_environment`
 defaults to `PREFECT_STARTUP_TIMEOUT_S` unless the user set it.
 
 `PREFECT_API_URL` / `MLFLOW_TRACKING_URI` pointing at real servers: nothing is created, the servers are
@@ -142,7 +142,7 @@ def start_mlflow(console: RunConsole, root: Path) -> dict[str, Any]:
     """
     import mlflow
 
-    from pfactory.tracking import experiment_id, redact_uri
+    from pfactory.tracking.runs import experiment_id, redact_uri
 
     uri = os.environ["MLFLOW_TRACKING_URI"]
     shown = redact_uri(uri)  # a password in the URI is never printed
@@ -192,7 +192,7 @@ def probe_mlflow_server(uri: str, timeout: float = MLFLOW_PROBE_TIMEOUT_S) -> No
     import urllib.parse
     import urllib.request
 
-    from pfactory.tracking import redact_uri
+    from pfactory.tracking.runs import redact_uri
 
     parts = urllib.parse.urlsplit(uri)
     if parts.scheme not in ("http", "https"):

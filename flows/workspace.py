@@ -12,7 +12,7 @@ beside it; two runs sharing one directory would overwrite each other's params, o
         (copy) when the project has no git commit: the stage code dirs copied, `.dvc/config` no_scm
         .dvc/config.local   [cache] of the project as configured (`cache_settings`): its cache dir (`.dvc/cache`,
                             or a team's shared one: `dvc cache dir`), `cache.shared`, and `cache.type`, the
-                            link types chosen for the file system (pfactory/dvccache.py): outputs are links
+                            link types chosen for the file system (pfactory/storage/dvccache.py): outputs are links
                             into the cache, not copies. Content-addressed, and DVC's run-cache there lets a
                             run skip a stage another run (another clone too) computed with the same code,
                             deps and params; with a default remote, stages run `repro --pull` and a finished
@@ -38,7 +38,7 @@ such workspace makes one from the remote's record and checkpoint (`fetch_remote_
 
 `dvc repro` in the project root runs the same DAG without Prefect; `dvc repro` inside a workspace
 replays that run. Workspaces are kept (they are the run's artifacts) until `factory gc` removes them
-(pfactory/retention.py: never the lineage of a registered model, never a run in progress); a run saved as an
+(pfactory/storage/retention.py: never the lineage of a registered model, never a run in progress); a run saved as an
 experiment stays in `dvc exp show`.
 """
 
@@ -58,7 +58,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pfactory.failures import EXIT_TRANSIENT, OUTCOME_ENV, STAGE_LOG_ENV, Outcome, clear_outcome, read_outcome
+from pfactory.runtime.failures import (
+    EXIT_TRANSIENT,
+    OUTCOME_ENV,
+    STAGE_LOG_ENV,
+    Outcome,
+    clear_outcome,
+    read_outcome,
+)
 
 RUNS_DIR = Path("artifacts") / "runs"
 RESUME_DIR = Path("artifacts") / ".state" / "resume"  # in a workspace: `$PFACTORY_RESUME_DIR` of its stages
@@ -73,7 +80,7 @@ _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
 class StageFailed(RuntimeError):
     """A `dvc repro <stage>` exited non-zero: the `index`-th of `total` stages, on its `attempts`-th try.
 
-    `outcome`: what the stage process wrote (`pfactory.failures.Outcome`: code, error, reason, hint), None
+    `outcome`: what the stage process wrote (`pfactory.runtime.failures.Outcome`: code, error, reason, hint), None
     when it never started (DVC failed around it). `status`: its exit code (None: no verdict). `killed`: it
     started and ended without a verdict (SIGKILL, SIGTERM). `interrupted`: it stopped on SIGTERM after
     checkpointing (exit 143) or was killed: a rerun in the same workspace resumes it. `transient`: a retry may
@@ -143,7 +150,7 @@ class Workspace:
     cache_dir: str | None = None
     """The DVC cache the workspace uses: the project's configured one (a team's shared cache, if set)."""
     link_types: str = "copy"
-    """Its `cache.type` (how outputs come from the cache: `pfactory.dvccache`)."""
+    """Its `cache.type` (how outputs come from the cache: `pfactory.storage.dvccache`)."""
     links_how: str = ""
     """Where `link_types` came from: "configured" or "chosen (working: ...)"."""
     remote: str | None = None
@@ -158,7 +165,7 @@ class Workspace:
 
     @property
     def outcomes(self) -> Path:
-        """Where the stage processes write their outcome JSON (`pfactory.failures`, `$PFACTORY_OUTCOME_DIR`)."""
+        """Where the stage processes write their outcome JSON (`pfactory.runtime.failures`, `$PFACTORY_OUTCOME_DIR`)."""
         return self.path / "logs" / "outcomes"
 
     def env(self) -> dict[str, str]:
@@ -231,7 +238,7 @@ class Workspace:
 
     def record(self, **fields: Any) -> dict[str, Any]:
         """Update the run's record `logs/run.json` (module docstring) with `fields`; returns it."""
-        from pfactory.fsutil import atomic_write_json
+        from pfactory.storage.fsutil import atomic_write_json
 
         data = read_record(self.path)
         data.update(fields)
@@ -275,7 +282,7 @@ class Workspace:
         """Who computed `stage`'s outputs, kept beside them in the cache (`<cache>/pfactory/producers/<md5>.json`):
         a clone sharing the cache (its own MLflow store) restores them from the run-cache and can still name
         the run (`flows.parent_run`). Best effort: a record that cannot be written loses a name, not a run."""
-        from pfactory.dvccache import write_producer
+        from pfactory.storage.dvccache import write_producer
 
         stage_outs = ((self.lock().get("stages") or {}).get(stage) or {}).get("outs", [])
         for out in stage_outs:
@@ -317,7 +324,7 @@ class Workspace:
 
     def lock(self) -> dict[str, Any]:
         """The workspace's `dvc.lock` (empty dict before the first stage)."""
-        from pfactory.dag import load_yaml
+        from pfactory.storage.dag import load_yaml
 
         p = self.path / "dvc.lock"
         return (load_yaml(p.read_text()) or {}) if p.is_file() else {}
@@ -354,9 +361,9 @@ class ResumeError(ValueError):
 
 
 def _held(root: Path, run_id: str) -> bool:
-    """Whether a live process holds the run's lease (`pfactory.retention.run_lease`): a run in progress."""
-    from pfactory.dvccache import read_config
-    from pfactory.retention import active_leases
+    """Whether a live process holds the run's lease (`pfactory.storage.retention.run_lease`): a run in progress."""
+    from pfactory.storage.dvccache import read_config
+    from pfactory.storage.retention import active_leases
 
     return any(lease.get("run_id") == run_id for lease in active_leases(read_config(root), root))
 
@@ -393,7 +400,7 @@ def find_resumable(root: Path, name: str | None = None) -> Path:
 def _remote_runs(root: Path) -> Any:
     """The project's default DVC remote's run area (`pfactory.train.remote_checkpoint.RunRemote`), None
     without a default remote."""
-    from pfactory.dvccache import read_config
+    from pfactory.storage.dvccache import read_config
     from pfactory.train.remote_checkpoint import RunRemote
 
     return RunRemote(root) if read_config(root).remote else None
@@ -439,7 +446,7 @@ def fetch_remote_run(root: Path, run_id: str) -> Path:
     (an interrupted run pushed them). Returns the workspace's path."""
     import tempfile
 
-    from pfactory.config import load_params
+    from flows.params import load_params
 
     root = Path(root).resolve()
     remote = _remote_runs(root)
@@ -472,7 +479,7 @@ def open_workspace(root: Path, path: Path) -> Workspace:
     """The `Workspace` of an earlier run at `path` (its record `logs/run.json` and its own params.yaml, which
     holds the run's overrides), to run its stages again: finished ones are up to date, an interrupted one
     resumes (`$PFACTORY_RESUME_DIR`)."""
-    from pfactory.config import load_params
+    from flows.params import load_params
 
     root = Path(root).resolve()
     rec = read_record(path)
@@ -553,8 +560,8 @@ def write_params(path: Path, params: Any, overrides: list[str]) -> str:
     instead. Returns "edited" | "resolved"."""
     import yaml
 
-    from pfactory.config import load_params, params_to_yaml
-    from pfactory.fsutil import atomic_write_text
+    from flows.params import load_params, params_to_yaml
+    from pfactory.storage.fsutil import atomic_write_text
 
     if path.is_file() and overrides:
         original = path.read_text()
@@ -588,9 +595,9 @@ class CacheNotWritable(RuntimeError):
 
 
 def check_cache(root: Path) -> Any:
-    """The project's DVC cache settings (`pfactory.dvccache.CacheConfig`), made if missing; `CacheNotWritable`
+    """The project's DVC cache settings (`pfactory.storage.dvccache.CacheConfig`), made if missing; `CacheNotWritable`
     when the cache (or its `files/`, `runs/`) cannot take a new file."""
-    from pfactory.dvccache import read_config, writable
+    from pfactory.storage.dvccache import read_config, writable
 
     conf = read_config(root)
     why = writable(conf.dir)
@@ -604,10 +611,10 @@ def check_cache(root: Path) -> Any:
 
 def cache_settings(root: Path) -> dict[str, Any]:
     """What every workspace of `root` gets in its `.dvc/config.local` `[cache]`: the project's configured
-    cache (shared or not, absolute), its `cache.shared`, and the link types (`pfactory.dvccache`: the user's
+    cache (shared or not, absolute), its `cache.shared`, and the link types (`pfactory.storage.dvccache`: the user's
     `cache.type`, else the one chosen for the file system and recorded in the project's config.local).
     Raises `CacheNotWritable` when the cache cannot take new files."""
-    from pfactory.dvccache import ensure_link_config
+    from pfactory.storage.dvccache import ensure_link_config
 
     conf = check_cache(root)
     types, how = ensure_link_config(root)
@@ -703,8 +710,8 @@ def _copy_remotes(root: Path, tmp: Path) -> None:
 
 def _fill_copy(root: Path, tmp: Path, params: Any, cache: dict[str, Any]) -> None:
     """The workspace of a project without a git commit: code dirs copied, no_scm DVC config."""
-    from pfactory.config import params_to_yaml
-    from pfactory.fsutil import atomic_write_text
+    from flows.params import params_to_yaml
+    from pfactory.storage.fsutil import atomic_write_text
 
     tmp.mkdir()
     try:

@@ -12,7 +12,7 @@ float32 whatever x's dtype: on CPU PyTorch's bf16 GroupNorm is ~10x slower on a 
 its fp32 one (docs/MODEL.md, "Speed"), and fp32 is what autocast's fp32 list would give.
 As a custom op it is opaque to Dynamo and Inductor: torch.compile keeps the C kernel and fuses around
 it (`register_fake` gives the output metadata). The ONNX export uses the reference (module swap:
-pfactory/model/variants.py).
+pfactory/archs/painted_pillars/variants.py).
 """
 
 from __future__ import annotations

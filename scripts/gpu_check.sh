@@ -22,7 +22,7 @@ PY="${PYTHON:-python3}"
 # every test file with a gpu-marked test (`pytest.mark.gpu`, or the "cuda" param of triton_device_params)
 mapfile -t GPU_TESTS < <(grep -rlE 'mark\.gpu|triton_device_params\(' tests --include='*.py' | sort)
 PYTEST=(timeout 540 "$PY" -m pytest -m gpu "${GPU_TESTS[@]}" -q -p no:cacheprovider -p no:xdist --durations=5)
-DOCTOR=(timeout 300 "$PY" -c "from flows.cli import main; main()" doctor)
+DOCTOR=(timeout 300 "$PY" -c "from factory.cli import main; main()" doctor)
 BENCH=(timeout 420 "$PY" benchmarks/bench_kernels.py --device cuda --json "$OUT/kernels.json")
 
 if (( DRY )); then

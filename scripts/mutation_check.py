@@ -47,32 +47,32 @@ MUTATIONS = (
     ),
     Mutation(
         "prepare", "drop the last frame of every shard in the shard writer",
-        "pfactory/data/shards.py",
+        "pfactory/prepare/shards.py",
         '    """Prepared frames -> one Arrow table with `schema` (column order and types fixed)."""\n',
         '    """Prepared frames -> one Arrow table with `schema` (column order and types fixed)."""\n'
         "    frames = frames[:-1] if len(frames) > 1 else frames\n",
-        ("tests/data", "tests/tasks/test_prepare.py"),
+        ("tests/prepare", "tests/tasks/test_prepare.py"),
     ),
     Mutation(
         "train", "break the pillar scatter-max backward (half the gradient)",
         "kernels/pillar_scatter.py",
         "    return grad_features, None, None, None, None\n",
         "    return grad_features * 0.5, None, None, None, None\n",
-        ("tests/kernels/test_pillar_scatter.py", "tests/model"),
+        ("tests/kernels/test_pillar_scatter.py", "tests/archs/painted_pillars"),
     ),
     Mutation(
         "promote", "swap the thresholds of two gates (min_map and p99 latency)",
-        "pfactory/registry/gates.py",
+        "pfactory/promote/gates.py",
         '_lower("min_map", candidate.kpis["mAP"], params.min_map, "mAP")',
         '_lower("min_map", candidate.kpis["mAP"], params.max_p99_latency_ms, "mAP")',
-        ("tests/registry", "tests/tasks/test_promote.py"),
+        ("tests/promote", "tests/tasks/test_promote.py"),
     ),
     Mutation(
         "latency-gate", "latency gate disabled: the candidate-vs-champion latency gates are never applied",
-        "pfactory/registry/gates.py",
+        "pfactory/promote/gates.py",
         "        gates += _latency_gates(params, champion_latency)\n",
         "        pass  # latency gate disabled\n",
-        ("tests/registry/test_latency_gate.py",),
+        ("tests/promote/test_latency_gate.py",),
     ),
     Mutation(
         "evaluate", "skip the last work unit of the distributed evaluation",
@@ -85,7 +85,7 @@ MUTATIONS = (
         "quality", "drop the box regression term from the default architecture's training loss (it still "
         "trains and its loss still falls; of the default tier only the DDP-equality test fails on it, by "
         "accident: the zeroed term leaves the regression conv without gradient)",
-        "pfactory/model/loss.py",
+        "pfactory/archs/painted_pillars/loss.py",
         "    total = heatmap_weight * focal + reg_weight * l1  # []\n",
         "    total = heatmap_weight * focal + 0.0 * reg_weight * l1  # []\n",
         ("tests/quality/test_quality.py",),

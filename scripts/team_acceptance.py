@@ -40,7 +40,7 @@ def start_run(project: Path, team_env: dict[str, str], user: str, seed: int, log
     env = {**clean_env(project), **team_env, "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": PW[user]}
     out = open(logs / f"{user}-{seed}.out", "w")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", *tiny_args(), "-S", f"train.seed={seed}", "--name",
+        [sys.executable, "-m", "factory.cli", "run", *tiny_args(), "-S", f"train.seed={seed}", "--name",
          f"{user}-s{seed}", "--no-checkout", *extra],
         cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
@@ -108,7 +108,7 @@ def main() -> None:
             for mv in c.search_model_versions(f"name = '{m}'"):
                 print(f"  {m}/{mv.version}: user {mv.tags.get('pfactory.user')}, decision "
                       f"{mv.tags.get('promotion.decision')}, by {mv.tags.get('promotion.by')}")  # fmt: skip
-        from pfactory.registry.registry import audit_trail
+        from pfactory.promote.registry import audit_trail
 
         for m in ("pfactory-detector-candidates", "pfactory-detector"):
             for rec in audit_trail(c, m):
@@ -132,7 +132,7 @@ def sigkill(project: Path, team_env: dict[str, str], logs: Path, state, exp: str
 
     from pfactory.team import slots
     from pfactory.team.services import REPOSSESSOR_LOOP_S, SLOT_WAIT_S
-    from pfactory.tracking import reap_orphan_runs
+    from pfactory.tracking.runs import reap_orphan_runs
 
     c = MlflowClient(state.mlflow_url)
     print("\n== 2. SIGKILL of a run holding the training slot")

@@ -2,10 +2,10 @@
 
 Each `tasks/<stage>.py` declares `COMMAND = Command(stage, help, options, body, sections)`. Both entries are
 built from it: `python -m tasks.<stage>` (argparse, `tasks._stage.stage_main`; what dvc.yaml runs) and
-`factory <stage>` (Typer, `flows/stage_cli.py`); after parsing, both call `tasks._stage.run_stage(COMMAND,
+`factory <stage>` (Typer, `factory/stage_cli.py`); after parsing, both call `tasks._stage.run_stage(COMMAND,
 ...)` with the same values, so an option, its help and its default exist once and the two cannot drift.
 Every stage also takes `-S/--set-param section.key=value` (repeatable) and `--params FILE` (default: the
-project's params.yaml, `pfactory.tracking.params_path`).
+project's params.yaml, `pfactory.runtime.project.params_path`).
 
 `factory --help` must answer in well under a second, so a task module imports only the standard library and
 this module at import time; what its stage needs (pydantic, numpy, torch: 0.48 s for the old `tasks.train`,

@@ -1,5 +1,5 @@
 """The one entry of every stage: `python -m tasks.<stage>` (what `dvc.yaml` runs, `stage_main`) and
-`factory <stage>` (`flows/stage_cli.py` parses the same declared options and calls `run_stage`).
+`factory <stage>` (`factory/stage_cli.py` parses the same declared options and calls `run_stage`).
 
 Parses `[-S section.key=value ...] [--params FILE]` plus the stage's own options (`tasks._command`: declared
 once for both entries; paths default to the `paths` of params.yaml), loads and validates params (exit 2
@@ -8,9 +8,9 @@ its metrics as JSON.
 Exit codes, for every stage (what `factory run` and its retries read, docs/OPERATIONS.md): 0 done;
 1 the stage ran and failed (a gate, bad data, a bug: a retry fails the same way); 2 bad usage, parameters
 or inputs, nothing ran; 75 a transient failure (EX_TEMPFAIL): a lost connection or Dask worker, a locked
-database -- whatever `pfactory.failures.is_transient` finds in the exception's chain. Each error class says
-its own code (`pfactory.failures.UserError.exit_code`); the stage's verdict is also written as a small JSON
-(`pfactory.failures.Outcome`, when `PFACTORY_OUTCOME_DIR` is set) that the flow reads, not the console.
+database -- whatever `pfactory.runtime.failures.is_transient` finds in the exception's chain. Each error class says
+its own code (`pfactory.runtime.failures.UserError.exit_code`); the stage's verdict is also written as a small JSON
+(`pfactory.runtime.failures.Outcome`, when `PFACTORY_OUTCOME_DIR` is set) that the flow reads, not the console.
 
 When `PFACTORY_TIMINGS_DIR` is set (the pipeline flow sets it), the stage also writes
 `<dir>/<stage>.json`: `{"stage", "body_s", "process_s"}` = seconds inside the stage body and since the
@@ -34,12 +34,12 @@ TIMINGS_ENV = "PFACTORY_TIMINGS_DIR"
 
 
 def _explained(stage: str, exc: Exception) -> bool:
-    """Record the verdict on `exc` (`pfactory.failures.stage_outcome`); an error a user can act on prints one
+    """Record the verdict on `exc` (`pfactory.runtime.failures.stage_outcome`); an error a user can act on prints one
     line `<stage>: <reason>` on stderr and exits with its code; a transient failure that is not one of ours
     prints its traceback first (for the log), exit 75. False: a bug, the caller re-raises it (exit 1)."""
     import traceback
 
-    from pfactory.failures import explain, stage_outcome, write_outcome
+    from pfactory.runtime.failures import explain, stage_outcome, write_outcome
 
     outcome = stage_outcome(stage, exc)
     write_outcome(outcome)
@@ -61,7 +61,7 @@ def record_stage_time(stage: str, body_s: float) -> None:
         return
     import psutil
 
-    from pfactory.fsutil import atomic_write_json
+    from pfactory.storage.fsutil import atomic_write_json
 
     process_s = time.time() - psutil.Process().create_time()
     atomic_write_json(
@@ -76,7 +76,7 @@ class _Parser(argparse.ArgumentParser):
     stage = ""
 
     def error(self, message: str) -> NoReturn:
-        from pfactory import failures as fl
+        from pfactory.runtime import failures as fl
 
         fl.write_outcome(fl.stage_outcome(self.stage, fl.UsageError(message)))
         super().error(message)
@@ -110,15 +110,15 @@ def run_stage(command: Command, params_file: Path | None, overrides: list[str] |
     """Load params, run `command.body(params, options)` and print the metrics it returns (nothing for None):
     what both `python -m tasks.<stage>` and `factory <stage>` do once their arguments are parsed.
     Params: `command.sections()` (name -> model), besides `paths` and the values the stage shares
-    (`pfactory.params_file.SHARED`); nothing else of params.yaml is read or imported. `params_file`: None = the
-    project's params.yaml (`pfactory.tracking.params_path`). `options`: the declared options' values.
+    (`pfactory.config.params_file.SHARED`); nothing else of params.yaml is read or imported. `params_file`: None = the
+    project's params.yaml (`pfactory.runtime.project.params_path`). `options`: the declared options' values.
 
-    An error a user can act on (`pfactory.failures.UserError`, a full disk, ...) prints `<stage>: <reason>`
+    An error a user can act on (`pfactory.runtime.failures.UserError`, a full disk, ...) prints `<stage>: <reason>`
     on stderr and exits with its code; a transient one exits 75 unless it is a usage error (2); any other
     exception propagates (exit 1). Every verdict is also written as the stage's outcome JSON."""
-    from pfactory import failures as fl
-    from pfactory.params_file import ParamsError, anchored, load_sections
-    from pfactory.tracking import configure_environment, params_path
+    from pfactory.config.params_file import ParamsError, anchored, load_sections
+    from pfactory.runtime import failures as fl
+    from pfactory.runtime.project import configure_environment, params_path
 
     stage = command.stage
     fl.start_outcome(stage)

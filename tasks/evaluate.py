@@ -58,19 +58,19 @@ def run(
     """Evaluate `optimized` (and `model`, the PyTorch reference, unless None) on `data`; build `out`.
 
     `dask_address`: None -> `evaluate.dask_address` -> a LocalCluster of `evaluate.workers`; "local:N"; or a
-    scheduler address. `track`: one MLflow run (`pfactory.tracking.stage_run`). `progress`: a rich bar on
+    scheduler address. `track`: one MLflow run (`pfactory.tracking.runs.stage_run`). `progress`: a rich bar on
     stderr (None = when stderr is a terminal). `raw`: the raw dataset of `data` (None: the one its manifest
     names, `pfactory.evaluate.evaluation.open_raw`); KITTI data also gets KITTI result files and KITTI's
     official metric (pfactory.evaluate.kitti_results); for nuScenes data its tables place
     `report/results_nusc.json` in the global frame. Raises `EvaluateInputError` on a bad input (before any
     work starts), `EvaluateTaskError` when a unit fails on a worker.
     """
-    from pfactory import artifacts as af
+    from pfactory.config.section import section_of
     from pfactory.evaluate.evaluation import evaluate
     from pfactory.evaluate.params import EvaluateParams
-    from pfactory.fsutil import check_output_dir
-    from pfactory.section import section_of
-    from pfactory.tracking import configure_environment
+    from pfactory.runtime.project import configure_environment
+    from pfactory.storage import artifacts as af
+    from pfactory.storage.fsutil import check_output_dir
 
     ev = section_of(params, STAGE, EvaluateParams)
     check_output_dir(out, STAGE, (optimized, model, data))  # refuse a foreign --out before any work
@@ -83,7 +83,7 @@ def run(
 
     if not track:
         return evaluate(*args, None, write_stage_report, raw=raw)
-    from pfactory.tracking import stage_run
+    from pfactory.tracking.runs import stage_run
 
     with stage_run(STAGE, ev.model_dump(mode="json")) as active:
         metrics = evaluate(*args, active, write_stage_report, raw=raw)
@@ -96,7 +96,7 @@ def body(p: Any, o: Any) -> dict:
     """The stage's work (`tasks._stage.run_stage`); `o`: the values of `COMMAND.options`.
     Bad inputs (EvaluateInputError): a usage error, nothing ran. A unit failed on a worker (EvaluateTaskError):
     it ran and failed. Each error class carries its exit code."""
-    from pfactory import artifacts as af
+    from pfactory.storage import artifacts as af
 
     ref = None if o.no_reference else o.reference or Path(p.paths.model)
     if ref is not None and o.reference is None and not (ref / af.WEIGHTS).is_file():

@@ -21,7 +21,7 @@ is kept next to it as `<out>.parity-failed.json`.
 
 Run: `python -m tasks.optimize [-S optimize.precision=fp32 ...]` (DVC; paths from params.yaml) or
 `factory optimize --model DIR --data DIR --out DIR [--backend ...] [--precision ...]`.
-The work: `pfactory.inference.optimize`.
+The work: `pfactory.optimize.stage`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ STAGE = "optimize"
 
 def sections() -> Mapping[str, type]:
     """What this stage reads of params.yaml (besides `paths`), and `evaluate.score_threshold` (`SHARED`)."""
-    from pfactory.inference.params import OptimizeParams
+    from pfactory.optimize.params import OptimizeParams
 
     return {"optimize": OptimizeParams}
 
@@ -55,16 +55,17 @@ def run(
 
     `backend`/`precision` override `optimize.backend`/`optimize.precision` (None/"auto" = from params).
     """
-    from pfactory.fsutil import check_output_dir
-    from pfactory.inference.optimize import optimize
-    from pfactory.inference.params import OptimizeParams
-    from pfactory.section import section_of
+    from pfactory.optimize.params import OptimizeParams
+
+    from pfactory.config.section import section_of
+    from pfactory.optimize.stage import optimize
+    from pfactory.storage.fsutil import check_output_dir
 
     opt = section_of(params, STAGE, OptimizeParams)
     check_output_dir(out, STAGE, (model_dir, data))  # refuse a foreign --out before any work
     if not track:
         return optimize(opt, Path(model_dir), Path(data), Path(out), backend, precision, None)
-    from pfactory.tracking import stage_run
+    from pfactory.tracking.runs import stage_run
 
     with stage_run(STAGE, opt.model_dump(mode="json")) as active:
         return optimize(opt, Path(model_dir), Path(data), Path(out), backend, precision, active)

@@ -1,7 +1,7 @@
 """The `prepare` stage: a raw dataset (paths.raw) -> training-ready shards (paths.prepared).
 
 Files in: a raw dataset directory of any registered layout (KITTI, nuScenes, plugins: docs/DATASETS.md). Files out: `manifest.json`,
-`rejected.jsonl`, `{train,val}/shard-*.parquet` (format: `pfactory.data.shards`), written
+`rejected.jsonl`, `{train,val}/shard-*.parquet` (format: `pfactory.prepare.shards`), written
 atomically. Metrics back: frame counts per split, refused frames, throughput, seconds per part.
 Lineage: an MLflow run "prepare" with the raw dataset as an MLflow dataset input (name = the
 raw directory's name, digest = the first 32 hex digits of its content sha256, the full hash
@@ -9,8 +9,8 @@ in the input's tags), the prepared data's hash, the counts and the timings.
 
 Run: `python -m tasks.prepare [-S prepare.key=value ...]` (what dvc.yaml calls) or
 `factory prepare --raw DIR|URL --out DIR|URL [--dask local:N|tcp://HOST:PORT]`: `raw`/`out` may be fsspec
-URLs (`s3://bucket/prefix`, `pfactory.data.storage`); with a cluster (`--dask`, `prepare.dask_address`, or
-`prepare.workers` > 1) the work runs in units on Dask (`pfactory.data.scaleout`), same bytes. Exit status 1 when more than
+URLs (`s3://bucket/prefix`, `pfactory.storage.objects`); with a cluster (`--dask`, `prepare.dask_address`, or
+`prepare.workers` > 1) the work runs in units on Dask (`pfactory.prepare.scaleout`), same bytes. Exit status 1 when more than
 `prepare.max_reject_fraction` of the frames are refused (the output is still written, with
 `"passed": false` in its manifest, so the refusals can be read).
 """
@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any
 from tasks._command import DASK_HELP, Command, Option
 
 if TYPE_CHECKING:
-    from pfactory.data.prepare import PrepareResult
+    from pfactory.prepare.stage import PrepareResult
 
 STAGE = "prepare"
 
 
 def sections() -> Mapping[str, type]:
     """What this stage reads of params.yaml (besides `paths`)."""
-    from pfactory.data.params import PrepareParams
+    from pfactory.prepare.params import PrepareParams
 
     return {"prepare": PrepareParams}
 
@@ -52,14 +52,14 @@ def run(
     the run as FAILED with its metrics), DatasetError (`raw` is not a dataset), OutputError (`out` cannot be
     written), ConnectionError (no scheduler answers) and PrepareTaskError (a task failed on a worker).
     """
-    from pfactory.data.errors import RejectFractionExceeded
-    from pfactory.data.lineage import log_mlflow
-    from pfactory.data.scaleout import prepare_data
+    from pfactory.prepare.errors import RejectFractionExceeded
+    from pfactory.prepare.lineage import log_mlflow
+    from pfactory.prepare.scaleout import prepare_data
 
     p = params.prepare
     if not track:
         return _metrics(prepare_data(raw, out, p, dask_address, progress))
-    from pfactory.tracking import stage_run
+    from pfactory.tracking.runs import stage_run
 
     with stage_run("prepare", p.model_dump(mode="json")):
         try:
@@ -73,7 +73,7 @@ def run(
 
 
 def _metrics(result: PrepareResult) -> dict[str, Any]:
-    from pfactory.data.lineage import prepared_digest
+    from pfactory.prepare.lineage import prepared_digest
 
     return {
         **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.metrics.items()},

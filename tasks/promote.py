@@ -4,12 +4,12 @@ Files in:  `optimized` (`paths.optimized`: backend.json, parity.json, latency.js
            `eval_dir` (`paths.eval`: kpis.json), `data` (`paths.prepared`: the evaluation data, used to
            re-evaluate the champion when it was evaluated on another data version).
 Files out: `release` (`paths.release`, only on a promotion): the champion's files, MODEL_CARD.md,
-           release.json, audit.jsonl (pfactory/registry/release.py).
+           release.json, audit.jsonl (pfactory/promote/release.py).
 Registry:  a new version of `promote.model_name` (its files logged to run `run_id`, the pipeline's run;
            default: this stage's own run), tagged with KPIs, parity, latency, data identity, run, commit;
            on a pass the `promote.alias` alias moves and an audit record is written.
 Metrics back: `{"decision", "version", "champion_before", "champion_after", "gates", "reevaluated_champion",
-           "release", ...}` (pfactory/registry/promotion.py), also logged to this stage's MLflow run.
+           "release", ...}` (pfactory/promote/promotion.py), also logged to this stage's MLflow run.
 A refusal by the gates exits 1 and says which gate failed by how much, unless `--no-fail-if-refused`: dvc.yaml
 runs the stage so, because in a pipeline a refused candidate is an outcome (promotion.json), not an error.
 With a team's registry the candidate is registered in `<model>-candidates`; a user who may not move the alias
@@ -36,7 +36,7 @@ def sections() -> Mapping[str, type]:
     """What this stage reads of params.yaml (besides `paths`): its gates, and `evaluate` to re-evaluate a
     champion."""
     from pfactory.evaluate.params import EvaluateParams
-    from pfactory.registry.params import PromoteParams
+    from pfactory.promote.params import PromoteParams
 
     return {"promote": PromoteParams, "evaluate": EvaluateParams}
 
@@ -58,12 +58,12 @@ def run(
     run); None = this stage's own run (needs `track`). `evaluate_fn(champion_optimized_dir, data) -> kpis`
     re-evaluates the champion when its evaluation data differs; None = `pfactory.evaluate` with `params.evaluate`.
     """
-    from pfactory import artifacts as af
-    from pfactory.registry.candidates import champion_evaluator
-    from pfactory.registry.params import PromoteParams
-    from pfactory.registry.promotion import Candidate, promote
-    from pfactory.registry.report import log_result
-    from pfactory.section import section_of
+    from pfactory.config.section import section_of
+    from pfactory.promote.candidates import champion_evaluator
+    from pfactory.promote.params import PromoteParams
+    from pfactory.promote.promotion import Candidate, promote
+    from pfactory.promote.report import log_result
+    from pfactory.storage import artifacts as af
 
     prm = section_of(params, STAGE, PromoteParams)
     fn = evaluate_fn or champion_evaluator(params)
@@ -72,7 +72,7 @@ def run(
         if run_id is None and not dry_run:
             raise ValueError("run(track=False) needs run_id: the candidate's files are logged to that run")
         return promote(prm, Candidate(optimized, eval_dir / af.KPIS, run_id), data, release, dry_run, fn, False)
-    from pfactory.tracking import stage_run
+    from pfactory.tracking.runs import stage_run
 
     with stage_run(STAGE, prm.model_dump(mode="json")) as active:
         candidate = Candidate(optimized, eval_dir / af.KPIS, run_id or active.info.run_id)
@@ -87,12 +87,12 @@ def body(p: Any, o: Any) -> dict:
     """The stage's body (`tasks._stage.run_stage`); `o`: the options of `tasks.options.COMMANDS["promote"]`.
 
     `o.ref` None: the candidate in `o.optimized` + `o.eval_dir` (`run`); else a registered version, `last` or a
-    run id through the same gates (`pfactory.registry.candidates.promote_ref`). Either way the decision is
-    recorded (`pfactory.registry.release.record_decision`: promotion.json, the gate table; a refusal by the
+    run id through the same gates (`pfactory.promote.candidates.promote_ref`). Either way the decision is
+    recorded (`pfactory.promote.release.record_decision`: promotion.json, the gate table; a refusal by the
     gates exits 1 only with `o.fail_if_refused`). Missing or unreadable evidence, or the registry refused:
     the stage failed."""
-    from pfactory.registry.release import record_decision
-    from pfactory.tracking import PARENT_ENV
+    from pfactory.promote.release import record_decision
+    from pfactory.tracking.runs import PARENT_ENV
 
     release = o.release or Path(p.paths.release)
     data = o.data or Path(p.paths.prepared)
@@ -101,7 +101,7 @@ def body(p: Any, o: Any) -> dict:
         run_id = o.run_id or os.environ.get(PARENT_ENV) or None
         result = run(p, optimized, eval_dir, data, release, run_id=run_id, dry_run=o.dry_run)
     else:
-        from pfactory.registry.candidates import last_registered, promote_ref
+        from pfactory.promote.candidates import last_registered, promote_ref
 
         ref = last_registered(Path(p.paths.artifacts)) if o.ref == "last" else o.ref
         result = promote_ref(p, ref, data, release, o.dry_run)

@@ -20,15 +20,15 @@ STAGE = "synth"
 
 def sections() -> Mapping[str, type]:
     """What this stage reads of params.yaml (besides `paths`)."""
-    from pfactory.sensors.synth.params import SynthParams
+    from pfactory.synth.params import SynthParams
 
     return {"synth": SynthParams}
 
 
 def run(params: Any, out: Path) -> dict:
     """Generate `params.synth.frames` frames into `out`; returns the generator's summary."""
-    from pfactory.fsutil import atomic_directory
-    from pfactory.sensors.synth.dataset import generate_dataset
+    from pfactory.storage.fsutil import atomic_directory
+    from pfactory.synth.dataset import generate_dataset
 
     d = params.synth
     t0 = time.perf_counter()

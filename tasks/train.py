@@ -51,7 +51,7 @@ def run(params: Any, data: str | Path, out: Path, track: bool = True, **options:
 
 def _local(params: Any, data: str | Path) -> str | Path:
     """`data`, or for an s3:// URL its verified local copy (once per node: before a launch, not per worker)."""
-    from pfactory.data.storage import is_url, local_prepared
+    from pfactory.prepare.publish import is_url, local_prepared
 
     return local_prepared(data, Path(params.paths.artifacts) / ".state" / "prepared") if is_url(data) else data
 
@@ -61,7 +61,7 @@ def _worker(doc: dict[str, Any], data: str, out: Path, track: bool, resume_dir: 
     """One process of a launch (`pfactory.train.runtime.launch` spawns it, torchrun's environment set). `doc`:
     the launching process's validated params as JSON. Takes its global rank from `node_rank` once the nodes
     agree, checks that every rank resumes from the same step, trains; the summary on global rank 0, else None."""
-    from pfactory.params_file import sections_model, validate
+    from pfactory.config.params_file import sections_model, validate
     from pfactory.train import runtime as rt
     from pfactory.train.trainer import Trainer
 

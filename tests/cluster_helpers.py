@@ -1,5 +1,5 @@
 """Dask test helpers shared by the prepare and evaluate scale-out tests: a LocalCluster, a worker
-SIGKILLed while it executes a matching task (the kill-safety tests of `pfactory.cluster` users), and a
+SIGKILLed while it executes a matching task (the kill-safety tests of `pfactory.runtime.cluster` users), and a
 cluster started the conventional way (`dask scheduler` + `dask worker` processes, each in its own folder)."""
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def _quat_z(yaw: float) -> list[float]:
 
 def build_nuscenes_tables(real: Path, root: Path, version: str = "v1.0-mini") -> NuScenesFixture:
     """Copy the real files into `root` and write the 8 tables (see the comment above)."""
-    from pfactory.geometry import make_transform, quaternion_to_matrix
+    from pfactory.sensors.geometry import make_transform, quaternion_to_matrix
 
     mono = json.loads((real / "mmdet3d_derived/nus_infos_mono3d.coco.json").read_text())
     images = {im["file_name"].split("__")[1]: im for im in mono["images"]}  # channel -> image info
@@ -276,8 +276,8 @@ def nuscenes_tables(real_nuscenes_dir: Path, tmp_path: Path) -> NuScenesFixture:
 
 @pytest.fixture(scope="session")
 def int8_bench(tmp_path_factory):
-    """tests/inference/helpers.py `int8_bench`, once per session (the INT8 parity and promotion gate tests)."""
-    from tests.inference.helpers import int8_bench as build
+    """tests/optimize/helpers.py `int8_bench`, once per session (the INT8 parity and promotion gate tests)."""
+    from tests.optimize.helpers import int8_bench as build
 
     return build(tmp_path_factory.mktemp("int8-bench"))
 
@@ -295,7 +295,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-EXPORT_CACHE_ENV = "PFACTORY_EXPORT_CACHE_DIR"  # pfactory.inference.export_cache.CACHE_ENV
+EXPORT_CACHE_ENV = "PFACTORY_EXPORT_CACHE_DIR"  # pfactory.optimize.export_cache.CACHE_ENV
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -307,7 +307,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput") and EXPORT_CACHE_ENV not in os.environ:
         # One folder of traced export graphs for the whole run (the xdist workers inherit the variable): the
         # optimize stages of the tests' projects trace each architecture once, as a project's runs do
-        # (pfactory/inference/export_cache.py). Projects of the pipeline tests start without it (clean_env).
+        # (pfactory/optimize/export_cache.py). Projects of the pipeline tests start without it (clean_env).
         folder = tempfile.mkdtemp(prefix="pf-test-export-cache-")
         os.environ[EXPORT_CACHE_ENV] = folder
         config._pf_export_cache = folder  # type: ignore[attr-defined]
@@ -329,12 +329,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 SHARED_SESSION_FIXTURES = frozenset({"tracked_eval", "bench", "exported"})
 XDIST_GROUPS = {  # path prefix -> work unit (the longest prefix wins); checked at collection against the fixtures
     "tests/report/": "tracked_eval",
-    "tests/registry/": "bench",
+    "tests/promote/": "bench",
     "tests/tasks/test_promote.py": "bench",
     "tests/faults/test_concurrency.py": "bench",
-    "tests/inference/test_gated_artifact.py": "bench",
-    "tests/inference/test_int8_gates.py": "bench",
-    "tests/inference/": "exported",
+    "tests/optimize/test_gated_artifact.py": "bench",
+    "tests/optimize/test_int8_gates.py": "bench",
+    "tests/optimize/": "exported",
 }
 
 

@@ -1,6 +1,6 @@
 """The project's import graph, computed statically (ast; nothing is imported or run).
 
-A node is a module of the repository's own packages (`flows`, `tasks`, `pfactory`, `kernels`) or one of its
+A node is a module of the repository's own packages (`factory`, `flows`, `tasks`, `pfactory`, `kernels`) or one of its
 benchmark scripts (`benchmarks/`, which import each other by bare name); an
 edge `a -> b` is an `import` / `from ... import` in `a` of `b`, wherever it stands (module level,
 inside a function, under TYPE_CHECKING): a lazy import still makes `b` part of what `a` may run.
@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("flows", "tasks", "pfactory", "kernels")
+PACKAGES = ("factory", "flows", "tasks", "pfactory", "kernels")
 # Folders of scripts (no package): a script imports its siblings by bare name (its folder is first on
 # sys.path), so `import prepare_scaleout` in benchmarks/ is the node `benchmarks.prepare_scaleout`.
 SCRIPT_DIRS = ("benchmarks",)

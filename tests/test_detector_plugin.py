@@ -101,9 +101,9 @@ def install_plugin(src: Path, target: Path) -> dict[str, str]:
 
 
 def _cli(cwd: Path, *args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """`factory <args>` (this checkout's flows.cli) in `cwd` with the plugin environment `env`."""
+    """`factory <args>` (this checkout's factory.cli) in `cwd` with the plugin environment `env`."""
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "factory.cli", *args],
         cwd=cwd, env={**clean_env(cwd), "PYTHONPATH": os.pathsep.join([str(REPO), env["PYTHONPATH"]])},
         capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
@@ -148,9 +148,9 @@ def test_example_trains_decodes_and_exports(tmp_path: Path) -> None:
     import numpy as np
     import onnxruntime as ort
     import torch
+    from pfactory.optimize.export import export_onnx
 
     from pfactory.detectors.contract import DataSpec, LossContext, check_architecture, check_detector
-    from pfactory.inference.export import export_onnx
 
     sys.path.insert(0, str(EXAMPLE))
     try:

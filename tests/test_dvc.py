@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pfactory.config import Params
+from flows.params import Params
 from tests.import_graph import ROOT, covered, path_to, stage_files
 
 DVC = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
@@ -72,13 +72,13 @@ def test_stages_sections_and_task_modules_agree() -> None:
 
 
 def test_a_stage_depends_on_no_other_stage_s_params_module() -> None:
-    """A stage reads only its own params sections (`tasks.<stage>.SECTIONS`, `pfactory.params_file`): the
-    promotion gates' defaults (pfactory/registry/params.py) are code of promote alone, the generator's
-    (pfactory/sensors/synth/params.py) of synth alone, so editing one reruns only that stage."""
-    for module, owner in (("pfactory/registry/params.py", "promote"), ("pfactory/sensors/synth/params.py", "synth")):
+    """A stage reads only its own params sections (`tasks.<stage>.SECTIONS`, `pfactory.config.params_file`): the
+    promotion gates' defaults (pfactory/promote/params.py) are code of promote alone, the generator's
+    (pfactory/synth/params.py) of synth alone, so editing one reruns only that stage."""
+    for module, owner in (("pfactory/promote/params.py", "promote"), ("pfactory/synth/params.py", "synth")):
         users = sorted(name for name in DVC if module in stage_files(name))
         assert users == [owner], f"{module} is a code dep of {users}, expected only {owner}"
-    assert not any("pfactory/config.py" in stage_files(name) for name in DVC), "a stage imports every section"
+    assert not any("flows/params.py" in stage_files(name) for name in DVC), "a stage imports every section"
 
 
 @pytest.mark.slow
@@ -110,12 +110,12 @@ def test_dvc_status_after_a_promotion_default_changes_names_only_promote(tmp_pat
         return json.loads(r.stdout)
 
     assert set(status()) <= {"promote"}, status()  # promote is `always_changed` (the registry moves)
-    gates = project / "pfactory" / "registry" / "params.py"
+    gates = project / "pfactory" / "promote" / "params.py"
     gates.write_text(gates.read_text().replace("min_map: Annotated[float, Field(ge=0, le=1)] = 0.3",
                                                "min_map: Annotated[float, Field(ge=0, le=1)] = 0.35"))  # fmt: skip
     after = status()
     # the file, or its folder when promote depends on every module in it (tests.import_graph folds those)
-    assert set(after) == {"promote"} and "pfactory/registry" in json.dumps(after), after
+    assert set(after) == {"promote"} and "pfactory/promote" in json.dumps(after), after
     # The check can fail: a default of train's own section reruns train.
     train = project / "pfactory" / "train" / "params.py"
     train.write_text(train.read_text() + "\n# edited\n")

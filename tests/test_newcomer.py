@@ -8,7 +8,7 @@ What happened on a fresh 2-core machine (issue 12): the first `factory run` died
   `artifacts/`, no Prefect home, no MLflow database, no DVC cache, a HOME of its own;
 - the environment already installed for the suite (`sys.executable`): the README's install is a second
   ~4 GB `pip install` (2-4 min even from a warm pip cache) that does not fit CI's budget on top of the
-  suite. `python -m flows.cli` from the clone's root puts the clone's code first on `sys.path`, and
+  suite. `python -m factory.cli` from the clone's root puts the clone's code first on `sys.path`, and
   the stages import the run workspace's copy of it;
 - `factory run` with small overrides, inside a CPU quota of `NEWCOMER_CPUS` of this machine's CPUs
   (cgroup, `tests.newcomer.cpu_quota`): what a 2-3x slower machine under load gives the run. Where the
@@ -67,7 +67,7 @@ def test_fresh_clone_first_factory_run_passes_on_a_slower_machine(tmp_path: Path
     # 12 frames, 1 epoch: a model far below promote.min_map (0.3, what the default run's ~0.7 passes);
     # without the absolute mAP gate the candidate still goes through parity, latency and the registry.
     small = [*tiny_args(), "-S", "promote.min_map=0"]
-    cmd = [sys.executable, "-m", "flows.cli", "run", *small, "--name", "newcomer"]
+    cmd = [sys.executable, "-m", "factory.cli", "run", *small, "--name", "newcomer"]
     with cpu_quota(NEWCOMER_CPUS) as quota:
         print(f"newcomer: clone of {clone.commit[:10]} (+{len(clone.dirty)} working-tree files); {quota.how}")
         t0 = time.perf_counter()

@@ -2,7 +2,7 @@
 
 - no import cycle between the project's modules (lazy imports count: a cycle is a design knot even
   when it does not fail at import time);
-- every import points down the layers: benchmarks -> cli (flows/cli.py) -> flows -> tasks -> pfactory ->
+- every import points down the layers: benchmarks -> factory (the `factory` command) -> flows -> tasks -> pfactory ->
   kernels (the benchmark scripts are in the graph too, their imports of each other by bare name included);
 - every task module stays a thin stage (its params, `run`, `main`): under 150 lines.
 """
@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from tests.import_graph import ROOT, cycles, imports_of, modules
 
-LAYERS = ("kernels", "pfactory", "tasks", "flows", "cli", "benchmarks")  # bottom to top
+LAYERS = ("kernels", "pfactory", "tasks", "flows", "factory", "benchmarks")  # bottom to top
 
 
 def layer(module: str) -> int:
-    if module == "flows.cli":
-        return LAYERS.index("cli")
     return LAYERS.index(module.split(".")[0])
 
 
@@ -49,7 +47,7 @@ def test_imports_point_down_the_layers() -> None:
         if layer(t) > layer(m)
     ]
     assert not upward, (
-        "imports pointing up a layer (cli -> flows -> tasks -> pfactory -> kernels):\n" + "\n".join(upward)
+        "imports pointing up a layer (factory -> flows -> tasks -> pfactory -> kernels):\n" + "\n".join(upward)
     )
 
 
@@ -65,9 +63,9 @@ def test_task_modules_stay_thin() -> None:
 def test_the_graph_sees_imports() -> None:
     """The checks above are only as good as the graph: it must see module-level, lazy and relative
     imports, and the kernels' run-time (by name) imports."""
-    assert "pfactory.params_file" in imports_of("tasks._stage")  # lazy, inside run_stage
-    assert "pfactory.sensors.datasets" in imports_of("pfactory.data.prepare")  # module level
+    assert "pfactory.config.params_file" in imports_of("tasks._stage")  # lazy, inside run_stage
+    assert "pfactory.sensors.datasets" in imports_of("pfactory.prepare.stage")  # module level
     assert "kernels._pillar_scatter_triton" in imports_of("kernels._dispatch")  # importlib by name
-    assert "tasks.train" in imports_of("flows.stage_cli")
+    assert "tasks.train" in imports_of("factory.stage_cli")
     assert "benchmarks.raw_datasets" in imports_of("benchmarks.prepare_scaleout")  # a sibling, by bare name
     assert "benchmarks.prepare_scaleout" in imports_of("benchmarks.bench_prepare")  # lazy, inside main

@@ -19,13 +19,13 @@ from tests.flows.pipeline_project import clean_env
 FILE_BYTES = 256 * 1024
 DVC_YAML = """stages:
   data:
-    cmd: python -c "import os,yaml,hashlib; n=yaml.safe_load(open('params.yaml'))['synth']['frames']; os.makedirs('artifacts/data', exist_ok=True); [open(f'artifacts/data/{i}.bin','wb').write(hashlib.sha256(f'{n}-{i}'.encode()).digest()*8192) for i in range(n)]; import pfactory.failures as f; f.write_outcome(f.stage_outcome('data', None))"
+    cmd: python -c "import os,yaml,hashlib; n=yaml.safe_load(open('params.yaml'))['synth']['frames']; os.makedirs('artifacts/data', exist_ok=True); [open(f'artifacts/data/{i}.bin','wb').write(hashlib.sha256(f'{n}-{i}'.encode()).digest()*8192) for i in range(n)]; import pfactory.runtime.failures as f; f.write_outcome(f.stage_outcome('data', None))"
     params:
       - synth.frames
     outs:
       - artifacts/data
   model:
-    cmd: python -c "import os,glob,hashlib; h=hashlib.sha256(b''.join(open(p,'rb').read() for p in sorted(glob.glob('artifacts/data/*.bin')))).digest(); os.makedirs('artifacts/model', exist_ok=True); open('artifacts/model/model.pt','wb').write(h*32768); import pfactory.failures as f; f.write_outcome(f.stage_outcome('model', None))"
+    cmd: python -c "import os,glob,hashlib; h=hashlib.sha256(b''.join(open(p,'rb').read() for p in sorted(glob.glob('artifacts/data/*.bin')))).digest(); os.makedirs('artifacts/model', exist_ok=True); open('artifacts/model/model.pt','wb').write(h*32768); import pfactory.runtime.failures as f; f.write_outcome(f.stage_outcome('model', None))"
     deps:
       - artifacts/data
     outs:
@@ -78,8 +78,8 @@ def run(
 ):
     """A run as `factory run` makes it: the workspace (`create_workspace`), `dvc repro` per stage. Returns
     (workspace, {stage: how})."""
+    from flows.params import load_params
     from flows.workspace import create_workspace
-    from pfactory.config import load_params
 
     params = load_params(root / "params.yaml", overrides or [])
     old = dict(os.environ)

@@ -1,1 +1,1 @@
-"""Built-in detector architectures besides the default (pfactory/model)."""
+"""Built-in detector architectures besides the default (pfactory/archs/painted_pillars)."""

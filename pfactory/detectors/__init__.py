@@ -6,5 +6,5 @@
 - `registry`: `model.arch` -> an `Architecture`, through the entry-point group `pfactory.models`, lazily.
 - `params`: the `model` section of params.yaml (`arch`, each architecture's own section by its name).
 - `io`: `model.pt` + `model_config.json` for any architecture.
-This package's `__init__` imports nothing heavy (no torch): `pfactory.config` imports `params`.
+This package's `__init__` imports nothing heavy (no torch): `flows.params` imports `params`.
 """

@@ -2,7 +2,7 @@
 
 An architecture is an `Architecture` object, found by name through the entry-point group `pfactory.models`
 (`pfactory.detectors.registry`). It brings:
-- `params`: its params schema, a `pfactory.section.Section` (pydantic; unknown keys are refused, naming the
+- `params`: its params schema, a `pfactory.config.section.Section` (pydantic; unknown keys are refused, naming the
   key). Its defaults are the architecture's defaults: it runs with nothing in params.yaml. The user sets
   values under `model.<name>` in params.yaml or with `-S model.<name>.key=value`.
 - `build(params, data)`: a detector (an `nn.Module`, below) for those params and the prepared data's
@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
-    from pfactory.section import Section
+    from pfactory.config.section import Section
 
-# Prepared batch fields (pfactory.data.loader): lidar frame, padded.
+# Prepared batch fields (pfactory.prepare.loader): lidar frame, padded.
 #   points [B, P, 4] float32 (x, y, z, intensity); num_points [B] int64; images [B, N, 3, H, W] float32
 #   (normalized); proj [B, N, 3, 4] float32 (lidar -> model-input pixels); cam_valid [B, N] bool.
 BATCH_FIELDS = ("points", "num_points", "images", "proj", "cam_valid")

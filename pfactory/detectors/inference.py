@@ -68,7 +68,7 @@ def predict(
     preds: list[FrameDetections] = []
     try:
         for batch in batches:
-            if not isinstance(batch, dict):  # pfactory.data.loader.Batch
+            if not isinstance(batch, dict):  # pfactory.prepare.loader.Batch
                 batch = dict(vars(batch))
             t = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
             with torch.autocast(

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from pfactory import artifacts as af
 from pfactory.detectors.contract import DATA_KEYS, DataSpec
 from pfactory.detectors.params import DEFAULT_ARCH  # records from before architectures had names
-from pfactory.failures import EXIT_USAGE, UserError
-from pfactory.fsutil import atomic_write_bytes, atomic_write_json, read_json_object
+from pfactory.runtime.failures import EXIT_USAGE, UserError
+from pfactory.storage import artifacts as af
+from pfactory.storage.fsutil import atomic_write_bytes, atomic_write_json, read_json_object
 
 CONFIG_FORMAT = 3
 # Format 1 configs predate these ModelParams fields; they mean the network of that time.
@@ -150,7 +150,7 @@ def _warn_other_plugin(config: dict[str, Any]) -> None:
     """One stderr line when the model was trained with another version of its plugin than the installed."""
     import sys
 
-    from pfactory import plugins
+    from pfactory.config import plugins
 
     was = config.get("plugin")
     if not was:

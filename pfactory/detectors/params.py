@@ -12,7 +12,7 @@ is kept as written (it must name an installed architecture). They are one DVC pa
 run-cache key covers whatever architecture a stage builds.
 
 `plugin`: for an architecture from an installed distribution, its record (name, target, distribution,
-version, sha256 of its files: `pfactory.plugins.PluginInfo.record`). `factory run` writes it into each run's
+version, sha256 of its files: `pfactory.config.plugins.PluginInfo.record`). `factory run` writes it into each run's
 params.yaml, so the run-cache never restores a model built by another version of the plugin; a stage whose
 params pin a record that differs from the installed plugin refuses to run (exit 2, one line). Built-in
 architectures need no record: their code is a DVC dependency of the stages (dvc.yaml).
@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import ConfigDict, model_validator
 
+from pfactory.config.section import Section
 from pfactory.detectors.contract import DATA_KEYS
-from pfactory.section import Section
 
 DEFAULT_ARCH = "painted_pillars"
 _OWN = ("arch", "plugin")
@@ -65,7 +65,7 @@ class ModelSection(Section):
         return value
 
     def after_validation(self, source: str, pin: bool = False) -> None:
-        """`pfactory.params_file.validate`'s hook: `resolve` this section."""
+        """`pfactory.config.params_file.validate`'s hook: `resolve` this section."""
         resolve(self, source, pin)
 
     @property
@@ -81,9 +81,9 @@ def resolve(section: ModelSection, source: str, pin: bool = False) -> ModelSecti
     recorded plugin must match the installed one. ParamsError / PluginError (exit 2) naming the key."""
     from pydantic import ValidationError
 
-    from pfactory import plugins
+    from pfactory.config import plugins
+    from pfactory.config.params_file import ParamsError, _format_validation_error
     from pfactory.detectors import registry
-    from pfactory.params_file import ParamsError, _format_validation_error
 
     extra = section.__pydantic_extra__  # a dict with extra="allow": the architectures' sections, written into
     installed = plugins.entries(plugins.MODELS)

@@ -1,7 +1,7 @@
 """Architectures by name: `model.arch` -> an `Architecture`, through the entry-point group `pfactory.models`.
 
 Built-in architectures are entry points of this project (pyproject.toml), installed ones of their own
-distribution; both are found the same way and imported only when selected (`pfactory.plugins`). A plugin that
+distribution; both are found the same way and imported only when selected (`pfactory.config.plugins`). A plugin that
 fails to import, or whose object or built detector breaks the contract, is one `PluginError` line naming the
 plugin, its distribution and what is wrong (exit 2), and never affects the other architectures.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pfactory import plugins
+from pfactory.config import plugins
 from pfactory.detectors.contract import (
     Architecture,
     ContractError,

@@ -3,7 +3,7 @@
 Driver side (the stage's process):
     with dask_client(address, workers, threads) as (client, where):
         stats = run_units(client, spec, data, units, on_result)   # on_result(UnitResult) as each unit lands
-`dask_client` and the loop under `run_units` are `pfactory.cluster`'s (shared with the prepare stage): a
+`dask_client` and the loop under `run_units` are `pfactory.runtime.cluster`'s (shared with the prepare stage): a
 `LocalCluster` for `address` None or "local:N", else a connection to that scheduler; every unit submitted,
 results streamed back and handed to `on_result` in *completion* order; callers make their files
 order-independent (pfactory.evaluate.predictions).
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pfactory import cluster
 from pfactory.evaluate.inputs import DataSpec, RunnerSpec, WorkUnit
-from pfactory.failures import EXIT_FAILED, UserError
+from pfactory.runtime import cluster
+from pfactory.runtime.failures import EXIT_FAILED, UserError
 
 _MODELS: dict[tuple, Any] = {}
 _SOURCES: dict[tuple[str, str], Any] = {}
@@ -96,11 +96,11 @@ class RunStats:
 
 
 # ------------------------------------------------------------------------------------------------
-# Cluster (pfactory.cluster: shared with the prepare stage)
+# Cluster (pfactory.runtime.cluster: shared with the prepare stage)
 
 
 def dask_client(address: str | None, workers: int, threads_per_worker: int) -> Any:
-    """`pfactory.cluster.dask_client` for evaluate (errors name `evaluate.dask_address`)."""
+    """`pfactory.runtime.cluster.dask_client` for evaluate (errors name `evaluate.dask_address`)."""
     return cluster.dask_client(address, workers, threads_per_worker, "evaluate.dask_address")
 
 
@@ -130,10 +130,10 @@ def _load_model(spec: RunnerSpec, threads: int) -> tuple[Any, float]:
         if key in _MODELS:
             return _MODELS[key], 0.0
         t0 = time.perf_counter()
-        from pfactory.fsutil import sha256_file
+        from pfactory.storage.fsutil import sha256_file
 
         if spec.kind == "optimized":
-            from pfactory.inference.runtime import load_runner
+            from pfactory.optimize.runtime import load_runner
 
             runner = load_runner(
                 Path(spec.path), spec.backend, spec.precision, spec.device, threads, verify=True
@@ -143,7 +143,7 @@ def _load_model(spec: RunnerSpec, threads: int) -> tuple[Any, float]:
                 raise EvaluateTaskError(f"{got}: changed since the evaluation started (sha256)")
         else:
             from pfactory.detectors.io import WEIGHTS
-            from pfactory.inference.runtime import TorchRunner
+            from pfactory.optimize.runtime import TorchRunner
 
             weights = Path(spec.path) / WEIGHTS
             if sha256_file(weights) != spec.sha256:
@@ -158,7 +158,7 @@ def _source(data: DataSpec) -> Any:
     key = (data.root, data.split)
     with _LOAD_LOCK:
         if key not in _SOURCES:
-            from pfactory.data.source import BatchSource
+            from pfactory.prepare.source import BatchSource
 
             # shuffle_window 1: the reader keeps 2 decoded row groups, a unit walks them in order.
             _SOURCES[key] = BatchSource(
@@ -172,9 +172,9 @@ def infer_unit(spec: RunnerSpec, data: DataSpec, unit: WorkUnit) -> UnitResult:
     t_start = time.perf_counter()  # first call in a process: the imports below count as model load
     import torch
 
-    from pfactory.data.loader import collate
     from pfactory.detectors.inference import frames_from_batch
-    from pfactory.inference.calibration import batch_to_feed
+    from pfactory.optimize.calibration import batch_to_feed
+    from pfactory.prepare.loader import collate
 
     threads = cluster.worker_threads()
     try:
@@ -243,7 +243,7 @@ def run_units(
     """Submit one task per unit, call `on_result` for each as it completes; returns the run's figures.
 
     A task that raises cancels the rest and raises `EvaluateTaskError` with the worker's message
-    (`pfactory.cluster.run_tasks`).
+    (`pfactory.runtime.cluster.run_tasks`).
     """
     load = 0.0
     frames = 0

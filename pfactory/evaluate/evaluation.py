@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pfactory import artifacts as af
 from pfactory.evaluate.params import EvaluateParams
 from pfactory.evaluate.scoring import KINDS, score
-from pfactory.progress import emit as emit_progress
+from pfactory.runtime.progress import emit as emit_progress
+from pfactory.storage import artifacts as af
 
 
 @contextlib.contextmanager
@@ -77,7 +77,7 @@ def evaluate(
     from pfactory.evaluate.inputs import resolve_inputs
     from pfactory.evaluate.predictions import PartWriter, write_kitti
     from pfactory.evaluate.report import write_reports, write_timings
-    from pfactory.fsutil import atomic_directory
+    from pfactory.storage.fsutil import atomic_directory
 
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
@@ -167,13 +167,13 @@ def open_raw(data: Path, raw: Path | Literal[False] | None) -> tuple[Any, str | 
     (the evaluation itself needs only the shards). An explicit `raw` (`--raw`) must open as the manifest's
     layout (`EvaluateInputError` otherwise, before any work); a content hash that differs is noted, and the
     files are still written from it."""
-    from pfactory import plugins
-    from pfactory.data.shards import open_prepared
-    from pfactory.data.storage import is_url
+    from pfactory.config import plugins
     from pfactory.evaluate.inputs import EvaluateInputError
+    from pfactory.prepare.shards import open_prepared
     from pfactory.sensors.datasets import open_dataset, reader_class
     from pfactory.sensors.digest import source_digest
     from pfactory.sensors.errors import DatasetError
+    from pfactory.storage.objects import is_url
 
     if raw is False:
         return None, None
@@ -267,7 +267,7 @@ def evaluate_to_kpis(ev: EvaluateParams, optimized: Path, data: Path) -> dict[st
     LocalCluster of `ev.workers`."""
     import tempfile
 
-    from pfactory.tracking import configure_environment
+    from pfactory.runtime.project import configure_environment
 
     configure_environment()  # Dask scratch inside the project, offline MLflow
     with tempfile.TemporaryDirectory(prefix="pfactory-reeval-") as tmp:

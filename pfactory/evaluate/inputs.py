@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pfactory import artifacts as af
-from pfactory.failures import EXIT_USAGE, UserError
-from pfactory.fsutil import check_listed_file, sha256_bytes, sha256_file
+from pfactory.runtime.failures import EXIT_USAGE, UserError
+from pfactory.storage import artifacts as af
+from pfactory.storage.fsutil import check_listed_file, sha256_bytes, sha256_file
 
 
 class EvaluateInputError(UserError, ValueError):
@@ -89,7 +89,7 @@ def split_hash(shards: list[dict[str, Any]]) -> str:
 
 def plan_units(root: Path, shards: list[dict[str, Any]], slice_frames: int) -> list[WorkUnit]:
     """Cut every shard into runs of consecutive row groups of at most `slice_frames` rows (>= 1 group)."""
-    from pfactory.data.shards import open_shard
+    from pfactory.prepare.shards import open_shard
 
     units: list[WorkUnit] = []
     row = 0
@@ -125,9 +125,9 @@ def _checked_file(path: Path, sha256: str, listed_in: str, hashed_in: str, hint:
 def _optimized_spec(
     optimized: Path, backend: str, precision: str | None, device: str
 ) -> tuple[RunnerSpec, dict]:
-    from pfactory.inference.errors import ArtifactError
-    from pfactory.inference.manifest import MANIFEST, find_artifact, read_manifest, verify_directory
-    from pfactory.inference.runtime import auto_backend
+    from pfactory.optimize.errors import ArtifactError
+    from pfactory.optimize.manifest import MANIFEST, find_artifact, read_manifest, verify_directory
+    from pfactory.optimize.runtime import auto_backend
 
     if not optimized.is_dir():
         raise EvaluateInputError(
@@ -185,8 +185,8 @@ def resolve_inputs(
     score_threshold: float,
 ) -> EvalInputs:
     """Check every input (module docstring) and plan the work units."""
-    from pfactory.data.errors import SchemaError
-    from pfactory.data.shards import open_prepared
+    from pfactory.prepare.errors import SchemaError
+    from pfactory.prepare.shards import open_prepared
 
     optimized, data = Path(optimized), Path(data)
     spec, manifest = _optimized_spec(optimized, backend, precision, device)

@@ -15,7 +15,7 @@ Frames: the prepared data's reference frame (x forward, y left, z up, origin at 
 reference_frame`) goes to the global frame through the raw dataset's tables, per sample:
 `T_global_from_ref = T_global_from_ego @ T_ego_from_lidar @ inv(T_ref_from_lidar)` (the LIDAR_TOP
 key frame's ego pose and calibrated sensor; `T_ref_from_lidar` as prepare computed it,
-`pfactory.data.lidar.reference_transform`). A box `(x, y, z, l, w, h, yaw)` becomes `translation =
+`pfactory.prepare.lidar.reference_transform`). A box `(x, y, z, l, w, h, yaw)` becomes `translation =
 T @ (x, y, z)`, `rotation = quaternion(R @ Rz(yaw))`, `size = (w, l, h)`.
 
 Classes (`DETECTION_NAME`): training class -> nuScenes detection class, as in docs/KPIS.md:
@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 
 from pfactory.evaluate.inputs import EvaluateInputError
-from pfactory.geometry import invert_transform, matrix_to_quaternion, rot_z
 from pfactory.metrics.detection import FrameDetections
+from pfactory.sensors.geometry import invert_transform, matrix_to_quaternion, rot_z
 
 RESULTS_FILE = "results_nusc.json"
 MAX_BOXES_PER_SAMPLE = 500
@@ -99,7 +99,7 @@ def split_frame_ids(data: Path, split: str) -> list[str]:
     """Frame ids of one split of a prepared directory, in shard order (only the `frame_id` column is read)."""
     import pyarrow.parquet as pq
 
-    from pfactory.data.shards import open_prepared
+    from pfactory.prepare.shards import open_prepared
 
     ds = open_prepared(data)
     ids: list[str] = []
@@ -133,7 +133,7 @@ def load_poses(raw: Path, frame_ids: list[str], reference_frame: str) -> NuscPos
 
 def dataset_poses(ds: Any, frame_ids: list[str], reference_frame: str) -> NuscPoses:
     """`load_poses` of an open `NuScenesDataset`."""
-    from pfactory.data.lidar import reference_transform
+    from pfactory.prepare.lidar import reference_transform
     from pfactory.sensors.errors import DatasetError
     from pfactory.sensors.nuscenes import LIDAR_CHANNEL
 
@@ -161,7 +161,7 @@ class NuscResults:
     `NuscSubmissionError`)."""
 
     def __init__(self, dataset: Any, prepared: Path, split: str):
-        from pfactory.data.shards import open_prepared
+        from pfactory.prepare.shards import open_prepared
 
         reference_frame = open_prepared(prepared).manifest.get("reference_frame", "ego_axes")
         self.poses = dataset_poses(dataset, split_frame_ids(prepared, split), reference_frame)
@@ -244,7 +244,7 @@ def write_submission(
     use_lidar: bool = True,
 ) -> dict[str, Any]:
     """Write `submission(...)`'s document to `path` atomically; returns its summary plus `file`."""
-    from pfactory.fsutil import atomic_write_text
+    from pfactory.storage.fsutil import atomic_write_text
 
     doc, summary = submission(frames, poses, use_camera, use_lidar)
     if any(not math.isfinite(v) for rows in doc["results"].values() for r in rows for v in r["translation"]):

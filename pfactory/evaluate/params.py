@@ -1,6 +1,6 @@
 """Parameters of the evaluate stage (`params.evaluate`): where it runs, how work is cut, how it scores.
 
-In: the `evaluate:` section of `params.yaml` (hooked into `pfactory.config.Params` as `evaluate`).
+In: the `evaluate:` section of `params.yaml` (hooked into `flows.params.Params` as `evaluate`).
 Out: a validated pydantic model; unknown keys are refused, every field documented. docs/EVALUATE.md
 says why the defaults are what they are.
 """
@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from pfactory.section import NonNegInt, PositiveInt, Section, check_address
+from pfactory.config.section import NonNegInt, PositiveInt, Section, check_address
 
 
 class EvaluateParams(Section):
@@ -44,7 +44,7 @@ class EvaluateParams(Section):
     """Frames per inference call inside a task (ORT's CPU throughput at batch 4 beats batch 1)."""
     score_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.05
     """Detections scoring below this are dropped before scoring. Declared here once: train's validation
-    and optimize's parity use the same value (`pfactory.config.SHARED`)."""
+    and optimize's parity use the same value (`flows.params.SHARED`)."""
     reference: bool = True
     """Also evaluate the PyTorch checkpoint (when a model directory is given) and report the KPI delta."""
     range_edges_m: list[float] = Field(default_factory=lambda: [0.0, 20.0, 40.0])

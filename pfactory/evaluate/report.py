@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from pfactory import artifacts as af
-from pfactory.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 from pfactory.metrics.detection import DetectionKpis
+from pfactory.storage import artifacts as af
+from pfactory.storage.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 TP_KEYS = ("ate", "ase", "aoe")
 
@@ -123,7 +123,7 @@ def mlflow_scalars(
     document: dict[str, Any], timings: dict[str, float], runs: dict[str, Any]
 ) -> dict[str, float]:
     """MLflow metrics of the stage (names in docs/EVALUATE.md)."""
-    from pfactory.artifacts import error_scalars, kitti_scalars, kpi_scalars
+    from pfactory.storage.artifacts import error_scalars, kitti_scalars, kpi_scalars
 
     out = kpi_scalars(document, prefix="eval/")
     out.update(error_scalars(document, prefix="eval/"))

@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from pfactory.fsutil import atomic_write_json
 from pfactory.metrics.detection import FrameDetections, KpiParams, evaluate_detections
 from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.kitti import KittiObject, parse_label_file
 from pfactory.sensors.kitti_labels import read_label_table
+from pfactory.storage.fsutil import atomic_write_json
 
 # KITTI type -> evaluated class. Other types (Van, Truck, Person_sitting, Tram, Misc, DontCare)
 # are ignored on both sides.

@@ -502,7 +502,7 @@ def build_report(inputs: ReportInputs, worst_n: int = 6) -> Report:
 
 def write_report(inputs: ReportInputs, out: Path, worst_n: int = 6) -> Report:
     """Build the report and write it to `out` atomically."""
-    from pfactory.fsutil import atomic_write_text
+    from pfactory.storage.fsutil import atomic_write_text
 
     report = build_report(inputs, worst_n)
     atomic_write_text(Path(out), report.html)

@@ -57,7 +57,7 @@ class FrameView:
 def read_frame_views(prepared: Any, split: str, frame_ids: list[str]) -> dict[str, FrameView]:
     """Points and de-normalized camera images of `frame_ids` from a `PreparedDataset`'s `split`
     (only the row groups holding them are decoded)."""
-    from pfactory.data.shards import open_shard, table_to_frames
+    from pfactory.prepare.shards import open_shard, table_to_frames
 
     want, out = set(frame_ids), {}
     mean = np.asarray(prepared.manifest["image"]["mean"], dtype=np.float32)[:, None, None] * 255.0
@@ -159,7 +159,7 @@ def render_bev(points: np.ndarray, drawn: list[tuple], gt: FrameDetections, titl
     _draw_bev(ax, points, [(b, c, st, None) for b, c, st, _, _ in drawn], window, "height")
     from matplotlib.collections import LineCollection
 
-    from pfactory.geometry import box_corners
+    from pfactory.sensors.geometry import box_corners
 
     for box, color, _, tag, lw in drawn:
         corners = box_corners(box)[0][:4, :2]  # bottom face [4, 2]
@@ -186,7 +186,7 @@ def write_pngs(folder: Path, worst: dict[str, dict[str, bytes]]) -> list[Path]:
     """`folder/NN_<frame_id>_<panel>.png` for each frame (in rank order) and panel, and `folder/index.json`
     (`[{"rank", "frame_id", "panels": {panel: file name}}]`: names alone are ambiguous, since frame ids and
     camera names may hold "_"). Atomic writes."""
-    from pfactory.fsutil import atomic_write_bytes, atomic_write_json
+    from pfactory.storage.fsutil import atomic_write_bytes, atomic_write_json
 
     written, index = [], []
     for rank, (frame_id, pngs) in enumerate(worst.items()):

@@ -64,8 +64,8 @@ class ReportInputs:
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
     """A JSON object (`registry.evidence.read_json`), its errors as `ReportError`."""
-    from pfactory.registry.errors import EvidenceError
-    from pfactory.registry.evidence import read_json
+    from pfactory.promote.errors import EvidenceError
+    from pfactory.promote.evidence import read_json
 
     try:
         return read_json(path, what)
@@ -124,9 +124,9 @@ def read_predictions(path: Path, frame_ids: list[str] | None = None) -> dict[str
 
 def _prepared_for(path: Path, kpis: dict[str, Any], notes: list[str]) -> Any | None:
     """The prepared dataset at `path` if it holds the evaluated split (same content hash), else None + a note."""
-    from pfactory.data.errors import SchemaError
-    from pfactory.data.shards import open_prepared
     from pfactory.evaluate.inputs import split_hash
+    from pfactory.prepare.errors import SchemaError
+    from pfactory.prepare.shards import open_prepared
 
     data = kpis.get("data") or {}
     try:
@@ -205,8 +205,8 @@ def load_eval_dir(
 
 def summary_of(kpis: dict[str, Any], source: str) -> dict[str, Any]:
     """The comparable part of a KPI document (`registry.evidence.kpi_summary`), as `ReportError`."""
-    from pfactory.registry.errors import EvidenceError
-    from pfactory.registry.evidence import kpi_summary
+    from pfactory.promote.errors import EvidenceError
+    from pfactory.promote.evidence import kpi_summary
 
     try:
         return kpi_summary(kpis, source)

@@ -25,7 +25,7 @@ def _tracking_available() -> bool:
     """A tracking server is configured, or the project's sqlite DB exists (never create an empty one)."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return True
-    from pfactory.tracking import project_root
+    from pfactory.runtime.project import project_root
 
     return (project_root() / "artifacts" / "mlflow" / "mlflow.db").is_file()
 
@@ -37,7 +37,7 @@ def _other_baseline(ref: str, default_model: str, workdir: Path, kpis: dict[str,
     else:
         other = load_run(mlflow_client(), ref, workdir, default_model)
         label, doc = other.name, other.kpis
-    from pfactory.registry.evidence import same_data
+    from pfactory.promote.evidence import same_data
 
     mine, theirs = kpis.get("data") or {}, doc.get("data") or {}
     note = ""

@@ -27,7 +27,7 @@ def mlflow_client() -> Any:
     """A client on the project's tracking URI (`MLFLOW_TRACKING_URI`, else the project's sqlite DB)."""
     from mlflow.tracking import MlflowClient
 
-    from pfactory.tracking import configure_environment
+    from pfactory.runtime.project import configure_environment
 
     configure_environment()
     return MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
@@ -38,9 +38,9 @@ def resolve_run(c: Any, ref: str, default_model: str) -> tuple[Any, str]:
     (the run a registered version came from). Returns `(run, how it was named)`."""
     from mlflow.exceptions import MlflowException
 
-    from pfactory.registry.errors import RegistryError
-    from pfactory.registry.promotion import resolve
-    from pfactory.registry.registry import get_version
+    from pfactory.promote.errors import RegistryError
+    from pfactory.promote.promotion import resolve
+    from pfactory.promote.registry import get_version
 
     if "@" in ref or ref.startswith("models:/") or re.fullmatch(r"[^/\s]+/\d+", ref):
         try:
@@ -56,7 +56,7 @@ def resolve_run(c: Any, ref: str, default_model: str) -> tuple[Any, str]:
             return c.get_run(ref), f"run {ref}"
         except MlflowException:
             pass
-    from pfactory.tracking import EXPERIMENT
+    from pfactory.tracking.runs import EXPERIMENT
 
     exp = c.get_experiment_by_name(EXPERIMENT)
     found = (
@@ -157,10 +157,10 @@ def champion_baseline(
 ) -> Baseline | None:
     """The champion's KPIs on the same evaluation data when the registry has them (its registered KPIs, or
     a cached re-evaluation on this data), else its registered KPIs with a note. None without a champion."""
-    from pfactory.registry import registry as reg
-    from pfactory.registry.errors import EvidenceError
-    from pfactory.registry.evidence import data_key, kpis_from_tags, same_data
-    from pfactory.registry.promotion import REEVAL_TAG
+    from pfactory.promote import registry as reg
+    from pfactory.promote.errors import EvidenceError
+    from pfactory.promote.evidence import data_key, kpis_from_tags, same_data
+    from pfactory.promote.promotion import REEVAL_TAG
 
     version = reg.champion(c, model_name, alias)
     if version is None:

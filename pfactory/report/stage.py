@@ -38,8 +38,8 @@ def write_stage_report(
 
     No baseline: the stage's outputs are a function of its declared inputs (DVC caches them), and the
     registry's champion is not one of them; the comparison is made where the champion is current."""
-    from pfactory.data.shards import open_prepared
-    from pfactory.registry.evidence import read_json
+    from pfactory.prepare.shards import open_prepared
+    from pfactory.promote.evidence import read_json
 
     inputs = ReportInputs(
         name=f"evaluation of {(doc.get('model') or {}).get('artifact', optimized)}",

@@ -194,7 +194,7 @@ def decode_image_checked(
     it checks the IDAT CRCs); a JPEG is still entropy-decoded in full, but at 1/8 scale
     (libjpeg DCT scaling, ~half the cost of a full decode), because DALI's JPEG decoder decodes
     some corrupt scans that PIL refuses, and libjpeg raises on those while reading the coded
-    stream, which the scaled decode reads completely (tests/data/test_camera.py).
+    stream, which the scaled decode reads completely (tests/prepare/test_camera.py).
     `expect` ("PNG" / "JPEG", from the file name): data of the other format is refused, so a file is what
     its name says. Refused too, the same for `factory data check` and prepare: an EXIF orientation other
     than 1 (DALI applies it, PIL does not: the pixels would not be where the calibration puts them) and

@@ -2,7 +2,7 @@
 
 Built-in layouts (`kitti`, `nuscenes`) are entry points of this project's own distribution (pyproject.toml),
 installed plugins of theirs (examples/dataset-plugin/, docs/DATASETS.md); both are found the same way
-(`pfactory.plugins`) and imported only when a root is offered to them. A root is offered to every reader
+(`pfactory.config.plugins`) and imported only when a root is offered to them. A root is offered to every reader
 in a stable order -- built-ins first, then plugins by name -- and the first whose `detect` accepts it
 reads it. A reader that fails to import (or is no `DatasetReader`) is skipped with its one-line reason,
 which the "no layout matched" error lists; it never breaks the other layouts. `layout=` forces one.
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pfactory import plugins
+from pfactory.config import plugins
 from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.reader import DatasetReader
 

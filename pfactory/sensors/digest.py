@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pfactory.fsutil import sha256_bytes, sha256_file
+from pfactory.storage.fsutil import sha256_bytes, sha256_file
 
 
 def hash_frame(files: list[tuple[str, Path]], known: dict[Path, bytes] | None = None) -> str:

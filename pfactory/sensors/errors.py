@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pfactory.failures import EXIT_FAILED, UserError
+from pfactory.runtime.failures import EXIT_FAILED, UserError
 
 _ADDRESS = re.compile(r"<[^<>]*? at 0x[0-9a-fA-F]+>")
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pfactory.fsutil import atomic_write_bytes, atomic_write_text
 from pfactory.sensors.checks import (
     IMAGE_SUFFIXES,
     MAX_ABS_ANGLE,
@@ -44,6 +43,7 @@ from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.frame import Boxes3D, CameraView, Frame
 from pfactory.sensors.io import image_size, read_points
 from pfactory.sensors.reader import DatasetReader, RemoteListing, RemoteStore
+from pfactory.storage.fsutil import atomic_write_bytes, atomic_write_text
 
 KITTI_PARTS = {"velodyne": ".bin", "image_2": ".png", "calib": ".txt", "label_2": ".txt"}
 KITTI_CLASSES = ("Car", "Van", "Truck", "Pedestrian", "Person_sitting", "Cyclist", "Tram", "Misc", "DontCare")
@@ -486,7 +486,7 @@ def _kitti_key(stem: str) -> str:
 
 def kitti_names_index(names: dict[str, list[str]]) -> dict[str, dict[str, list[str]]]:
     """part -> frame key -> the file names in that part that name that frame, from the file names of each
-    part folder (a directory listing, or an object-store listing: `pfactory.data.storage`)."""
+    part folder (a directory listing, or an object-store listing: `pfactory.storage.objects`)."""
     idx: dict[str, dict[str, list[str]]] = {}
     for part, ext in KITTI_PARTS.items():
         suffixes = IMAGE_SUFFIXES if part == "image_2" else (ext,)

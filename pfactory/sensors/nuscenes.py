@@ -27,14 +27,6 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import numpy as np
 
-from pfactory.fsutil import atomic_write_bytes, atomic_write_json
-from pfactory.geometry import (
-    invert_transform,
-    make_transform,
-    matrix_to_quaternion,
-    quaternion_to_matrix,
-    yaw_from_matrix,
-)
 from pfactory.sensors.checks import (
     MAX_BOX_RANGE_M,
     MAX_BOX_SIZE_M,
@@ -54,8 +46,16 @@ from pfactory.sensors.checks import (
 )
 from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.frame import Boxes3D, CameraView, Frame
+from pfactory.sensors.geometry import (
+    invert_transform,
+    make_transform,
+    matrix_to_quaternion,
+    quaternion_to_matrix,
+    yaw_from_matrix,
+)
 from pfactory.sensors.io import image_size, read_points
 from pfactory.sensors.reader import DatasetReader, RemoteListing, RemoteStore
+from pfactory.storage.fsutil import atomic_write_bytes, atomic_write_json
 
 TABLES = (
     "sample",

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 class RemoteStore(Protocol):
-    """An object-store prefix as the reader hooks see it (`pfactory.data.rawdata` adapts its `Location`).
+    """An object-store prefix as the reader hooks see it (`pfactory.prepare.rawdata` adapts its `Location`).
     Paths are relative to the dataset root, `/`-separated; "" is the root."""
 
     url: str

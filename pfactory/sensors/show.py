@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from pfactory.fsutil import atomic_write_bytes
-from pfactory.geometry import BOX_EDGES, box_corners
 from pfactory.sensors.frame import CameraView, Frame
+from pfactory.sensors.geometry import BOX_EDGES, box_corners
+from pfactory.storage.fsutil import atomic_write_bytes
 
 NEAR_M = 0.1  # near clipping plane (m): edges are cut here before the perspective divide
 # Class colours (matplotlib tab10 / tab20 hex). KITTI names and the common nuScenes ones; any

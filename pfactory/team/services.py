@@ -494,7 +494,7 @@ def _setup(state: TeamState, say: Any) -> None:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from pfactory.tracking import EXPERIMENT_KIND
+    from pfactory.tracking.runs import EXPERIMENT_KIND
 
     with _env(admin_env(state)):
         c = MlflowClient(state.mlflow_url)

@@ -121,7 +121,7 @@ def hold_limit(name: str, size: int, timeout_s: float, lease_s: float = LEASE_S)
     this process lives and the server repossesses once it stops (a SIGKILLed holder frees it within a
     lease + the repossessor's loop); released at once when the block ends. `TimeoutError` when no slot was
     free for `timeout_s` seconds (raised before the block runs). `size` 1: a lock held by the server (the
-    promotion lock, `pfactory.registry.registry.registry_lock`)."""
+    promotion lock, `pfactory.promote.registry.registry_lock`)."""
     from prefect.client.schemas.objects import ConcurrencyLeaseHolder
     from prefect.concurrency.sync import concurrency
 
@@ -234,7 +234,7 @@ class _Heartbeat(threading.Thread):
 
 def _say(line: str) -> None:
     """The stage's log (stderr) and the run's terminal (a progress event `factory run` shows on the train line)."""
-    from pfactory.progress import emit
+    from pfactory.runtime.progress import emit
 
     print(line, file=sys.stderr, flush=True)
     emit("train", phase=line, force=True)
@@ -319,7 +319,7 @@ def run_label() -> str:
 
 
 def user() -> str:
-    from pfactory.team.identity import user_name
+    from pfactory.tracking.identity import user_name
 
     return user_name()
 

@@ -63,7 +63,7 @@ def grants(role: str, experiment_id: str, model: str) -> list[tuple[str, str, st
 
 def _refusal(e: Any, name: str) -> TeamError | None:
     """The one-line `TeamError` for a refusal of MLflow's user API (`MlflowException` `e`), else None (a 401 /
-    403 stays MLflow's: `pfactory.failures.mlflow_refusal`, exit 77)."""
+    403 stays MLflow's: `pfactory.runtime.failures.mlflow_refusal`, exit 77)."""
     code, msg = e.error_code, str(getattr(e, "message", e)).strip().rstrip(".")
     # the REST client's form: "INVALID_PARAMETER_VALUE: Password must be at least 12 characters."
     msg = msg.removeprefix(f"{code}: ")

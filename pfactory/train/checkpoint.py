@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pfactory import artifacts as af
 from pfactory.detectors.io import CheckpointError, load_state, save_bytes
-from pfactory.fsutil import atomic_write_bytes
+from pfactory.storage import artifacts as af
+from pfactory.storage.fsutil import atomic_write_bytes
 from pfactory.train.data import DataInfo
 from pfactory.train.params import TrainParams
 

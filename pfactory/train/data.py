@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from pfactory import artifacts as af
-from pfactory.data.params import PrepareParams
 from pfactory.detectors.contract import DataSpec
-from pfactory.fsutil import sha256_file
+from pfactory.prepare.params import PrepareParams
+from pfactory.storage import artifacts as af
+from pfactory.storage.fsutil import sha256_file
 from pfactory.train.params import TrainParams
 from pfactory.train.runtime import Runtime
 
@@ -40,12 +40,12 @@ class DataInfo:
 
 LoaderFactory = Callable[..., Any]
 """`(data, split, batch_size, shuffle, augment, seed, device, num_threads) -> loader` with `len()`,
-`set_epoch(e)`, `skip_batches(k)` and iteration yielding batches (`pfactory.data.loader.Batch` or dicts)."""
+`set_epoch(e)`, `skip_batches(k)` and iteration yielding batches (`pfactory.prepare.loader.Batch` or dicts)."""
 
 
 def data_info(data: Path) -> DataInfo:
     """Read the prepared manifest (refuses a newer schema with the prepare stage's message)."""
-    from pfactory.data.shards import open_prepared
+    from pfactory.prepare.shards import open_prepared
 
     ds = open_prepared(data)
     _, h, w = ds.image_shape
@@ -65,7 +65,7 @@ def make_loader_factory(tp: TrainParams) -> LoaderFactory:
 
     def factory(data: Path, split: str, batch_size: int, shuffle: bool, augment: Any, seed: int,
                 device: torch.device, num_threads: int) -> Any:  # fmt: skip
-        from pfactory.data.loader import make_loader
+        from pfactory.prepare.loader import make_loader
 
         backend = tp.loader if tp.loader != "auto" else ("dali" if device.type == "cuda" else "torch")
         return make_loader(
@@ -81,7 +81,7 @@ def epoch_batches(loader: Any, epoch: int, skip: int) -> Iterator[dict[str, Any]
     loader.set_epoch(epoch)
     loader.skip_batches(skip)
     for batch in loader:
-        yield batch if isinstance(batch, dict) else dict(vars(batch))  # pfactory.data.loader.Batch -> dict
+        yield batch if isinstance(batch, dict) else dict(vars(batch))  # pfactory.prepare.loader.Batch -> dict
 
 
 def rank_slice(batch: dict[str, Any], rt: Runtime) -> dict[str, Any]:

@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from pfactory.data.augment import AugmentParams
-from pfactory.section import NonNegFloat, PositiveFloat, PositiveInt, Section
+from pfactory.config.section import NonNegFloat, PositiveFloat, PositiveInt, Section
+from pfactory.prepare.augment import AugmentParams
 
 
 class TrainParams(Section):
@@ -46,7 +46,7 @@ class TrainParams(Section):
     compile: bool = False
     """`torch.compile` the model (first step pays ~20-60 s of compilation)."""
     loader: Literal["auto", "dali", "torch"] = "auto"
-    """Batch loader (`pfactory.data.loader`), same batches either way: auto = the DALI pipeline on CUDA, its
+    """Batch loader (`pfactory.prepare.loader`), same batches either way: auto = the DALI pipeline on CUDA, its
     PyTorch reference on CPU, where DALI's reader processes compete with training for the cores (2 cores:
     DALI 16.1 samples/s, 11% data wait; PyTorch 18.0 samples/s, 6.5%)."""
     num_threads: PositiveInt = 2
@@ -72,4 +72,4 @@ class TrainParams(Section):
     """Train for min(this, epochs x batches per epoch) optimizer steps; None = `epochs` passes."""
     augment: AugmentParams | None = Field(default_factory=AugmentParams)
     """Global flip/rotation/scaling applied consistently to points, boxes and camera projections
-    (`pfactory.data.augment`); null disables it. Never applied at validation."""
+    (`pfactory.prepare.augment`); null disables it. Never applied at validation."""

@@ -174,7 +174,7 @@ class RunRemote:
         """Download the checkpoint the run's marker names to `dest` (atomically; its sha256 checked) and return
         the marker (without a `checkpoint` entry: only the record). RemoteRunError when there is no marker or
         the checkpoint cannot be read consistently after `attempts` tries (a writer moving on in between)."""
-        from pfactory.fsutil import sha256_file, temp_sibling
+        from pfactory.storage.fsutil import sha256_file, temp_sibling
 
         problem = ""
         for i in range(attempts):

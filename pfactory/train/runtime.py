@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from kernels import selfcheck
-from pfactory import failures as fl
+from pfactory.runtime import failures as fl
 
 
 @dataclass
@@ -466,7 +466,7 @@ def check_same_start(step: int, finished: bool) -> None:
 
 
 def exit_worker(stage: str, exc: Exception) -> None:
-    """In a worker of `launch`: an error a user can act on (`pfactory.failures.stage_outcome`) is written to
+    """In a worker of `launch`: an error a user can act on (`pfactory.runtime.failures.stage_outcome`) is written to
     the worker's error file, which the launching process reports (`LaunchFailed`), and the worker exits with
     its code; a bug returns (the caller re-raises it: its traceback, exit 1)."""
     from torch.distributed.elastic.multiprocessing.errors import get_error_handler

@@ -24,7 +24,8 @@ class Tracker:
             return
         import mlflow
 
-        from pfactory.tracking import configure_environment, process_tags, stage_run
+        from pfactory.runtime.project import configure_environment
+        from pfactory.tracking.runs import process_tags, stage_run
 
         self.mlflow = mlflow
         if run_id is not None:  # resume the killed run's MLflow run: one run, one curve

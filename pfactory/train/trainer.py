@@ -43,16 +43,16 @@ import torch.distributed as dist
 from torch import nn
 
 from kernels import native
-from pfactory import artifacts as af
-from pfactory.artifacts import kpi_scalars
 from pfactory.detectors import registry
 from pfactory.detectors.contract import LossContext, batch_inputs, for_compile
 from pfactory.detectors.inference import evaluate_kpis, predict
 from pfactory.detectors.io import save_model
 from pfactory.detectors.params import ModelSection
-from pfactory.failures import EXIT_FAILED, UserError
-from pfactory.fsutil import atomic_write_json
-from pfactory.progress import emit as emit_progress
+from pfactory.runtime.failures import EXIT_FAILED, UserError
+from pfactory.runtime.progress import emit as emit_progress
+from pfactory.storage import artifacts as af
+from pfactory.storage.artifacts import kpi_scalars
+from pfactory.storage.fsutil import atomic_write_json
 from pfactory.train.checkpoint import (
     CHECKPOINT,
     CHECKPOINT_FORMAT,
@@ -186,7 +186,7 @@ class Trainer:
         self.use_bf16 = use_bf16(tp.bf16, rt.device)
 
         self.tracker = Tracker(track and rt.is_main)
-        # The resolved config: the whole params when given a `pfactory.config.Params`, else its two sections.
+        # The resolved config: the whole params when given a `flows.params.Params`, else its two sections.
         resolved = params.model_dump(mode="json") if hasattr(params, "model_dump") else {}
         resolved.update({"model": {"arch": self.arch, "plugin": self.plugin, self.arch: model.params.model_dump(mode="json")},
                          "train": tp.model_dump(mode="json")})  # fmt: skip
@@ -359,7 +359,7 @@ class Trainer:
             logged = {f"train/{k}": v for k, v in record.items() if k != "step"}
             logged["train/peak_memory_mb"] = peak_memory_mb(self.rt.device)
             self.tracker.metrics(logged, step)
-        if self.rt.is_main:  # to `factory run`'s terminal (pfactory.progress)
+        if self.rt.is_main:  # to `factory run`'s terminal (pfactory.runtime.progress)
             emit_progress("train", step=step, total=self.total, loss=record["loss"], samples_per_s=record["samples_per_s"])  # fmt: skip
         if bar is not None:
             bar.update(bar.task_ids[0], completed=step, loss=record["loss"], sps=record["samples_per_s"],

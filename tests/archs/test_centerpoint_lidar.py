@@ -14,7 +14,7 @@ from pfactory.archs.centerpoint_lidar.params import CenterPointLidarParams, Geom
 from pfactory.archs.centerpoint_lidar.targets import build_targets, decode_heading, encode_heading
 from pfactory.detectors import registry
 from pfactory.detectors.contract import DataSpec, Detections, LossContext, batch_inputs, check_detector
-from tests.model.helpers import random_batch
+from tests.archs.painted_pillars.helpers import random_batch
 
 CLASSES = ("Car", "Pedestrian", "Cyclist")
 SPEC = DataSpec(CLASSES, (0.0, -8.0, -3.0, 16.0, 8.0, 1.0))
@@ -148,8 +148,7 @@ def test_targets_decode_back_to_the_boxes() -> None:
 
 def test_export_runs_in_onnx_runtime_and_matches_forward_export(tmp_path) -> None:
     import onnxruntime as ort
-
-    from pfactory.inference.export import example_inputs, export_onnx
+    from pfactory.optimize.export import example_inputs, export_onnx
 
     model = build().eval()
     with torch.no_grad():  # look trained: distinct peaks, O(1) regressions (no float-noise ties)
@@ -174,8 +173,8 @@ def test_export_runs_in_onnx_runtime_and_matches_forward_export(tmp_path) -> Non
 
 
 def test_unknown_key_in_its_section_is_refused_naming_it() -> None:
-    from pfactory.config import load_params
-    from pfactory.params_file import ParamsError
+    from flows.params import load_params
+    from pfactory.config.params_file import ParamsError
 
     with pytest.raises(ParamsError, match="bogus"):
         load_params(None, ["model.arch=centerpoint_lidar", "model.centerpoint_lidar.bogus=1"])

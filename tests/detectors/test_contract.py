@@ -21,7 +21,7 @@ from tests.import_graph import ROOT, _entry_point_modules, imports_of, modules
 LIBRARY = ("pfactory", "flows", "tasks")
 # The default architecture's own modules that nothing outside its package may import (its building
 # blocks -- layers, pillars, painting, variants, targets' Gaussian helpers -- other architectures may reuse).
-DETECTOR_INTERNALS = ("pfactory.model.detector", "pfactory.model.decode", "pfactory.model.loss", "pfactory.model.arch")
+DETECTOR_INTERNALS = ("pfactory.archs.painted_pillars.detector", "pfactory.archs.painted_pillars.decode", "pfactory.archs.painted_pillars.loss", "pfactory.archs.painted_pillars.arch")
 
 
 def _arch_packages() -> set[str]:
@@ -35,13 +35,13 @@ def _inside(module: str, packages: set[str]) -> bool:
 
 def test_nothing_outside_an_architecture_imports_its_detector() -> None:
     packages = _arch_packages()
-    assert "pfactory.model" in packages and len(packages) >= 2, packages  # the default and a second one
+    assert "pfactory.archs.painted_pillars" in packages and len(packages) >= 2, packages  # the default and a second one
     bad = [
         f"{m} -> {t}"
         for m in sorted(modules())
         if m.split(".")[0] in LIBRARY and not _inside(m, packages) and m != "pfactory.detectors.registry"
         for t in sorted(imports_of(m))
-        if t in DETECTOR_INTERNALS or (_inside(t, packages - {"pfactory.model"}) and not _inside(m, packages))
+        if t in DETECTOR_INTERNALS or (_inside(t, packages - {"pfactory.archs.painted_pillars"}) and not _inside(m, packages))
     ]
     assert not bad, "library modules importing an architecture's internals (use pfactory.detectors):\n" + "\n".join(bad)
 
@@ -75,7 +75,7 @@ def test_no_library_module_outside_an_architecture_knows_its_head_outputs() -> N
 
 def test_the_scan_sees_head_names(tmp_path: Path) -> None:
     """The check above can fail: it finds a subscript and a dict key."""
-    f = ROOT / "pfactory" / "model" / "detector.py"
+    f = ROOT / "pfactory" / "archs" / "painted_pillars" / "detector.py"
     assert _head_name_uses(f), "the default detector uses out['heatmap']: the scan must see it"
 
 
@@ -114,8 +114,8 @@ def test_check_detector_names_the_missing_part() -> None:
 
 
 def test_architecture_params_may_not_declare_data_facts() -> None:
+    from pfactory.archs.painted_pillars.params import ModelParams, PaintedPillarsParams
     from pfactory.detectors.contract import Architecture, ContractError, check_architecture
-    from pfactory.model.params import ModelParams, PaintedPillarsParams
 
     check_architecture(Architecture(PaintedPillarsParams, lambda p, s: None))
     with pytest.raises(ContractError, match="classes"):
@@ -139,13 +139,13 @@ def test_listing_imports_nothing_heavy_and_an_unknown_name_is_one_line() -> None
     """`factory models` lists without importing torch for the registry itself; an unknown architecture is
     one line with exit 2 and the installed names."""
     code = (
-        "import sys; from pfactory import plugins; e = plugins.entries(plugins.MODELS); "
+        "import sys; from pfactory.config import plugins; e = plugins.entries(plugins.MODELS); "
         "print(sorted(e)); print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     names, torch_loaded = out.stdout.splitlines()
     assert "painted_pillars" in names and torch_loaded == "False"
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "models", "no_such_arch"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "factory.cli", "models", "no_such_arch"], capture_output=True,
                        text=True, cwd=ROOT)  # fmt: skip
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "no model plugin named 'no_such_arch'" in r.stderr and "painted_pillars" in r.stderr
@@ -154,14 +154,14 @@ def test_listing_imports_nothing_heavy_and_an_unknown_name_is_one_line() -> None
 def test_params_pin_the_plugin_and_a_stage_refuses_another_version(tmp_path: Path) -> None:
     """A record in `model.plugin` that differs from the installed plugin is refused by a stage (one line,
     exit 2): the run-cache key must never mix plugin versions. The built-in needs no record."""
-    from pfactory.config import load_params
-    from pfactory.plugins import PluginError
+    from flows.params import load_params
+    from pfactory.config.plugins import PluginError
 
     assert load_params(None).model.plugin is None
     f = tmp_path / "params.yaml"
     f.write_text("model:\n  arch: painted_pillars\n  plugin: {name: painted_pillars, source: other 0.0, files_sha256: abc}\n")
+    from pfactory.config.params_file import load_sections
     from pfactory.detectors.params import ModelSection
-    from pfactory.params_file import load_sections
 
     with pytest.raises(PluginError, match="another version of the plugin"):
         load_sections(f, [], {"model": ModelSection})

@@ -1,5 +1,5 @@
 """A tiny end-to-end setup for the evaluate tests: synthetic KITTI frames -> prepared shards -> the tiny
-detector (tests/inference/helpers.py) saved as a trained model -> the real optimize stage (ORT FP32).
+detector (tests/optimize/helpers.py) saved as a trained model -> the real optimize stage (ORT FP32).
 
 ~15-25 s on 2 quiet cores, built once per test module. Row groups of 2 frames, shards of 4: the val
 split is cut into several work units, so two workers really share the work.
@@ -9,18 +9,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.inference import helpers
+from tests.optimize import helpers
 
 
 def build_eval_setup(root: Path, frames: int = 16, cameras: int = 1) -> dict[str, Path]:
     """`{"raw", "prepared", "model", "optimized"}` under `root` (module docstring); `cameras > 1`: the
     synthetic nuScenes layout (96x54 px images, an ROI around the car) and a model with those cameras."""
+    from pfactory.optimize.params import OptimizeParams
+    from pfactory.prepare.params import PrepareParams
+
     import tasks.optimize
-    from pfactory.data.params import PrepareParams
-    from pfactory.data.prepare import prepare_dataset
-    from pfactory.inference.params import OptimizeParams
-    from pfactory.sensors.synth.dataset import generate_dataset
-    from tests.model.helpers import save_trained
+    from pfactory.prepare.stage import prepare_dataset
+    from pfactory.synth.dataset import generate_dataset
+    from tests.archs.painted_pillars.helpers import save_trained
 
     nus = cameras > 1
     generate_dataset(

@@ -7,9 +7,9 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pfactory.prepare.shards import META_VERSION, SCHEMA_VERSION
 from pydantic import ValidationError
 
-from pfactory.data.shards import META_VERSION, SCHEMA_VERSION
 from pfactory.evaluate.inputs import EvaluateInputError, plan_units, split_hash
 from pfactory.evaluate.params import EvaluateParams
 

@@ -17,7 +17,7 @@ from pfactory.sensors.kitti import labels_to_boxes, parse_calib, parse_label_fil
 
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory) -> Path:
-    from pfactory.sensors.synth.dataset import generate_dataset
+    from pfactory.synth.dataset import generate_dataset
 
     root = tmp_path_factory.mktemp("synth")
     generate_dataset(root, frames=3, seed=2, cameras=1, image_size=(416, 128))

@@ -30,9 +30,10 @@ NUSC = {"Car": "car", "Pedestrian": "pedestrian", "Cyclist": "bicycle"}
 
 @pytest.fixture(scope="module")
 def nus_prepared(tmp_path_factory) -> tuple[Path, Path]:
-    from pfactory.data.params import PrepareParams
-    from pfactory.data.prepare import prepare_dataset
-    from pfactory.sensors.synth.dataset import generate_dataset
+    from pfactory.prepare.params import PrepareParams
+
+    from pfactory.prepare.stage import prepare_dataset
+    from pfactory.synth.dataset import generate_dataset
 
     root = tmp_path_factory.mktemp("nusc_sub")
     generate_dataset(root / "raw", frames=4, seed=11, cameras=6, image_size=(96, 54))
@@ -49,7 +50,7 @@ def nus_prepared(tmp_path_factory) -> tuple[Path, Path]:
 
 def _ground_truth(prepared: Path) -> list[FrameDetections]:
     """The evaluate stage's GT: the prepared boxes of the training classes, in the reference frame."""
-    from pfactory.data.shards import open_prepared
+    from pfactory.prepare.shards import open_prepared
 
     ds = open_prepared(prepared)
     names = np.asarray(ds.classes)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.data.conftest import synth_kitti, synth_nuscenes  # noqa: F401 - the clean datasets
 from tests.faults.ledger import LEDGER_ENV, Ledger, machine, now
-from tests.registry.conftest import bench, registry  # noqa: F401 - the promotion bench, a fresh registry
+from tests.prepare.conftest import synth_kitti, synth_nuscenes  # noqa: F401 - the clean datasets
+from tests.promote.conftest import bench, registry  # noqa: F401 - the promotion bench, a fresh registry
 
 REPO = Path(__file__).resolve().parents[2]
 FULL = os.environ.get("PFACTORY_FAULTS_FULL", "") not in ("", "0", "false")
@@ -104,14 +104,14 @@ def _offline_state(tmp_path_factory) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def clean_kitti(request: pytest.FixtureRequest) -> Path:
-    """10 synthetic frames in the KITTI layout (tests/data/conftest.py's `synth_kitti`, 208x64 images):
+    """10 synthetic frames in the KITTI layout (tests/prepare/conftest.py's `synth_kitti`, 208x64 images):
     000000..000009. Never written to: every test plants its fault in a `copy_dataset`."""
     return request.getfixturevalue("synth_kitti")
 
 
 @pytest.fixture(scope="session")
 def clean_nuscenes(request: pytest.FixtureRequest) -> Path:
-    """6 synthetic samples in the nuScenes layout, 3 cameras (tests/data/conftest.py's `synth_nuscenes`)."""
+    """6 synthetic samples in the nuScenes layout, 3 cameras (tests/prepare/conftest.py's `synth_nuscenes`)."""
     return request.getfixturevalue("synth_nuscenes")
 
 
@@ -145,12 +145,12 @@ class Result:
 
 
 def factory(*args: str) -> Result:
-    """`factory ARGS` through the console-script entry (`flows.cli.main`), in this process: exit code,
+    """`factory ARGS` through the console-script entry (`factory.cli.main`), in this process: exit code,
     stdout, stderr. An exception escaping `main` is a crash: it is returned as exit code -1 with its
     traceback in `err`, so a test can assert there is none."""
     import traceback
 
-    from flows.cli import main
+    from factory.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     argv = sys.argv
@@ -240,7 +240,7 @@ def factory_subprocess(
     *args: str, cwd: Path = REPO, timeout: float = 300, env: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess, float, float]:
     """`factory ARGS` in a fresh interpreter: (process, seconds, peak RSS in MiB) (`run_measured`)."""
-    return run_measured([sys.executable, "-m", "flows.cli", *args], cwd, timeout, env)
+    return run_measured([sys.executable, "-m", "factory.cli", *args], cwd, timeout, env)
 
 
 @pytest.fixture(scope="session")

@@ -60,7 +60,7 @@ def start_run(project: Path, name: str, *extra: str, env: dict[str, str] | None 
     env = {**({"PREFECT_HOME": home} if home else {}), **(env or {})}
     f = open(log, "w")  # noqa: SIM115 - the child keeps writing after this returns
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", *tiny_args(), *extra, "--name", name, "--json"],
+        [sys.executable, "-m", "factory.cli", "run", *tiny_args(), *extra, "--name", name, "--json"],
         cwd=project, env={**clean_env(project), **(env or {})}, stdout=subprocess.PIPE, stderr=f, text=True,
         start_new_session=True,
     )  # fmt: skip
@@ -213,7 +213,7 @@ def half_written(workspace: Path) -> list[str]:
     as a state dict; an optimized dir's backend.json lists files that exist with their sha256; kpis.json
     and release.json parse. Temporary siblings (`.name.*`) are not outputs and are ignored.
     """
-    from pfactory.fsutil import sha256_file
+    from pfactory.storage.fsutil import sha256_file
 
     bad: list[str] = []
     a = workspace / "artifacts"

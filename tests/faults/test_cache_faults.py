@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pfactory import retention
+from pfactory.storage import retention
 from tests import tiny_dvc
 from tests.faults.test_params_paths import _mount_tmpfs
 
@@ -34,7 +34,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _factory(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=root, env=env or _env(),
+    return subprocess.run([sys.executable, "-m", "factory.cli", *args], cwd=root, env=env or _env(),
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
@@ -81,7 +81,7 @@ def test_a_read_only_shared_cache_stops_factory_run_before_anything_starts(tmp_p
         pytest.skip("a read-only bind mount needs unshare and root")
     shared = tmp_path / "team-cache"
     a = tiny_dvc.make(tmp_path / "alice")
-    from pfactory.dvccache import share_cache
+    from pfactory.storage.dvccache import share_cache
 
     share_cache(a, shared)
     tiny_dvc.run(a, "20261201T000000Z-alice-000001")  # the team's cache has entries
@@ -89,7 +89,7 @@ def test_a_read_only_shared_cache_stops_factory_run_before_anything_starts(tmp_p
     share_cache(b, shared)
     script = (
         f"mount --bind {shared} {shared} && mount -o remount,bind,ro {shared} && "
-        f"exec {sys.executable} -m flows.cli run --name ro"
+        f"exec {sys.executable} -m factory.cli run --name ro"
     )
     r = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=b, env=_env(), capture_output=True, text=True,
                        timeout=300)  # fmt: skip

@@ -87,12 +87,12 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, {root!r})
 a = json.loads(sys.argv[1])
-from tests.registry.helpers import promote_params
+from tests.promote.helpers import promote_params
 if a["what"] == "promote":
     import tasks.promote
     r = tasks.promote.run(promote_params(), Path(a["optimized"]), Path(a["eval"]), Path(a["data"]), Path(a["release"]))
 else:
-    from pfactory.registry.promotion import rollback
+    from pfactory.promote.promotion import rollback
     r = rollback(promote_params(), Path(a["release"]), reason="race")
 print("RESULT " + json.dumps(r, default=str))
 """
@@ -140,9 +140,9 @@ def _wait_awaiting(registry, n: int, procs: list[subprocess.Popen]) -> None:
 def test_two_promotions_race(trial: int, bench, tmp_path: Path, registry, ledger) -> None:
     import mlflow
 
-    from pfactory.registry import registry as reg
-    from pfactory.tracking import EXPERIMENT, artifact_location
-    from tests.registry import helpers as H
+    from pfactory.promote import registry as reg
+    from pfactory.tracking.runs import EXPERIMENT, artifact_location
+    from tests.promote import helpers as H
 
     mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_location(tmp_path))
     cands = [H.candidate(tmp_path, bench, f"racer{i}", 0.3 + 0.1 * i) for i in range(2)]
@@ -166,9 +166,9 @@ def test_two_promotions_race(trial: int, bench, tmp_path: Path, registry, ledger
 def test_promotion_races_rollback(trial: int, bench, tmp_path: Path, registry, ledger) -> None:
     import mlflow
 
-    from pfactory.registry import registry as reg
-    from pfactory.tracking import EXPERIMENT, artifact_location
-    from tests.registry import helpers as H
+    from pfactory.promote import registry as reg
+    from pfactory.tracking.runs import EXPERIMENT, artifact_location
+    from tests.promote import helpers as H
 
     mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_location(tmp_path))
     # v1 then v2 (better) promoted: v2 is the champion, v1 the previous one rollback would restore.

@@ -193,7 +193,7 @@ def test_optimize_out_equals_model(tmp_path: Path, ledger) -> None:
 
 
 def test_prepare_out_other_stage_output(raw: Path, tmp_path: Path, ledger) -> None:
-    from pfactory.fsutil import mark_output
+    from pfactory.storage.fsutil import mark_output
 
     out = tmp_path / "optimized"
     out.mkdir()

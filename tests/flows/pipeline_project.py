@@ -59,7 +59,7 @@ def factory(
 ) -> subprocess.CompletedProcess:
     """`factory <args>` with the project copy as cwd (its own pfactory/flows/tasks come first on sys.path)."""
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "factory.cli", *args],
         cwd=project,
         env={**clean_env(project), **(env or {})},
         capture_output=True,

@@ -1,4 +1,4 @@
-"""Stage progress from the stage processes to `factory run`'s terminal: the event file (pfactory.progress),
+"""Stage progress from the stage processes to `factory run`'s terminal: the event file (pfactory.runtime.progress),
 its reader, and the console's plain mode (what CI logs and non-terminals get)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 import time
 
 from flows.console import RunConsole, _Rate, describe
-from pfactory import progress
-from pfactory.progress import PROGRESS_ENV, ProgressReader, emit
+from pfactory.runtime import progress
+from pfactory.runtime.progress import PROGRESS_ENV, ProgressReader, emit
 
 
 def test_emit_is_a_no_op_without_the_variable(tmp_path, monkeypatch):
@@ -23,7 +23,7 @@ def test_emit_is_a_no_op_without_the_variable(tmp_path, monkeypatch):
 def test_events_from_another_process_arrive_whole_and_throttled(tmp_path):
     path = tmp_path / "progress.jsonl"
     code = (
-        "from pfactory.progress import emit\n"
+        "from pfactory.runtime.progress import emit\n"
         "for s in range(1, 201): emit('train', step=s, total=200, loss=1.0 / s, samples_per_s=8.0)\n"
         "emit('optimize', phase='parity vs PyTorch')\n"
     )

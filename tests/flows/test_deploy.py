@@ -18,7 +18,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from flows.cli import app
+from factory.cli import app
 from flows.deploy import DeployError, load_flow, make_spec, validate_cron
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_served_deployment_keeps_its_cron_and_completes_a_triggered_run(prefect_
 
     log = tmp_path / "serve.log"
     params = {"overrides": ["train.lr=0.1"]}
-    cmd = [sys.executable, "-m", "flows.cli", "deploy", "--flow", TINY, "--name", "test-nightly"]
+    cmd = [sys.executable, "-m", "factory.cli", "deploy", "--flow", TINY, "--name", "test-nightly"]
     cmd += ["--cron", CRON, "--timezone", "Europe/Berlin", "--parameters", json.dumps(params)]
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=prefect_server.env, stdout=f, stderr=subprocess.STDOUT)

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
+from pfactory.optimize.errors import ParityError
+from pfactory.prepare.errors import RejectFractionExceeded
 
 from flows.failure import (
     EXIT_STAGE_FAILED,
@@ -19,9 +21,7 @@ from flows.failure import (
     stage_reason,
 )
 from flows.workspace import StageFailed
-from pfactory.data.errors import RejectFractionExceeded
-from pfactory.failures import EXIT_TRANSIENT, EXIT_USAGE, Outcome, is_transient, stage_outcome
-from pfactory.inference.errors import ParityError
+from pfactory.runtime.failures import EXIT_TRANSIENT, EXIT_USAGE, Outcome, is_transient, stage_outcome
 
 REJECTED = RejectFractionExceeded(12, 12, 0.1, "artifacts/prepared/rejected.jsonl")
 PARITY = ParityError(
@@ -262,7 +262,7 @@ def test_a_lost_mlflow_server_names_the_server(tmp_path, monkeypatch):
 def test_an_actionable_error_in_the_flow_keeps_its_code_reason_and_hint(tmp_path: Path) -> None:
     """A team server's 401 met by the flow itself (not a stage): its own exit code (77), reason and hint
     from the error's data, not "failed in the flow" and exit 1."""
-    from pfactory.team.errors import NotAuthenticated, PermissionRefused
+    from pfactory.tracking.identity import NotAuthenticated, PermissionRefused
 
     f = flow_failure(NotAuthenticated("the MLflow server http://h refused the request: 401"), tmp_path / "p.log")
     assert (f.exit_code, f.reason) == (77, ["the MLflow server http://h refused the request: 401"])

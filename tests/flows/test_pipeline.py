@@ -88,7 +88,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _start(project: Path, name: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", *tiny_args(), *extra, "--name", name, "--json"],
+        [sys.executable, "-m", "factory.cli", "run", *tiny_args(), *extra, "--name", name, "--json"],
         cwd=project, env={**clean_env(project), **GIT_IDENTITY, **(env or {})}, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -343,7 +343,7 @@ def _no_traceback(r: subprocess.CompletedProcess) -> None:
     "cmd",
     [
         ["evaluate"],
-        # the same generated stage command (flows/stage_cli.py) as evaluate's; the stage: tests/tasks/test_optimize.py
+        # the same generated stage command (factory/stage_cli.py) as evaluate's; the stage: tests/tasks/test_optimize.py
         pytest.param(["optimize"], marks=pytest.mark.full),
         ["profile", "train", "--steps", "1"],  # the trace's content: tests/train/test_trainer.py
         ["data", "show"],

@@ -44,7 +44,7 @@ EPOCHS = ["-S", "train.epochs=6"]
 def _start(project: Path, name: str, *extra: str) -> subprocess.Popen:
     log = open(project / f"{name}.stderr", "w")  # noqa: SIM115 - the child writes to it
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", *extra, "--name", name, "--json"],
+        [sys.executable, "-m", "factory.cli", "run", *extra, "--name", name, "--json"],
         cwd=project, env=clean_env(project), stdout=subprocess.PIPE, stderr=log, text=True,
         start_new_session=True,
     )  # fmt: skip
@@ -245,7 +245,7 @@ def test_a_scheduled_runs_killed_train_is_resumed_by_prefects_retry(
     project = make_project(tmp_path / "project")
     args = [*tiny_args(), *EPOCHS, "-S", "train.checkpoint_every_steps=3"]
     params = {"stages": ["synth", "prepare", "train"], "name": "scheduled", "checkout": False}
-    cmd = [sys.executable, "-m", "flows.cli", "deploy", "--name", "resume-nightly", "--cron", "0 3 * * *", *args,
+    cmd = [sys.executable, "-m", "factory.cli", "deploy", "--name", "resume-nightly", "--cron", "0 3 * * *", *args,
            "--parameters", json.dumps(params)]  # fmt: skip
     log = project / "serve.log"
     with open(log, "wb") as f:
@@ -344,7 +344,7 @@ def test_a_run_interrupted_on_one_machine_resumes_on_another_through_the_dvc_rem
     assert after["record"]["state"] == "finished" and "checkpoint" not in after, after
     assert not list((shared / "pfactory-runs" / ws_a.name).glob("checkpoint-*"))
 
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "run", "--resume", "nosuch"], cwd=b, env=clean_env(b),
+    r = subprocess.run([sys.executable, "-m", "factory.cli", "run", "--resume", "nosuch"], cwd=b, env=clean_env(b),
                        capture_output=True, text=True, timeout=600)  # fmt: skip
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
@@ -360,7 +360,7 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path: Path) -> None:
     env = clean_env(project)
 
     def factory(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=project, env=env,
+        return subprocess.run([sys.executable, "-m", "factory.cli", *args], cwd=project, env=env,
                               capture_output=True, text=True, timeout=600)  # fmt: skip
 
     r = factory("run", "--resume")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pfactory import retention
+from pfactory.storage import retention
 from tests.flows.pipeline_project import clean_env, dvc, factory, make_project, tiny_args
 
 pytestmark = [pytest.mark.full, pytest.mark.slow]
@@ -84,7 +84,7 @@ def test_gc_after_five_runs_keeps_the_champions_lineage_and_a_training_run(tmp_p
 
     # The champion: loads and predicts from MLflow's store; its lineage resolves; its data is still cached.
     model = mlflow.pyfunc.load_model("models:/pfactory-detector@champion")
-    from pfactory.inference.calibration import load_feeds
+    from pfactory.optimize.calibration import load_feeds
 
     feed = load_feeds(root / "artifacts" / "prepared", "val", batch_size=1, max_frames=1, num_threads=1).feeds[0]
     assert set(model.predict(feed)) == {"boxes", "scores", "labels"}
@@ -102,7 +102,7 @@ def test_gc_after_five_runs_keeps_the_champions_lineage_and_a_training_run(tmp_p
 
     # A gc while a run trains: the run ends with exit 0.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", *tiny_args(), "-S", "train.epochs=3", "-S", "train.lr=0.009",
+        [sys.executable, "-m", "factory.cli", "run", *tiny_args(), "-S", "train.epochs=3", "-S", "train.lr=0.009",
          "-S", "promote.min_map=0.99", "--name", "during", "--json"],
         cwd=root, env={**clean_env(root), **GIT}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

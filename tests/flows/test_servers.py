@@ -44,7 +44,7 @@ def test_pipeline_against_real_mlflow_and_prefect_servers(
 ) -> None:
     from mlflow.tracking import MlflowClient
 
-    from pfactory.registry.registry import audit_trail
+    from pfactory.promote.registry import audit_trail
 
     project = make_project(tmp_path_factory.mktemp("served-project"))
     env = {"MLFLOW_TRACKING_URI": mlflow_server.url, "PREFECT_API_URL": prefect_server.url}
@@ -80,7 +80,7 @@ def test_pipeline_against_real_mlflow_and_prefect_servers(
     assert [fr["state_type"] for fr in runs] == ["COMPLETED"], runs
 
     # A cron deployment of the pipeline, served from this project, triggered once.
-    cmd = [sys.executable, "-m", "flows.cli", "deploy", "--name", "served-nightly", "--cron", CRON, *args]
+    cmd = [sys.executable, "-m", "factory.cli", "deploy", "--name", "served-nightly", "--cron", CRON, *args]
     log = project / "serve.log"
     with open(log, "wb") as f:
         serve = subprocess.Popen(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from pfactory.fsutil import atomic_write_json
+from pfactory.storage.fsutil import atomic_write_json
 
 
 @flow(name="tiny-pipeline")

@@ -1,6 +1,6 @@
 """`pfk::bilinear_rows` (kernels/bilinear_rows.py) against its reference, forward and backward, with and
 without `dest`; skipping zero-weight samples changes nothing; `torch.library.opcheck` on the op and its
-backward op. (The painting that calls it: tests/model/test_detector.py.)"""
+backward op. (The painting that calls it: tests/archs/painted_pillars/test_detector.py.)"""
 
 from __future__ import annotations
 

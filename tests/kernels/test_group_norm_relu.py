@@ -1,6 +1,6 @@
 """`pfk::group_norm_relu` (kernels/group_norm_relu.py) against its reference, forward and backward, on
 the C kernels and on the PyTorch fallback; `torch.library.opcheck` on the op and its backward op.
-(The model's `GroupNormReLU` module: tests/model/test_detector.py.)"""
+(The model's `GroupNormReLU` module: tests/archs/painted_pillars/test_detector.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The native CPU kernels (kernels/native.py, kernels/_native.c) against their PyTorch specs.
 
-GroupNorm + ReLU is tested through the model's `GroupNormReLU` (tests/model/test_detector.py, with and
+GroupNorm + ReLU is tested through the model's `GroupNormReLU` (tests/archs/painted_pillars/test_detector.py, with and
 without the C kernels); here: the scatter-max against `pillar_scatter_max_reference` and the PyTorch
 compact path (bit for bit: maxima, winners, gradients), GroupNorm on a strided gradient and odd sizes,
 run-to-run determinism, and the fallback when no compiler is found or the kernels are turned off.
@@ -165,7 +165,7 @@ def test_group_norm_relu_is_bitwise_reproducible() -> None:
 
 def _status_in_subprocess(env: dict[str, str]) -> str:
     code = (
-        "import torch\nfrom kernels import native\nfrom pfactory.model.layers import GroupNormReLU\n"
+        "import torch\nfrom kernels import native\nfrom pfactory.archs.painted_pillars.layers import GroupNormReLU\n"
         "gn = GroupNormReLU(2, 4)\nx = torch.randn(2, 4, 40, 40).contiguous(memory_format=torch.channels_last)\n"
         "gn(x.requires_grad_()).sum().backward()\nprint('STATUS', native.status())\n"
     )

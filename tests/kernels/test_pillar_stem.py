@@ -1,7 +1,7 @@
 """`pfk::pillar_stem` (kernels/pillar_stem.py): the scatter-max canvas' 3x3 stride-2 conv from the
 occupied pillars, against `pillar_stem_reference` (dense canvas + conv2d) forward and backward, on the C
 kernels and on the PyTorch fallback; `torch.library.opcheck` on the op and its backward op.
-(The model with and without it: tests/model/test_detector.py; bitwise determinism: test_native.py.)"""
+(The model with and without it: tests/archs/painted_pillars/test_detector.py; bitwise determinism: test_native.py.)"""
 
 from __future__ import annotations
 

@@ -415,8 +415,8 @@ def test_factory_kpi_kitti_blocks_frames_and_auto(tmp_path: Path) -> None:
     only = run_kpi(labels, results, metrics="kitti")
     assert "mAP" not in only and only["kitti"] == auto["kitti"]
     assert format_kpi_table(only).startswith("KITTI AP R40")
-    from pfactory.artifacts import KITTI_KEYS, kitti_scalars
     from pfactory.metrics.kitti_eval import KPI_KEYS
+    from pfactory.storage.artifacts import KITTI_KEYS, kitti_scalars
 
     assert tuple(KPI_KEYS) == KITTI_KEYS  # the MLflow names' keys, declared twice to keep artifacts light
     scalars = kitti_scalars(only)

@@ -157,7 +157,7 @@ def test_error_breakdown_and_score_threshold(tmp_path: Path) -> None:
 def test_cli_score_threshold(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from factory.cli import app
 
     gts, preds = random_detections(n_frames=3, gt_per_frame=6, pred_per_frame=12, seed=2)
     gt, pred = write_dir(tmp_path / "gt", gts), write_dir(tmp_path / "pred", preds)
@@ -252,7 +252,7 @@ def test_cli_honours_evaluate_overrides(tmp_path: Path) -> None:
     the overrides and ignored them); an explicit --frame-score-threshold wins over params."""
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from factory.cli import app
 
     gts, preds = random_detections(n_frames=3, gt_per_frame=6, pred_per_frame=12, seed=2)
     gt, pred = write_dir(tmp_path / "gt", gts), write_dir(tmp_path / "pred", preds)

@@ -18,10 +18,10 @@ def tracked_eval(tmp_path_factory) -> dict:
     import mlflow
 
     import tasks.evaluate
-    from pfactory.config import Params
+    from flows.params import Params
     from pfactory.evaluate.params import EvaluateParams
-    from pfactory.registry.evidence import read_evidence
-    from pfactory.tracking import experiment_id, stage_run
+    from pfactory.promote.evidence import read_evidence
+    from pfactory.tracking.runs import experiment_id, stage_run
 
     root = tmp_path_factory.mktemp("report")
     setup = build_eval_setup(root / "artifacts", frames=12)  # prepared/, model/, optimized/ beside eval/

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from factory.cli import app
 from tests.report.helpers import Page, external_references
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
@@ -62,7 +62,7 @@ def test_the_error_breakdown_is_on_the_runs_as_scalars(tracked_eval) -> None:
     """The evaluate run and the pipeline's headline (`headline_scalars`) carry the breakdown's counts + dAP."""
     import mlflow
 
-    from pfactory.artifacts import headline_scalars
+    from pfactory.storage.artifacts import headline_scalars
 
     kpis = tracked_eval["kpis"]
     head = headline_scalars(kpis)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.data.conftest import small_params
 from tests.plugin_install import broken_plugin, install_plugin
+from tests.prepare.conftest import small_params
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "dataset-plugin"
@@ -90,7 +90,7 @@ def test_the_scan_sees_comparisons(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory) -> Path:
     """6 synthetic frames in the KITTI layout (208x64 images)."""
-    from pfactory.sensors.synth.dataset import generate_dataset
+    from pfactory.synth.dataset import generate_dataset
 
     out = tmp_path_factory.mktemp("raw") / "synth"
     generate_dataset(out, frames=6, seed=11, cameras=1, image_size=(208, 64), workers=1)
@@ -99,7 +99,7 @@ def raw(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def prepared(raw: Path, tmp_path_factory) -> Path:
-    from pfactory.data.prepare import prepare_dataset
+    from pfactory.prepare.stage import prepare_dataset
 
     out = tmp_path_factory.mktemp("prepared") / "kitti"
     prepare_dataset(raw, out, small_params())
@@ -107,7 +107,7 @@ def prepared(raw: Path, tmp_path_factory) -> Path:
 
 
 def test_builtin_layouts_are_entry_points_offered_in_order(raw: Path, tmp_path: Path) -> None:
-    from pfactory.plugins import PluginError
+    from pfactory.config.plugins import PluginError
     from pfactory.sensors.datasets import listing, open_dataset
     from pfactory.sensors.errors import DatasetError
     from pfactory.sensors.kitti import KittiDataset
@@ -127,10 +127,10 @@ def test_builtin_layouts_are_entry_points_offered_in_order(raw: Path, tmp_path: 
 def test_manifest_records_the_raw_origin_and_evaluate_reopens_it(raw: Path, prepared: Path, tmp_path, capsys):
     import shutil
 
-    from pfactory.data.prepare import prepare_dataset
     from pfactory.evaluate.evaluation import open_raw, results_writer
     from pfactory.evaluate.inputs import EvaluateInputError
     from pfactory.evaluate.kitti_results import KittiResults
+    from pfactory.prepare.stage import prepare_dataset
 
     source = json.loads((prepared / "manifest.json").read_text())["source"]
     assert source["root"] == raw.as_posix() and source["layout"] == "kitti" and source["frames"] == 6
@@ -169,11 +169,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from pfactory_folder_dataset import FolderDataset
 from pfactory_folder_dataset.convert import convert
-from pfactory.data.prepare import prepare_dataset
+from pfactory.prepare.stage import prepare_dataset
 from pfactory.evaluate.evaluation import open_raw, results_writer
 from pfactory.sensors.datasets import listing, open_dataset
 from pfactory.sensors.validate import check_dataset
-from tests.data.conftest import small_params
+from tests.prepare.conftest import small_params
 
 raw, work = Path(sys.argv[1]), Path(sys.argv[2])
 folder = convert(raw, work / "folder", frames=5)
@@ -310,10 +310,11 @@ def test_the_example_layout_runs_prepare_train_optimize_evaluate(plugin_env, raw
 def test_installed_dataset_plugins_are_pinned_params_of_prepare(tmp_path: Path) -> None:
     """`prepare.plugins` records the installed dataset plugins (DVC's `prepare` param: another version of one
     recomputes prepare); the flow re-pins what is installed, a stage refuses a stale record (exit 2)."""
-    from pfactory.config import load_params
-    from pfactory.data.params import PrepareParams
-    from pfactory.params_file import load_sections
-    from pfactory.plugins import PluginError
+    from pfactory.prepare.params import PrepareParams
+
+    from flows.params import load_params
+    from pfactory.config.params_file import load_sections
+    from pfactory.config.plugins import PluginError
 
     assert load_params(None).prepare.plugins == []  # none installed in this process
     f = tmp_path / "params.yaml"

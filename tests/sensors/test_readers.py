@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pfactory.geometry import box_corners, points_in_boxes, project_to_image
 from pfactory.sensors.datasets import open_dataset
 from pfactory.sensors.errors import DatasetError
+from pfactory.sensors.geometry import box_corners, points_in_boxes, project_to_image
 from pfactory.sensors.kitti import (
     KittiDataset,
     kitti_difficulty,
@@ -315,7 +315,7 @@ def test_real_nuscenes_tables_read_six_cameras(nuscenes_tables) -> None:
     # Frames: the reader keeps nuScenes' sensor frame (LIDAR_TOP mounted x right, y forward);
     # its calibrated rotation takes it onto the ego axes (x forward, y left), which is what
     # prepare's `reference_frame: ego_axes` applies. What each camera sees lies where it looks.
-    from pfactory.geometry import quaternion_to_matrix
+    from pfactory.sensors.geometry import quaternion_to_matrix
 
     cs = ds.tables["calibrated_sensor"][
         ds.sample_data(nuscenes_tables.demo_token)["LIDAR_TOP"]["calibrated_sensor_token"]
@@ -349,7 +349,7 @@ def test_real_nuscenes_annotations_project_onto_center2d(nuscenes_tables) -> Non
     fixture composed. The projected corners must also fit the JSON's 2D box (computed by
     mmdetection3d from the original nuScenes box): that checks the box size and heading.
     """
-    from pfactory.geometry import box_to_image_rect, quaternion_to_matrix
+    from pfactory.sensors.geometry import box_to_image_rect, quaternion_to_matrix
 
     ds = open_dataset(nuscenes_tables.root)
     tok = nuscenes_tables.mono3d_token

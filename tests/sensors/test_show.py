@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pfactory.geometry import box_corners, project_to_image
 from pfactory.sensors.datasets import open_dataset
 from pfactory.sensors.frame import Boxes3D, Frame
+from pfactory.sensors.geometry import box_corners, project_to_image
 from pfactory.sensors.show import NEAR_M, bev_range, class_color, project_box_edges, render_frame
 
 # An ideal forward camera at the lidar origin: camera x = -lidar y, y = -lidar z, z = lidar x.

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the repo's `tasks`, not tests/'s namespace packages
     sys.path.insert(0, str(ROOT))
 
-from pfactory.config import Params  # noqa: E402
+from flows.params import Params  # noqa: E402
 from pfactory.evaluate.params import EvaluateParams  # noqa: E402
 from tests.evaluate.helpers import build_eval_setup  # noqa: E402
 
@@ -184,7 +184,7 @@ def test_one_worker_and_a_killed_worker_reproduce_the_files(setup, baseline, tmp
     from typer.testing import CliRunner
 
     import tasks.evaluate
-    from flows.cli import app
+    from factory.cli import app
     from tests.cluster_helpers import killing_a_worker, local_cluster
 
     monkeypatch.chdir(tmp_path)
@@ -228,7 +228,7 @@ def test_bad_inputs_are_refused_before_any_work(setup, tmp_path, monkeypatch) ->
     from typer.testing import CliRunner
 
     import tasks.evaluate
-    from flows.cli import app
+    from factory.cli import app
     from pfactory.evaluate.inputs import EvaluateInputError
 
     monkeypatch.chdir(tmp_path)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the repo's `tasks`, not tests/'s namespace packages
     sys.path.insert(0, str(ROOT))
 
-from pfactory.config import Params  # noqa: E402
+from flows.params import Params  # noqa: E402
 from pfactory.evaluate.params import EvaluateParams  # noqa: E402
 from tests.evaluate.helpers import build_eval_setup  # noqa: E402
 

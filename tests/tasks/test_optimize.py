@@ -10,26 +10,27 @@ import sys
 from pathlib import Path
 
 import pytest
+from pfactory.optimize.params import OptimizeParams, ParityParams
+from pfactory.optimize.parity import compare_outputs, gate
 
-from pfactory.fsutil import OUTPUT_MARKER, sha256_file
-from pfactory.inference.params import OptimizeParams, ParityParams
-from pfactory.inference.parity import compare_outputs, gate
+from pfactory.storage.fsutil import OUTPUT_MARKER, sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the repo's `tasks` and `kernels`, not tests/'s namespace packages
     sys.path.insert(0, str(ROOT))
 
 
-from tests.inference.helpers import IMAGE_SIZE, make_model  # noqa: E402
+from tests.optimize.helpers import IMAGE_SIZE, make_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> dict[str, Path]:
     """8 synthetic KITTI frames prepared at the tiny model's input size, and a random-init tiny model."""
-    from pfactory.data.params import PrepareParams
-    from pfactory.data.prepare import prepare_dataset
-    from pfactory.sensors.synth.dataset import generate_dataset
-    from tests.model.helpers import save_trained
+    from pfactory.prepare.params import PrepareParams
+
+    from pfactory.prepare.stage import prepare_dataset
+    from pfactory.synth.dataset import generate_dataset
+    from tests.archs.painted_pillars.helpers import save_trained
 
     root = tmp_path_factory.mktemp("optimize")
     generate_dataset(root / "raw", frames=8, seed=3, cameras=1, image_size=(208, 64))
@@ -47,12 +48,12 @@ def dataset(tmp_path_factory) -> dict[str, Path]:
 
 def _params(**over) -> OptimizeParams:
     base = {
-        # One export attempt (the dynamic-batch path is covered by tests/inference); 1 thread: the
+        # One export attempt (the dynamic-batch path is covered by tests/optimize); 1 thread: the
         # test machine is shared, and 2 OMP threads under load slow PyTorch down ~3x (docs/OPTIMIZE.md).
         "dynamic_batch": False,
         "intra_op_threads": 1,
         "export_points": 512,
-        # INT8 of a random tiny net is far from FP32 (tests/inference/test_ort_int8.py has the numbers):
+        # INT8 of a random tiny net is far from FP32 (tests/optimize/test_ort_int8.py has the numbers):
         # a loose INT8 gate here; the stage mechanics are what this file tests.
         "parity": {"frames": 3, "int8": {"scores_atol": 0.5, "min_cosine": 0.5, "min_match_rate": 0.2}},
         "int8": {"calibration_frames": 3},
@@ -130,8 +131,8 @@ def test_stage_writes_artifacts_evidence_and_mlflow(dataset, tmp_path, monkeypat
     assert {"optimized/backend.json", "optimized/parity.json", "optimized/sha256.json"} <= logged
 
     # The runtime API on the stage's output: primary INT8 and FP32, FP32 == PyTorch.
-    from pfactory.inference.calibration import load_feeds
-    from pfactory.inference.runtime import TorchRunner, load_runner
+    from pfactory.optimize.calibration import load_feeds
+    from pfactory.optimize.runtime import TorchRunner, load_runner
 
     feed = load_feeds(dataset["prepared"], "val", 2, 2).feeds[0]
     assert load_runner(out).name == "onnxruntime/int8"
@@ -175,8 +176,9 @@ def test_failed_parity_exits_1_writes_nothing_and_keeps_the_report(
 
 
 def test_fp16_on_onnxruntime_is_refused_with_a_hint(dataset, tmp_path) -> None:
+    from pfactory.optimize.errors import BackendUnavailable
+
     import tasks.optimize
-    from pfactory.inference.errors import BackendUnavailable
 
     with pytest.raises(BackendUnavailable, match="tensorrt"):
         tasks.optimize.run(

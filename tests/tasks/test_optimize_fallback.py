@@ -51,7 +51,7 @@ def test_int8_refused_by_parity_ships_fp32_and_says_so(dataset, tmp_path, monkey
     latency = json.loads((out / "latency.json").read_text())
     assert set(latency["batch_1"]) == {"onnxruntime/fp32"}
 
-    from pfactory.inference.runtime import load_runner
+    from pfactory.optimize.runtime import load_runner
 
     assert load_runner(out).name == "onnxruntime/fp32"  # what serves is what passed
 

@@ -34,14 +34,15 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pfactory.config import Params  # noqa: E402
-from pfactory.data.camera import pil_reference, resize_geometry  # noqa: E402
-from pfactory.data.errors import RejectFractionExceeded, SchemaError  # noqa: E402
-from pfactory.data.params import PrepareParams  # noqa: E402
-from pfactory.data.prepare import prepare_dataset, split_of  # noqa: E402
-from pfactory.data.shards import open_prepared  # noqa: E402
-from pfactory.geometry import quaternion_to_matrix  # noqa: E402
+from pfactory.prepare.camera import pil_reference, resize_geometry  # noqa: E402
+from pfactory.prepare.errors import RejectFractionExceeded, SchemaError  # noqa: E402
+from pfactory.prepare.params import PrepareParams  # noqa: E402
+from pfactory.prepare.shards import open_prepared  # noqa: E402
+
+from flows.params import Params  # noqa: E402
+from pfactory.prepare.stage import prepare_dataset, split_of  # noqa: E402
 from pfactory.sensors.datasets import open_dataset  # noqa: E402
+from pfactory.sensors.geometry import quaternion_to_matrix  # noqa: E402
 
 GREY = 1.0 / (255.0 * 0.229)  # one grey level in normalized units (largest channel step)
 SMALL = {"image_size": [104, 32], "batch_size": 4, "shard_max_frames": 4}
@@ -74,7 +75,7 @@ def _check_camera(frame, cam_index: int, raw_cam, R: np.ndarray, params: Prepare
     img = frame.cam_image[cam_index].astype(np.float32)
     ref = pil_reference(data, g, (W, H), params.image_mean, params.image_std)
     diff = np.abs(img - ref) / GREY
-    assert diff[:, 1 : g.out_h - 1, 1 : g.out_w - 1].max() <= 1.1  # see tests/data/test_camera.py
+    assert diff[:, 1 : g.out_h - 1, 1 : g.out_w - 1].max() <= 1.1  # see tests/prepare/test_camera.py
     # Projection: a lidar point p, at R p in the reference frame, must land where the raw
     # calibration puts it, mapped into the resized image: u' = sx (u + 0.5) - 0.5.
     rng = np.random.default_rng(0)
@@ -122,7 +123,7 @@ def test_real_kitti_frames_prepare_correctly(real_kitti_dir: Path, tmp_path: Pat
     assert manifest["counts"]["train"] + manifest["counts"]["val"] == 6
     for split in manifest["splits"].values():
         for s in split["shards"]:
-            from pfactory.fsutil import sha256_file
+            from pfactory.storage.fsutil import sha256_file
 
             assert sha256_file(tmp_path / "out" / s["file"]) == s["sha256"]
 
@@ -176,7 +177,7 @@ def test_real_nuscenes_files_prepare_correctly(nuscenes_tables, tmp_path: Path) 
 @pytest.fixture(scope="module")
 def synth12(tmp_path_factory) -> Path:
     """12 synthetic KITTI frames (208x64 images)."""
-    from pfactory.sensors.synth.dataset import generate_dataset
+    from pfactory.synth.dataset import generate_dataset
 
     out = tmp_path_factory.mktemp("raw") / "synth"
     generate_dataset(out, frames=12, seed=9, cameras=1, image_size=(208, 64))
@@ -285,12 +286,12 @@ def test_same_input_and_params_give_identical_bytes(synth12: Path, tmp_path: Pat
 
 
 def test_killed_run_leaves_no_shard_and_rerun_is_identical(synth12: Path, tmp_path: Path) -> None:
-    from pfactory.data.replicate import replicate_kitti
+    from pfactory.prepare.replicate import replicate_kitti
 
     raw = replicate_kitti(synth12, tmp_path / "raw", 48)  # ~36 frames still to go at the kill
     out = tmp_path / "out"
     code = (
-        "import sys; from pfactory.data.params import PrepareParams; from pfactory.data.prepare import prepare_dataset; "
+        "import sys; from pfactory.prepare.params import PrepareParams; from pfactory.prepare.stage import prepare_dataset; "
         f"prepare_dataset(sys.argv[1], sys.argv[2], PrepareParams(**{SMALL!r}))"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(raw), str(out)], cwd=tmp_path)
@@ -352,9 +353,10 @@ def test_an_image_dali_refuses_mid_batch_refuses_only_its_frame(
     synth12: Path, tmp_path: Path, monkeypatch
 ) -> None:
     """The stage's recovery path: DALI fails a batch -> images re-run one by one -> one refusal."""
-    import pfactory.data.camera as camera_module
-    import pfactory.data.prepare as prep
-    from pfactory.data.camera import CameraBatchError, CameraPipeline
+    import pfactory.prepare.camera as camera_module
+    from pfactory.prepare.camera import CameraBatchError, CameraPipeline
+
+    import pfactory.prepare.stage as prep
 
     bad = (synth12 / "training" / "image_2" / "000006.png").read_bytes()
 

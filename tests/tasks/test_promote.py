@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from pfactory.fsutil import sha256_file
+from pfactory.storage.fsutil import sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the repo's `tasks`, not tests/'s namespace packages
     sys.path.insert(0, str(ROOT))
 
 
-from tests.registry import helpers as H  # noqa: E402
+from tests.promote import helpers as H  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +36,7 @@ def registry(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     monkeypatch.delenv("PFACTORY_PARENT_RUN_ID", raising=False)
     monkeypatch.chdir(tmp_path)
-    from pfactory.registry import registry as reg
+    from pfactory.promote import registry as reg
 
     return reg.client()
 
@@ -57,7 +57,7 @@ def _promote(bench, tmp_path, name, jitter, params=None, prepared="prepared_a", 
 
 
 def _alias(c, name="test-detector", alias="champion"):
-    from pfactory.registry import registry as reg
+    from pfactory.promote import registry as reg
 
     return reg.champion(c, name, alias)
 
@@ -92,7 +92,7 @@ def test_first_promotion_registers_tags_and_writes_the_release(bench, tmp_path, 
     assert t["data.prepared_hash"] == cand["kpis"]["data"]["prepared_hash"] and t["data.split"] == "val"
     assert t["data.prepared.manifest_sha256"] == sha256_file(bench["prepared_a"] / "manifest.json")
     assert t["run_id"] == mv.run_id == result["mlflow_run_id"]  # no pipeline run: the stage's own run
-    from pfactory.tracking import git_info
+    from pfactory.runtime.lineage import git_info
 
     assert t["git.commit"] == str(git_info(tmp_path)["commit"])  # the scratch project is not a git checkout
     assert t["promotion.decision"] == "promoted" and t["promotion.status"] == "champion"
@@ -118,7 +118,7 @@ def test_first_promotion_registers_tags_and_writes_the_release(bench, tmp_path, 
     # The registry's tag is one readable line (not JSON) that reads back as the record's alias move.
     line = rm_tags["audit.000001"]
     assert line.startswith("promote none -> v1 | ") and audit[0]["by"] in line and not line.startswith("{")
-    from pfactory.registry import registry as reg
+    from pfactory.promote import registry as reg
 
     back = reg.parse_audit("audit.000001", line)
     assert {k: back[k] for k in ("id", "action", "from", "to", "at", "by", "reason")} == {
@@ -131,7 +131,7 @@ def test_first_promotion_registers_tags_and_writes_the_release(bench, tmp_path, 
 
 
 def test_better_promoted_worse_refused_then_rollback_and_back(bench, tmp_path, registry) -> None:
-    from pfactory.registry.promotion import rollback
+    from pfactory.promote.promotion import rollback
 
     r1, _ = _promote(bench, tmp_path, "c1", 0.6)
     r2, c2 = _promote(bench, tmp_path, "c2", 0.3)  # better: less position noise
@@ -220,7 +220,7 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, {root!r})
 import tasks.promote
-from tests.registry.helpers import promote_params
+from tests.promote.helpers import promote_params
 a = json.loads(sys.argv[1])
 r = tasks.promote.run(promote_params(), Path(a["optimized"]), Path(a["eval"]), Path(a["data"]), Path(a["release"]))
 print("RESULT " + json.dumps(r))
@@ -230,8 +230,8 @@ print("RESULT " + json.dumps(r))
 def test_racing_promotions_exactly_one_wins(bench, tmp_path, registry) -> None:
     import mlflow
 
-    from pfactory.registry import registry as reg
-    from pfactory.tracking import EXPERIMENT, artifact_location
+    from pfactory.promote import registry as reg
+    from pfactory.tracking.runs import EXPERIMENT, artifact_location
 
     # The schema and the experiment exist before two processes open them (as in a pipeline run; two
     # first-ever stage runs racing to create the experiment is tracking.stage_run's concern, not this test's).
@@ -285,7 +285,7 @@ def test_racing_promotions_exactly_one_wins(bench, tmp_path, registry) -> None:
 
 def test_default_reevaluation_runs_the_evaluate_stage(bench, tmp_path, registry) -> None:
     """evaluate_fn=None: the champion's files, downloaded from the registry, go through pfactory.evaluate (what the evaluate stage runs)."""
-    from pfactory.config import Params
+    from flows.params import Params
 
     base = H.promote_params(min_map=0.05, parity_map_tolerance=0.1).model_dump()
     params = Params.model_validate({"promote": base, "evaluate": {"workers": 1, "reference": False}})

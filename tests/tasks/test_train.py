@@ -15,8 +15,8 @@ import pytest
 def prepared_synth(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real prepared directory: 15 synthetic frames (KITTI layout) through the prepare stage."""
     import tasks.prepare
-    from pfactory.config import Params
-    from pfactory.sensors.synth.dataset import generate_dataset
+    from flows.params import Params
+    from pfactory.synth.dataset import generate_dataset
 
     root = tmp_path_factory.mktemp("synth")
     generate_dataset(root / "raw", frames=15, seed=3, workers=1)  # frame ids 13 and 14 hash into val
@@ -33,7 +33,7 @@ TINY_OVERRIDES = [
 def test_train_on_prepared_synthetic_data_with_dali(prepared_synth: Path, tmp_path: Path) -> None:
     """The real chain: synth -> prepare -> `run` with the DALI shard loader -> outputs that load."""
     import tasks.train
-    from pfactory.config import load_params
+    from flows.params import load_params
     from pfactory.detectors.io import load_model
 
     params = load_params(None, [*TINY_OVERRIDES, "train.loader=dali"])

@@ -24,7 +24,7 @@ MODEL = "pfactory-detector"
 def _cli(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     """`factory ...` through the real console entry (errors -> one line + exit code)."""
     return subprocess.run(
-        [sys.executable, "-c", "from flows.cli import main; main()", *args],
+        [sys.executable, "-c", "from factory.cli import main; main()", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, input=stdin,
     )  # fmt: skip
 
@@ -173,7 +173,7 @@ def test_published_files_follow_the_umask(tmp_path: Path, mask: int, file: int, 
     """fsutil's atomic writes give files the mode any new file gets under the umask (it forced 0644)."""
     code = (
         "import os, sys; os.umask(int(sys.argv[1], 8)); from pathlib import Path\n"
-        "from pfactory.fsutil import atomic_directory, atomic_write_text\n"
+        "from pfactory.storage.fsutil import atomic_directory, atomic_write_text\n"
         "atomic_write_text(Path(sys.argv[2]) / 'f.json', '{}')\n"
         "with atomic_directory(Path(sys.argv[2]) / 'out', stage='evaluate') as d: (d / 'kpis.json').write_text('{}')\n"
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.registry.helpers import build_bench, candidate, honest_candidate, promote_params, real_evaluate
+from tests.promote.helpers import build_bench, candidate, honest_candidate, promote_params, real_evaluate
 
 from .conftest import ROOT
 
@@ -24,9 +24,9 @@ CANDIDATES = "pfactory-detector-candidates"
 
 
 def _cli(team, user: str | None, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """`factory ...` through the real console entry (`flows.cli.main`: errors -> one line + exit code)."""
+    """`factory ...` through the real console entry (`factory.cli.main`: errors -> one line + exit code)."""
     return subprocess.run(
-        [sys.executable, "-c", "from flows.cli import main; main()", *args],
+        [sys.executable, "-c", "from factory.cli import main; main()", *args],
         cwd=cwd, env=team.subprocess_env(user), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 
@@ -53,9 +53,9 @@ def test_identity_permissions_and_unauthenticated(team, monkeypatch) -> None:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from pfactory.failures import explain
-    from pfactory.team import identity
-    from pfactory.team.errors import NotAuthenticated
+    from pfactory.runtime.failures import explain
+    from pfactory.tracking import identity
+    from pfactory.tracking.identity import NotAuthenticated
 
     team.become(monkeypatch, "alice")
     me = identity.current()
@@ -81,10 +81,10 @@ def test_engineer_registers_maintainer_promotes_by_copy(team, tmp_path_factory, 
     from mlflow.exceptions import MlflowException
 
     import tasks.promote
-    from pfactory.registry import registry as reg
-    from pfactory.registry.candidates import promote_ref
-    from pfactory.registry.promotion import lineage, rollback
-    from pfactory.team.errors import PermissionRefused
+    from pfactory.promote import registry as reg
+    from pfactory.promote.candidates import promote_ref
+    from pfactory.promote.promotion import lineage, rollback
+    from pfactory.tracking.identity import PermissionRefused
 
     bench = build_bench(tmp_path_factory.getbasetemp() / "promote-bench")
     prm = promote_params(model_name=MODEL, min_map=0.0)  # the bench's tiny model: verification, not quality
@@ -164,7 +164,7 @@ def test_engineer_registers_maintainer_promotes_by_copy(team, tmp_path_factory, 
 LOCK_HOLDER = textwrap.dedent(
     """
     import os, sys, time
-    from pfactory.registry import registry as reg
+    from pfactory.promote import registry as reg
     try:
         with reg.registry_lock(os.environ["MLFLOW_TRACKING_URI"], float(sys.argv[2]), model=sys.argv[1]) as held:
             print("held", held, time.time(), flush=True)
@@ -191,7 +191,7 @@ def test_the_promotion_lock_is_held_by_the_server_not_by_a_clone(team, tmp_path)
     the same model: it is the team's Prefect limit `promote-<model>`, so while the first holds it the second
     times out with one line naming the limit, and the third waits and gets it only after the first released
     it. (Each in its own process, as promotions run.)"""
-    from pfactory.registry import registry as reg
+    from pfactory.promote import registry as reg
 
     first = _lock_holder(team, tmp_path / "clone-a", 60.0, 15.0)
     line = first.stdout.readline()
@@ -348,8 +348,8 @@ PROMOTER = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from pfactory.registry.candidates import promote_ref
-    from tests.registry.helpers import promote_params, real_evaluate
+    from pfactory.promote.candidates import promote_ref
+    from tests.promote.helpers import promote_params, real_evaluate
     prm = promote_params(model_name=sys.argv[1], min_map=0.0)
     print("ready", flush=True)
     sys.stdin.readline()  # both start at the same moment
@@ -367,7 +367,7 @@ def test_two_maintainers_promoting_at_once_from_two_clones(team, tmp_path_factor
     from mlflow import MlflowClient
 
     import tasks.promote
-    from pfactory.registry import registry as reg
+    from pfactory.promote import registry as reg
 
     bench = build_bench(tmp_path_factory.getbasetemp() / "promote-bench")
     prm = promote_params(model_name=MODEL, min_map=0.0)

@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch._dynamo
 
-from pfactory.model.detector import build_model as _build_model
-from pfactory.model.loss import detection_loss
-from pfactory.model.targets import build_targets
-from pfactory.model.variants import for_compile
-from tests.model.helpers import IMAGE_SIZE, random_batch, tiny_params
+from pfactory.archs.painted_pillars.detector import build_model as _build_model
+from pfactory.archs.painted_pillars.loss import detection_loss
+from pfactory.archs.painted_pillars.targets import build_targets
+from pfactory.archs.painted_pillars.variants import for_compile
+from tests.archs.painted_pillars.helpers import IMAGE_SIZE, random_batch, tiny_params
 
 
 def build_model(p, image_size):

@@ -20,7 +20,7 @@ from pfactory.train.params import TrainParams
 from pfactory.train.runtime import Runtime, Timer, cuda_bf16_native, use_bf16
 from pfactory.train.schedule import make_optimizer
 from pfactory.train.trainer import train_step
-from tests.model.helpers import IMAGE_SIZE, random_batch, tiny_params
+from tests.archs.painted_pillars.helpers import IMAGE_SIZE, random_batch, tiny_params
 
 # relative to the CPU fp32 step. The same step in bf16 on a CPU with AVX512-BF16 was off by 8.8e-4 (loss) and
 # 1.0e-2 (gradient norm); TF32 convolutions (10-bit mantissa) by less.
@@ -39,7 +39,7 @@ def _step(model: torch.nn.Module, batch: dict, device: torch.device, bf16: bool)
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_one_cuda_training_step_equals_the_cpu_fp32_step() -> None:
-    from pfactory.model.detector import build_model
+    from pfactory.archs.painted_pillars.detector import build_model
 
     torch.manual_seed(0)
     p = tiny_params()

@@ -66,8 +66,8 @@ def _wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[tuple[int
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real prepared directory: 15 synthetic frames (KITTI layout, 13 train) through the prepare stage."""
     import tasks.prepare
-    from pfactory.config import Params
-    from pfactory.sensors.synth.dataset import generate_dataset
+    from flows.params import Params
+    from pfactory.synth.dataset import generate_dataset
 
     root = tmp_path_factory.mktemp("synth")
     generate_dataset(root / "raw", frames=15, seed=3, workers=1)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # subprocess entry
     sys.path.insert(0, str(ROOT))
 
-from tests.data.test_storage import BUCKET, s3  # noqa: E402, F401 - the moto S3 server fixture (module scope)
+from tests.prepare.test_storage import BUCKET, s3  # noqa: E402, F401 - the moto S3 server fixture (module scope)
 from tests.train.test_trainer import _env, fake_loader_factory, fake_prepared, tiny_params  # noqa: E402
 
 # 24 train frames, batch 4: 6 steps an epoch, 120 in all (progress events come at most every 0.5 s). No step- or time-based checkpoint before the end:
@@ -196,7 +196,7 @@ def test_checkpoints_go_to_the_dvc_remote_and_another_machine_resumes_from_them(
 
 if __name__ == "__main__":
     if sys.argv[1] == "train":
-        from pfactory.failures import UserError
+        from pfactory.runtime.failures import UserError
 
         try:
             train(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), **json.loads(sys.argv[5]))

@@ -2,7 +2,7 @@
 tracking, profiling.
 
 Most tests drive `Trainer(...).train()` with a small in-memory loader (`FakeLoader`: deterministic frames
-with box-shaped point clusters, same protocol as `pfactory.data.loader`) and a tiny model, so each
+with box-shaped point clusters, same protocol as `pfactory.prepare.loader`) and a tiny model, so each
 run takes a few seconds on 2 cores (tests/tasks/test_train.py runs the real synth -> prepare ->
 loader chain through the stage). Subprocess helpers (`python test_trainer.py ...`) reuse
 this file, so the killed and the DDP runs train exactly what the in-process runs train.

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pfactory.fsutil import atomic_write_bytes, atomic_write_text
 from pfactory.sensors.frame import Frame
+from pfactory.storage.fsutil import atomic_write_bytes, atomic_write_text
 
 
 def _jpeg(path: Path) -> bytes:

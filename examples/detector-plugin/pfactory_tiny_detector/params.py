@@ -1,7 +1,7 @@
 """`model.tiny_bev`: the hyper-parameters of the tiny BEV detector (its own params section).
 
 The factory validates this section with this schema when `model.arch: tiny_bev` is selected: unknown keys
-are refused, naming the key (`pfactory.section.Section`). The defaults are the architecture's defaults, so
+are refused, naming the key (`pfactory.config.section.Section`). The defaults are the architecture's defaults, so
 nothing needs to be written in params.yaml; override a value with `-S model.tiny_bev.<key>=<value>` or under
 `model: tiny_bev:` in params.yaml. The classes and the point-cloud range are NOT set here: they are facts of
 the prepared data (`prepare.classes`, `prepare.pc_range`) and reach `build` in the `DataSpec`.
@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from pfactory.section import NonNegFloat, PositiveFloat, PositiveInt, Section
+from pfactory.config.section import NonNegFloat, PositiveFloat, PositiveInt, Section
 
 
 class TinyBevParams(Section):

@@ -5,7 +5,7 @@ In:  `forward`'s outputs `{"heatmap": [B, K, Ho, Wo] logits (head order), "reg":
      `CenterPointLidarParams.reg_channels`: 6 box, n bin logits, 2n residuals), `Targets`, the params.
 Out: `{"loss", "heatmap", "box", "dir_cls", "dir_res", "box/<channel>"}`, each [] float32.
 
-Normalization as the default head's (`pfactory.model.loss`): under DDP the caller passes the global peak
+Normalization as the default head's (`pfactory.archs.painted_pillars.loss`): under DDP the caller passes the global peak
 and object counts and the world size, so that averaging the processes' gradients gives the gradient of
 the single-process loss on the whole batch: loss_r = S_r / max(1, N_global) * world_size.
 """

@@ -8,8 +8,8 @@ Out of `forward`: `{"heatmap": [B, K, Ho, Wo] logits, channels in head order (`G
                     "reg": [B, G, R, Ho, Wo]}` (G heads, R = `CenterPointLidarParams.reg_channels`).
 Out of `forward_export`: `(boxes [B, D, 7], scores [B, D], labels [B, D] int64)`: decode inside the graph.
 
-Building blocks of the default architecture are reused (`pfactory.model.pillars`: the pillar encoder and
-the scatter-max canvas stem; `pfactory.model.layers`; `pfactory.model.variants`: the sparse stem and the
+Building blocks of the default architecture are reused (`pfactory.archs.painted_pillars.pillars`: the pillar encoder and
+the scatter-max canvas stem; `pfactory.archs.painted_pillars.layers`; `pfactory.archs.painted_pillars.variants`: the sparse stem and the
 export formulation), its network and head are not: the head, targets, loss and decode are this package's.
 """
 
@@ -34,10 +34,10 @@ from pfactory.archs.centerpoint_lidar.refine import (
     turn,
 )
 from pfactory.archs.centerpoint_lidar.targets import build_targets
+from pfactory.archs.painted_pillars import variants
+from pfactory.archs.painted_pillars.layers import GroupNormReLU, conv_norm_act
+from pfactory.archs.painted_pillars.pillars import CanvasStem, PillarEncoder
 from pfactory.detectors.contract import DataSpec, Detections, LossContext
-from pfactory.model import variants
-from pfactory.model.layers import GroupNormReLU, conv_norm_act
-from pfactory.model.pillars import CanvasStem, PillarEncoder
 
 _HEATMAP_PRIOR = 0.1  # initial heatmap probability (CenterNet/CenterPoint bias -2.19)
 
@@ -179,7 +179,7 @@ class CenterPointLidar(nn.Module):
         return Detections(boxes, scores, labels)
 
     def for_export(self) -> nn.Module:
-        """A copy in the ONNX export's formulation (`pfactory.model.variants.for_export`: plain Conv,
+        """A copy in the ONNX export's formulation (`pfactory.archs.painted_pillars.variants.for_export`: plain Conv,
         GroupNormalization + Relu, channels-first decoration, 1-D scatter-max canvas)."""
         return variants.for_export(self)
 
@@ -188,6 +188,6 @@ def build_detector(
     p: CenterPointLidarParams, spec: DataSpec, sparse_stem: bool | None = None
 ) -> CenterPointLidar:
     """The detector for `p` and the data's `spec`, channels-last, with the sparse canvas stem where the C
-    kernels are built (`pfactory.model.variants.use_sparse_stem`; `sparse_stem` overrides)."""
+    kernels are built (`pfactory.archs.painted_pillars.variants.use_sparse_stem`; `sparse_stem` overrides)."""
     model = CenterPointLidar(p, spec).to(memory_format=torch.channels_last)
     return variants.use_sparse_stem(model, sparse_stem)  # type: ignore[return-value]

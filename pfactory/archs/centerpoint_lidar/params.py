@@ -15,7 +15,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from pfactory.section import NonNegFloat, PillarGrid, PositiveFloat, PositiveInt, Section, pillar_misfit
+from pfactory.config.section import (
+    NonNegFloat,
+    PillarGrid,
+    PositiveFloat,
+    PositiveInt,
+    Section,
+    pillar_misfit,
+)
 
 BOX_CHANNELS = ("off_x", "off_y", "z", "log_l", "log_w", "log_h")
 
@@ -127,7 +134,7 @@ class CenterPointLidarParams(Section):
 class Geometry(PillarGrid):
     """The section plus the data's range and classes: grids, head groups (what `build` derives).
 
-    Also the attributes `pfactory.model.pillars.PillarEncoder` reads (pc_range, pillar_size_m, grid,
+    Also the attributes `pfactory.archs.painted_pillars.pillars.PillarEncoder` reads (pc_range, pillar_size_m, grid,
     bev_stem, point_channels, point_layers)."""
 
     pc_range: tuple[float, float, float, float, float, float]

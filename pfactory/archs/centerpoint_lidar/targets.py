@@ -27,7 +27,7 @@ from torch import Tensor
 
 import kernels
 from pfactory.archs.centerpoint_lidar.params import CenterPointLidarParams, Geometry
-from pfactory.model.targets import gaussian_radius
+from pfactory.archs.painted_pillars.targets import gaussian_radius
 
 _MIN_SIZE_M = 1e-3  # log(size) of a degenerate box stays finite
 

@@ -1,0 +1,5 @@
+"""`python -m factory ...` = `factory ...`."""
+
+from factory.cli import main
+
+main()

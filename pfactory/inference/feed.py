@@ -1,8 +1,0 @@
-"""`Feed`: the named input arrays of one inference call (ONNX Runtime, TensorRT, the calibration, latency
-and sensitivity loops): `{input name: array}`, the names of `pfactory.inference.export.INPUT_NAMES`."""
-
-from __future__ import annotations
-
-import numpy as np
-
-Feed = dict[str, np.ndarray]
