@@ -74,12 +74,12 @@ def _f(x: Any, digits: int = 4) -> str:
     return str(x)
 
 
-def model_card(release: Mapping[str, Any], audit: Sequence[Mapping[str, Any]]) -> str:
-    """MODEL_CARD.md from release.json's content (`release`) and the audit trail."""
+def _card_summary(release: Mapping[str, Any]) -> list[str]:
+    """The card's title, the promotion line, the intended use and the KPI headline (through the blank line
+    before the class table)."""
     k = release["kpis"]
     ev = release["evidence"]
-    lin = release["lineage"]
-    out = [
+    return [
         f"# {release['model']} v{release['version']} (`{release['alias']}`)",
         "",
         f"Promoted {release['at']} by {release['by']} ({release['action']}): {release['reason']}",
@@ -103,8 +103,13 @@ def model_card(release: Mapping[str, Any], audit: Sequence[Mapping[str, Any]]) -
         ),
         "",
     ]
+
+
+def _card_class_table(k: Mapping[str, Any], ev: Mapping[str, Any]) -> list[str]:
+    """The per-class AP table of KPI summary `k` (a column per distance threshold), then the mAP by range
+    when the evidence `ev` has it."""
     ths = sorted({th for c in k["classes"].values() for th in c["ap"]}, key=float)
-    out.append("| class | AP (mean) | " + " | ".join(f"AP@{t} m" for t in ths) + " | ATE | ASE | AOE |")
+    out = ["| class | AP (mean) | " + " | ".join(f"AP@{t} m" for t in ths) + " | ATE | ASE | AOE |"]
     out.append("|---" * (5 + len(ths)) + "|")
     for name, c in k["classes"].items():
         cells = [
@@ -115,9 +120,15 @@ def model_card(release: Mapping[str, Any], audit: Sequence[Mapping[str, Any]]) -
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     if ev.get("by_range_mAP"):
         out += ["", "mAP by range: " + ", ".join(f"{r} m {_f(v)}" for r, v in ev["by_range_mAP"].items())]
+    return out
+
+
+def _card_artifact(ev: Mapping[str, Any]) -> list[str]:
+    """The "## Optimized artifact" section: the primary artifact's latency and parity, and the optimize
+    stage's fallback when it shipped another artifact than the one asked."""
     lat = ev["latency"]
     par = ev["parity"]
-    out += [
+    out = [
         "",
         "## Optimized artifact",
         "",
@@ -134,28 +145,46 @@ def model_card(release: Mapping[str, Any], audit: Sequence[Mapping[str, Any]]) -
             f"{fallback['why']}.",
             "",
         ]
-    out += [
+    return out
+
+
+def _card_gates(gates: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """The "## Gates" section: one row per gate (`Gate.to_json()`), or one row saying the release was not
+    gated."""
+    out = [
         "## Gates",
         "",
         "| gate | value | threshold | margin | result |",
         "|---|---|---|---|---|",
     ]
-    for g in release.get("gates") or []:
+    for g in gates or []:
         out.append(
             f"| {g['name']} | {_f(g['value'])} | {_f(g['threshold'])} | {_f(g['margin'])} | "
             f"{'pass' if g['passed'] else 'FAIL'} |"
         )
-    if not release.get("gates"):
+    if not gates:
         out.append("| (none: this release was not gated, see the reason above) | | | | |")
-    out += [
+    return out
+
+
+def _card_lineage(release: Mapping[str, Any], audit: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The "## Lineage" (registry, architecture, run, commit, data, hashes), "## Files" and "## Audit trail"
+    sections, ending with the card's final empty line."""
+    ev = release["evidence"]
+    lin = release["lineage"]
+    plugin = ev["backend"].get("plugin")
+    origin = (
+        f"plugin {plugin.get('source')}, files sha256 `{plugin.get('files_sha256')}`"
+        if plugin
+        else "built-in"
+    )
+    return [
         "",
         "## Lineage",
         "",
         f"- registry: `models:/{release['model']}/{release['version']}` (alias `{release['alias']}`), "
         f"previous champion: {release['from'] if release['from'] is not None else 'none'}",
-        f"- architecture: `{ev['backend'].get('arch', DEFAULT_ARCH)}` ("
-        + (f"plugin {ev['backend']['plugin'].get('source')}, files sha256 `{ev['backend']['plugin'].get('files_sha256')}`"
-           if ev["backend"].get("plugin") else "built-in") + ")",
+        f"- architecture: `{ev['backend'].get('arch', DEFAULT_ARCH)}` ({origin})",
         f"- MLflow run: `{lin.get('run_id')}`",
         f"- git commit: `{lin.get('git_commit')}` (dirty: {lin.get('git_dirty')})",
         f"- data: prepared `{ev['data']['prepared_hash']}`"
@@ -176,6 +205,19 @@ def model_card(release: Mapping[str, Any], audit: Sequence[Mapping[str, Any]]) -
             for r in audit
         ),
         "",
+    ]
+
+
+def model_card(release: Mapping[str, Any], audit: Sequence[Mapping[str, Any]]) -> str:
+    """MODEL_CARD.md from release.json's content (`release`) and the audit trail (records oldest first): the
+    summary and KPIs, the class table, the optimized artifact, the gates, then lineage, files and audit."""
+    ev = release["evidence"]
+    out = [
+        *_card_summary(release),
+        *_card_class_table(release["kpis"], ev),
+        *_card_artifact(ev),
+        *_card_gates(release.get("gates")),
+        *_card_lineage(release, audit),
     ]
     return "\n".join(out)
 
