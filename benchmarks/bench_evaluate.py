@@ -42,8 +42,8 @@ def replicate_split(src: Path, out: Path, frames: int, split: str = "val") -> Pa
     """A prepared directory at `out` whose `split` holds `frames` rows cycled from `src`'s (ids renamed)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from pfactory.prepare.shards import open_prepared, open_shard
 
+    from pfactory.prepare.shards import open_prepared, open_shard
     from pfactory.storage.fsutil import atomic_write_json, sha256_file
 
     ds = open_prepared(src)

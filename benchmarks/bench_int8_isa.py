@@ -149,6 +149,7 @@ def build(
 ) -> dict[str, Any]:
     """Feeds and the model variants (the stage's float/quantized split or every layer, each format) into `work`."""
     import onnx
+
     from pfactory.optimize.calibration import load_feeds
     from pfactory.optimize.export import node_module_paths
     from pfactory.optimize.ort_backend import preprocess, quantize_layers, write_rewritten

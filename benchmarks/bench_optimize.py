@@ -79,10 +79,10 @@ def _synthetic_feeds(model: Any, batch: int, points: int, n: int, seed: int) -> 
 def _kpis(model: Any, runners: dict[str, Any], data: Path, frames: int, threshold: float) -> dict[str, Any]:
     """mAP / NDS of each runner on the first `frames` val frames (the evaluate stage's KPI code)."""
     import torch
-    from pfactory.optimize.calibration import batch_to_feed
-    from pfactory.prepare.loader import make_loader
 
     from pfactory.detectors.inference import evaluate_kpis, frames_from_batch
+    from pfactory.optimize.calibration import batch_to_feed
+    from pfactory.prepare.loader import make_loader
 
     classes = list(model.params.classes)
     gts: list = []
@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
 
     import torch
+
     from pfactory.optimize.calibration import load_feeds
     from pfactory.optimize.export import export_onnx
     from pfactory.optimize.latency import EAGER, measure_latency
@@ -353,6 +354,7 @@ def _node_profile(
     ORT's own scheduling and copies).
     """
     import onnxruntime as ort_mod
+
     from pfactory.optimize.ort_backend import needs_exact_u8s8, session_options
 
     so = session_options(threads, "all", spin=False)
@@ -420,6 +422,7 @@ def _tensorrt(exported: Any, calib: list, work: Path, ort: dict, args: argparse.
             "status": "skipped: `import tensorrt` failed or no CUDA GPU (pip install '.[tensorrt]' on a GPU machine)"
         }
     import tensorrt as trt
+
     from pfactory.optimize.ort_backend import quantize_int8
     from pfactory.optimize.tensorrt_backend import TensorRTRunner, build_engine, cast_onnx_fp16, engine_spec
 

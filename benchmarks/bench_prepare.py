@@ -51,9 +51,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `tests.conftest` builds the nuScenes tables around the real files
 
+from raw_datasets import build_datasets  # noqa: E402  (this folder: the benchmarks share it)
+
 from pfactory.prepare.camera import CameraPipeline, ResizeGeometry, pil_reference, resize_geometry  # noqa: E402
 from pfactory.prepare.params import PrepareParams  # noqa: E402
-from raw_datasets import build_datasets  # noqa: E402  (this folder: the benchmarks share it)
 
 TARGET_VS_BASELINE = 1.25
 TARGET_VS_CEILING = 0.80
@@ -272,8 +273,8 @@ def lidar_transform_table(raw: Path, repeats: int = 5) -> dict:
     import torch
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
-    from pfactory.prepare.lidar import transform_xyz
 
+    from pfactory.prepare.lidar import transform_xyz
     from pfactory.sensors.datasets import open_dataset
 
     ds = open_dataset(raw)

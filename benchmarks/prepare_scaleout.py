@@ -100,7 +100,6 @@ def noop_round_trip_ms(client: Any, n: int = 200) -> float:
 def local_cluster(workers: int) -> Iterator[tuple[Any, str]]:
     """`(Client, scheduler address)` of a LocalCluster started exactly as the stage starts one."""
     from pfactory.prepare.scaleout import WORKER_ENV
-
     from pfactory.runtime import cluster
 
     with cluster.dask_client(f"local:{workers}", workers, 1, "bench", WORKER_ENV) as (client, _):
@@ -153,7 +152,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from pfactory.prepare.params import PrepareParams
     from pfactory.prepare.scaleout import prepare_scaled
-
     from pfactory.prepare.stage import prepare_dataset
 
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_prepare_dask_"))

@@ -24,11 +24,10 @@ ENGINE_PROBES = ("fp32", "fp16")  # the precisions `tensorrt.engine.<precision>`
 
 
 def _load_checks() -> dict[str, Any]:
-    from pfactory.optimize.tensorrt_backend import ENGINE_PATH
-
     import kernels  # noqa: F401  (registers the kernels' checks)
     import pfactory.train.runtime  # noqa: F401  (registers the CUDA bf16 step)
     from kernels import selfcheck
+    from pfactory.optimize.tensorrt_backend import ENGINE_PATH
     from pfactory.prepare import camera, loader
 
     camera.register_selfcheck()
@@ -65,12 +64,12 @@ def _engine_probe(precision: str) -> Any:
         from pathlib import Path
 
         import torch
-        from pfactory.optimize.export import INPUT_NAMES, example_inputs, export_onnx
-        from pfactory.optimize.params import OptimizeParams
 
         from pfactory.detectors import registry
         from pfactory.detectors.contract import DataSpec
         from pfactory.detectors.params import DEFAULT_ARCH
+        from pfactory.optimize.export import INPUT_NAMES, example_inputs, export_onnx
+        from pfactory.optimize.params import OptimizeParams
 
         why = tensorrt_backend.tensorrt_missing()
         if why:

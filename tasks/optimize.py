@@ -55,9 +55,8 @@ def run(
 
     `backend`/`precision` override `optimize.backend`/`optimize.precision` (None/"auto" = from params).
     """
-    from pfactory.optimize.params import OptimizeParams
-
     from pfactory.config.section import section_of
+    from pfactory.optimize.params import OptimizeParams
     from pfactory.optimize.stage import optimize
     from pfactory.storage.fsutil import check_output_dir
 

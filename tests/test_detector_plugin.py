@@ -148,9 +148,9 @@ def test_example_trains_decodes_and_exports(tmp_path: Path) -> None:
     import numpy as np
     import onnxruntime as ort
     import torch
-    from pfactory.optimize.export import export_onnx
 
     from pfactory.detectors.contract import DataSpec, LossContext, check_architecture, check_detector
+    from pfactory.optimize.export import export_onnx
 
     sys.path.insert(0, str(EXAMPLE))
     try:

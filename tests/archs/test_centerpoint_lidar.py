@@ -148,6 +148,7 @@ def test_targets_decode_back_to_the_boxes() -> None:
 
 def test_export_runs_in_onnx_runtime_and_matches_forward_export(tmp_path) -> None:
     import onnxruntime as ort
+
     from pfactory.optimize.export import example_inputs, export_onnx
 
     model = build().eval()

@@ -15,10 +15,9 @@ from tests.optimize import helpers
 def build_eval_setup(root: Path, frames: int = 16, cameras: int = 1) -> dict[str, Path]:
     """`{"raw", "prepared", "model", "optimized"}` under `root` (module docstring); `cameras > 1`: the
     synthetic nuScenes layout (96x54 px images, an ROI around the car) and a model with those cameras."""
+    import tasks.optimize
     from pfactory.optimize.params import OptimizeParams
     from pfactory.prepare.params import PrepareParams
-
-    import tasks.optimize
     from pfactory.prepare.stage import prepare_dataset
     from pfactory.synth.dataset import generate_dataset
     from tests.archs.painted_pillars.helpers import save_trained

@@ -7,11 +7,11 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pfactory.prepare.shards import META_VERSION, SCHEMA_VERSION
 from pydantic import ValidationError
 
 from pfactory.evaluate.inputs import EvaluateInputError, plan_units, split_hash
 from pfactory.evaluate.params import EvaluateParams
+from pfactory.prepare.shards import META_VERSION, SCHEMA_VERSION
 
 
 def _shard(path, row_groups: list[int]) -> dict:

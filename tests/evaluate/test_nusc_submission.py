@@ -31,7 +31,6 @@ NUSC = {"Car": "car", "Pedestrian": "pedestrian", "Cyclist": "bicycle"}
 @pytest.fixture(scope="module")
 def nus_prepared(tmp_path_factory) -> tuple[Path, Path]:
     from pfactory.prepare.params import PrepareParams
-
     from pfactory.prepare.stage import prepare_dataset
     from pfactory.synth.dataset import generate_dataset
 

@@ -7,8 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from pfactory.optimize.errors import ParityError
-from pfactory.prepare.errors import RejectFractionExceeded
 
 from flows.failure import (
     EXIT_STAGE_FAILED,
@@ -21,6 +19,8 @@ from flows.failure import (
     stage_reason,
 )
 from flows.workspace import StageFailed
+from pfactory.optimize.errors import ParityError
+from pfactory.prepare.errors import RejectFractionExceeded
 from pfactory.runtime.failures import EXIT_TRANSIENT, EXIT_USAGE, Outcome, is_transient, stage_outcome
 
 REJECTED = RejectFractionExceeded(12, 12, 0.1, "artifacts/prepared/rejected.jsonl")

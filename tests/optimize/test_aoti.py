@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from pfactory.optimize.aoti_backend import check_graph, export_path
 from pfactory.optimize.errors import ArtifactError, BackendUnavailable
 from pfactory.optimize.runtime import auto_backend
-
 from pfactory.optimize.stage import _choose_primary, check_combination
 
 from .helpers import make_feed
@@ -82,10 +82,9 @@ def test_the_export_path_has_no_custom_op(tiny_model) -> None:
 def test_aoti_through_the_optimize_stage(tmp_path) -> None:
     """backend auto + aoti.enabled: the package is built, gated like FP32 ORT (bit-repeatable), timed, the
     primary is the fastest, and `load_runner` serves it with the eager model's detections."""
+    import tasks.optimize
     from pfactory.optimize.params import OptimizeParams
     from pfactory.optimize.runtime import TorchRunner, load_runner
-
-    import tasks.optimize
     from tests.evaluate.helpers import build_eval_setup
 
     setup = build_eval_setup(tmp_path / "setup", frames=8)

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+
 from pfactory.optimize.export import (
     INPUT_NAMES,
     OUTPUT_NAMES,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from pfactory.optimize.export import ExportWrapper, export_onnx
 
 from pfactory.optimize import export_cache
+from pfactory.optimize.export import ExportWrapper, export_onnx
 
 ARGS = {"cameras": 1, "opset": 18, "dynamic_batch": True, "export_points": 512}  # the `exported` fixture's
 

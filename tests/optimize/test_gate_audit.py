@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from pfactory.optimize.params import ParityParams, ParityTolerance
 from pfactory.optimize.parity import compare_outputs, gate
 

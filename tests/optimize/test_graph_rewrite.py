@@ -7,6 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
 from pfactory.optimize.graph_rewrite import rewrite_for_ort
 
 from .helpers import make_feed

@@ -6,6 +6,7 @@ same artifacts: tests/promote/test_int8_promotion.py."""
 from __future__ import annotations
 
 import pytest
+
 from pfactory.optimize.params import ParityParams
 from pfactory.optimize.parity import compare_outputs, gate
 from pfactory.optimize.runtime import OrtRunner

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+
 from pfactory.optimize.latency import EAGER, measure_latency, summarize, time_interleaved
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from kernels import selfcheck
 from pfactory.optimize.params import ParityParams
 from pfactory.optimize.parity import compare_outputs, parity_report
 from pfactory.optimize.runtime import OrtRunner, TorchRunner
-from pfactory.optimize.tensorrt_backend import selfcheck_failure, selfcheck_record, verify_engine
-
-from kernels import selfcheck
 from pfactory.optimize.stage import _fallback, _fallback_primary, _flat_metrics, refuse_failed_engine
+from pfactory.optimize.tensorrt_backend import selfcheck_failure, selfcheck_record, verify_engine
 
 from .test_tensorrt_selfcheck import STAND_IN, _feeds, _optimized_dir
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+
 from pfactory.optimize.ort_backend import FeedReader, quantize_int8, select_excluded_nodes
 from pfactory.optimize.params import Int8Params, ParityParams
 from pfactory.optimize.parity import compare_outputs

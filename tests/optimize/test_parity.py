@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from pfactory.optimize.errors import ParityError
 from pfactory.optimize.params import ParityParams, ParityTolerance
 from pfactory.optimize.parity import compare_outputs, gate, match_detections, parity_report, report_failures

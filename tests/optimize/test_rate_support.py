@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from pfactory.optimize.params import ParityParams
 from pfactory.optimize.parity import compare_outputs, gate, parity_report, wilson_interval
 from pfactory.optimize.runtime import OrtRunner

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from pfactory.optimize.errors import ArtifactError, BackendUnavailable
 from pfactory.optimize.manifest import MANIFEST, file_hashes, find_artifact, read_manifest
 from pfactory.optimize.runtime import OrtRunner, load_runner, resolve_backend, valid_detections
-
 from pfactory.storage.fsutil import sha256_file
 
 from .helpers import make_feed
@@ -134,6 +134,7 @@ def test_parallel_executor_is_opt_in_and_computes_the_same_bits(optimized_dir: P
     """Sequential executor by default (1-thread evaluate workers get exactly what they asked for);
     `inter_op_threads` > 1 selects ORT_PARALLEL, with identical outputs."""
     import onnxruntime as ort
+
     from pfactory.optimize.ort_backend import session_options
 
     seq = session_options(1, spin=False)

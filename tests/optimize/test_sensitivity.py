@@ -8,6 +8,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+
 from pfactory.optimize.ort_backend import (
     X86_EXACT_KEY,
     Layer,

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import numpy as np
 import onnx
 import pytest
+
 from pfactory.optimize.export import TensorSpec
 from pfactory.optimize.params import OptimizeParams
 from pfactory.optimize.tensorrt_backend import (
@@ -328,6 +329,7 @@ def test_real_tensorrt_engine_builds(exported, tmp_path) -> None:  # pragma: no 
     if not torch.cuda.is_available():
         pytest.skip("tensorrt imports but no CUDA GPU is visible")
     import tensorrt as trt
+
     from pfactory.optimize.tensorrt_backend import build_engine
 
     spec = engine_spec(OptimizeParams(), "fp16", trt.__version__, exported.inputs, max_batch=2)
@@ -344,6 +346,7 @@ def test_fp16_layers_come_from_the_sensitivity_report_by_weight(exported) -> Non
     """The report names ORT's pre-processed nodes; TensorRT parses the export, whose node names can differ
     (the point MLP's Gemm is renamed by pre-processing): layers are matched by their weight initializer."""
     import onnx
+
     from pfactory.optimize.tensorrt_backend import sensitivity_fp16_layers
 
     model = onnx.load(str(exported.path))
@@ -367,6 +370,7 @@ def test_trt11_int8_qdq_keeps_the_sensitivity_layers_unquantized_in_fp16(exporte
     """TensorRT >= 11 (strongly typed) INT8: the symmetric QDQ model with the kept-float layer left
     unquantized, then its float part cast to FP16 around the Q/DQ pairs: that layer runs in FP16."""
     import onnx
+
     from pfactory.optimize.ort_backend import quantize_int8
     from pfactory.optimize.tensorrt_backend import cast_onnx_fp16
 

@@ -14,6 +14,8 @@ import onnx
 import pytest
 import torch
 from onnx import numpy_helper
+
+from kernels import selfcheck
 from pfactory.optimize.params import OptimizeParams
 from pfactory.optimize.runtime import TorchRunner, open_runner
 from pfactory.optimize.tensorrt_backend import (
@@ -26,8 +28,6 @@ from pfactory.optimize.tensorrt_backend import (
     engine_spec,
     tensorrt_missing,
 )
-
-from kernels import selfcheck
 
 from .helpers import make_feed
 

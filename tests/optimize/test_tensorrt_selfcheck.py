@@ -20,6 +20,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
+
+from kernels import selfcheck
 from pfactory.optimize.errors import BackendUnavailable
 from pfactory.optimize.runtime import OrtRunner, open_runner
 from pfactory.optimize.tensorrt_backend import (
@@ -30,8 +32,6 @@ from pfactory.optimize.tensorrt_backend import (
     tensorrt_missing,
     verify_engine,
 )
-
-from kernels import selfcheck
 
 from .helpers import make_feed
 

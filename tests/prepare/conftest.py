@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from pfactory.prepare.params import PrepareParams
 
 # Tiny model input for tests: DALI's work scales with the *input* image, and 104x32 keeps

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from pfactory.prepare.augment import (
     AugmentParams,
     GlobalTransform,
@@ -14,7 +15,6 @@ from pfactory.prepare.augment import (
     transform_points,
     transform_projection,
 )
-
 from pfactory.sensors.geometry import box_corners
 
 

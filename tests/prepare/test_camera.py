@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pfactory.prepare.camera import CameraBatchError, CameraPipeline, pil_reference, resize_geometry
 from PIL import Image
+
+from pfactory.prepare.camera import CameraBatchError, CameraPipeline, pil_reference, resize_geometry
 
 MEAN = [0.485, 0.456, 0.406]
 STD = [0.229, 0.224, 0.225]

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 from pfactory.prepare.camera import PillowCamera, dali_available
 from pfactory.prepare.params import PrepareParams
-
 from pfactory.prepare.stage import prepare_dataset
 from tests.prepare.conftest import small_params
 

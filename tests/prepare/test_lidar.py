@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+
 from pfactory.prepare.lidar import (
     boxes_to_reference,
     process_lidar,
     reference_transform,
     voxel_downsample,
 )
-
 from pfactory.sensors.datasets import open_dataset
 from pfactory.sensors.frame import Boxes3D
 from pfactory.sensors.geometry import box_corners, make_transform, rot_z

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from pfactory.prepare.augment import AugmentParams
 from pfactory.prepare.loader import Batch, make_loader
 from pfactory.prepare.shards import MANIFEST, SCHEMA_VERSION, PreparedFrame, SplitWriter, arrow_schema

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from kernels import selfcheck
+from pfactory.prepare import loader
 from pfactory.prepare.loader import (
     BATCH_ATOL,
     GPU_LOADER,
@@ -29,9 +32,6 @@ from pfactory.prepare.loader import (
     make_loader,
     write_prepared,
 )
-
-from kernels import selfcheck
-from pfactory.prepare import loader
 
 
 @pytest.fixture

@@ -85,7 +85,6 @@ def test_one_and_two_workers_write_the_bytes_of_one_process(planted, expected, t
 
 def test_a_worker_killed_mid_unit_is_redone_and_the_output_is_identical(planted, expected, tmp_path) -> None:
     from pfactory.prepare.scaleout import prepare_data
-
     from tests.cluster_helpers import killing_a_worker, local_cluster
 
     # The victim's first unit imports DALI and builds its pipeline (seconds): it is surely mid-unit.

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+
 from pfactory.prepare.errors import SchemaError
 from pfactory.prepare.shards import (
     META_VERSION,

@@ -42,7 +42,6 @@ def build_bench(root: Path) -> dict[str, Path]:
             return paths
         from pfactory.optimize.params import OptimizeParams
         from pfactory.prepare.params import PrepareParams
-
         from pfactory.prepare.stage import prepare_dataset
         from pfactory.synth.dataset import generate_dataset
         from tests.archs.painted_pillars.helpers import save_trained
@@ -166,10 +165,9 @@ def write_eval(
 
 def real_evaluate(optimized: Path, prepared: Path) -> dict[str, Any]:
     """KPIs of the optimized model's primary artifact (ONNX Runtime) on the split: inference + KPI library."""
+    from pfactory.metrics import FrameDetections, evaluate_detections
     from pfactory.optimize.calibration import batch_to_feed
     from pfactory.optimize.runtime import load_runner, valid_detections
-
-    from pfactory.metrics import FrameDetections, evaluate_detections
 
     classes = json.loads((prepared / "manifest.json").read_text())["classes"]
     runner = load_runner(optimized, intra_op_threads=1)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pfactory.optimize.params import ParityParams
-from pfactory.optimize.parity import compare_outputs, parity_report
-from pfactory.optimize.runtime import OrtRunner
 
 from pfactory.detectors.inference import frames_from_batch
 from pfactory.evaluate.report import kpi_delta
 from pfactory.metrics import evaluate_detections
+from pfactory.optimize.params import ParityParams
+from pfactory.optimize.parity import compare_outputs, parity_report
+from pfactory.optimize.runtime import OrtRunner
 from pfactory.promote.evidence import Evidence, agreement_summary, delta_summary, kpi_summary
 from pfactory.promote.gates import apply_gates
 from pfactory.promote.params import PromoteParams

@@ -30,6 +30,7 @@ def slow_down(optimized: Path) -> None:
     import numpy as np
     import onnx
     from onnx import compose, helper, numpy_helper
+
     from pfactory.optimize.manifest import MANIFEST, file_hashes
 
     manifest = json.loads((optimized / MANIFEST).read_text())

@@ -310,11 +310,10 @@ def test_the_example_layout_runs_prepare_train_optimize_evaluate(plugin_env, raw
 def test_installed_dataset_plugins_are_pinned_params_of_prepare(tmp_path: Path) -> None:
     """`prepare.plugins` records the installed dataset plugins (DVC's `prepare` param: another version of one
     recomputes prepare); the flow re-pins what is installed, a stage refuses a stale record (exit 2)."""
-    from pfactory.prepare.params import PrepareParams
-
     from flows.params import load_params
     from pfactory.config.params_file import load_sections
     from pfactory.config.plugins import PluginError
+    from pfactory.prepare.params import PrepareParams
 
     assert load_params(None).prepare.plugins == []  # none installed in this process
     f = tmp_path / "params.yaml"

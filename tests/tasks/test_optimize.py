@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from pfactory.optimize.params import OptimizeParams, ParityParams
 from pfactory.optimize.parity import compare_outputs, gate
-
 from pfactory.storage.fsutil import OUTPUT_MARKER, sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,6 @@ from tests.optimize.helpers import IMAGE_SIZE, make_model  # noqa: E402
 def dataset(tmp_path_factory) -> dict[str, Path]:
     """8 synthetic KITTI frames prepared at the tiny model's input size, and a random-init tiny model."""
     from pfactory.prepare.params import PrepareParams
-
     from pfactory.prepare.stage import prepare_dataset
     from pfactory.synth.dataset import generate_dataset
     from tests.archs.painted_pillars.helpers import save_trained
@@ -176,9 +175,8 @@ def test_failed_parity_exits_1_writes_nothing_and_keeps_the_report(
 
 
 def test_fp16_on_onnxruntime_is_refused_with_a_hint(dataset, tmp_path) -> None:
-    from pfactory.optimize.errors import BackendUnavailable
-
     import tasks.optimize
+    from pfactory.optimize.errors import BackendUnavailable
 
     with pytest.raises(BackendUnavailable, match="tensorrt"):
         tasks.optimize.run(

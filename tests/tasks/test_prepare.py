@@ -34,12 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from flows.params import Params  # noqa: E402
 from pfactory.prepare.camera import pil_reference, resize_geometry  # noqa: E402
 from pfactory.prepare.errors import RejectFractionExceeded, SchemaError  # noqa: E402
 from pfactory.prepare.params import PrepareParams  # noqa: E402
 from pfactory.prepare.shards import open_prepared  # noqa: E402
-
-from flows.params import Params  # noqa: E402
 from pfactory.prepare.stage import prepare_dataset, split_of  # noqa: E402
 from pfactory.sensors.datasets import open_dataset  # noqa: E402
 from pfactory.sensors.geometry import quaternion_to_matrix  # noqa: E402
@@ -354,9 +353,8 @@ def test_an_image_dali_refuses_mid_batch_refuses_only_its_frame(
 ) -> None:
     """The stage's recovery path: DALI fails a batch -> images re-run one by one -> one refusal."""
     import pfactory.prepare.camera as camera_module
-    from pfactory.prepare.camera import CameraBatchError, CameraPipeline
-
     import pfactory.prepare.stage as prep
+    from pfactory.prepare.camera import CameraBatchError, CameraPipeline
 
     bad = (synth12 / "training" / "image_2" / "000006.png").read_bytes()
 
