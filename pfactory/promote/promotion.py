@@ -321,6 +321,203 @@ def copy_to_production(c: Any, source_model: str, version: int, model: str) -> i
     return new
 
 
+@dataclass
+class _Promotion:
+    """One call of `promote`: its arguments, who is calling, and the candidate's evidence and lineage. The
+    steps of `promote` read it; `version` is set once the candidate is registered."""
+
+    c: Any
+    params: PromoteParams
+    candidate: Candidate
+    data: Path
+    release: Path
+    dry_run: bool
+    evaluate_fn: EvaluateFn | None
+    ident: Any
+    """The caller's `access.team()` identity; None without a team."""
+    reg_name: str
+    """The registered model the candidate's version is (or will be) in."""
+    allowed: bool
+    """Whether the caller may move the alias of `params.model_name`."""
+    has: str
+    """The permission the caller has on `params.model_name`."""
+    ev: Evidence
+    lineage: dict[str, Any]
+    version: int | None = None
+
+
+def _start(
+    c: Any, params: PromoteParams, candidate: Candidate, data: Path, release: Path, dry_run: bool,
+    evaluate_fn: EvaluateFn | None, require_permission: bool,
+) -> _Promotion:  # fmt: skip
+    """Step 1 of `promote`: who is calling and where the candidate is registered (with `require_permission`,
+    `access.require` refuses a caller who may not promote before anything starts), then the candidate's
+    evidence (`read_evidence`) and lineage (run, commit, prepared data)."""
+    name = params.model_name
+    ident = access.team()
+    reg_name = candidate.model or (access.candidates_model(name) if ident is not None else name)
+    allowed, has = (True, "MANAGE") if ident is None or dry_run else access.may(ident, name)
+    if not allowed and require_permission:  # checked before anything starts (module docstring)
+        access.require(c, ident, name, "promote", reg.champion(c, name, params.alias), candidate.version,
+                       candidate.run_id)  # fmt: skip
+    ev = read_evidence(candidate.optimized, candidate.kpis_file, params.latency_batch)
+    ev.extra["prepared"] = prepared_lineage(data)
+    lineage = {
+        "run_id": candidate.run_id,
+        **(candidate.lineage or _git_lineage(c, candidate.run_id)),
+        "prepared": ev.extra["prepared"],
+    }
+    return _Promotion(c, params, candidate, data, release, dry_run, evaluate_fn, ident, reg_name, allowed,
+                      has, ev, lineage, candidate.version)  # fmt: skip
+
+
+def _register(p: _Promotion) -> int:
+    """Step 2 of `promote`: the candidate's version in `p.reg_name`: the one an earlier try registered (same
+    run, same backend.json), else a new one (its files logged to its run, tagged with its evidence)."""
+    c, params, candidate, ev, lineage = p.c, p.params, p.candidate, p.ev, p.lineage
+    if candidate.run_id is None:
+        raise ValueError("a candidate that is not registered yet needs the MLflow run to log it to")
+    version = reg.find_version(c, p.reg_name, candidate.run_id, ev.backend["manifest_sha256"])
+    if version is None:
+        source, model_id = reg.log_candidate(
+            c, candidate.run_id, candidate.optimized, candidate.kpis_file, p.data
+        )
+        tags = {
+            **ev.tags(),
+            "run_id": candidate.run_id,
+            "git.commit": str(lineage["git_commit"]),
+            "git.dirty": str(lineage["git_dirty"]),
+            reg.STATUS_TAG: "registered",
+            access.USER_TAG: reg.actor().rsplit("@", 1)[0],
+        }
+        version = reg.register_version(
+            c, p.reg_name, source, candidate.run_id, tags,
+            f"mAP {ev.kpis['mAP']:.4f} on {ev.data['split']} of {ev.data['prepared_hash'][:12]}; "
+            f"{ev.backend['primary']} p99 {ev.latency['p99_ms']:.1f} ms", model_id,
+        )  # fmt: skip
+        if p.reg_name == params.model_name:
+            reg.describe_model(c, params.model_name, params.alias)
+    return version
+
+
+def _gate(p: _Promotion, before: int | None) -> tuple[list[Gate], list[Gate], str, str]:
+    """Steps 3 and 4 of `promote`: the champion `before`'s KPIs on the candidate's data and both latencies,
+    then the gates. Returns (gates, the failed ones, the reason, where the champion's KPIs came from)."""
+    c, params, ev = p.c, p.params, p.ev
+    champ_kpis, champ_source = None, "none (no champion)"
+    if before is not None:
+        # The re-evaluation cache is a tag of the champion's version: written only by who may write there.
+        champ_kpis, champ_source = _champion_kpis(
+            c, params, before, ev, p.data, p.evaluate_fn, p.dry_run or not p.allowed
+        )
+    champ_latency = None
+    if before is not None:
+        champ_latency = _latency_vs_champion(
+            c, params, before, p.candidate.optimized, p.data, ev.data["split"]
+        )
+    gates = apply_gates(params, ev, champ_kpis, champ_latency)
+    bad = failed(gates)
+    vs = f"champion v{before}" if before is not None else "no champion (absolute gates only)"
+    reason = (
+        f"all {len(gates)} gates passed vs {vs}"
+        if not bad
+        else f"{len(bad)} gate(s) failed vs {vs}: " + "; ".join(f"{g.name}: {g.detail}" for g in bad)
+    )
+    fallback = (ev.backend.get("selection") or {}).get("fallback")
+    if fallback:  # said in the run's summary (the caption of the gate table) and on the model card
+        reason += f"; optimize shipped {fallback.get('primary', ev.backend['primary'])}: {fallback['why']}"
+    return gates, bad, reason, champ_source
+
+
+def _refuse(p: _Promotion, version: int, failed_gates: str) -> None:
+    """Tag candidate `version` (in `p.reg_name`) refused by the named gates (comma-separated)."""
+    reg.set_version_tags(
+        p.c, p.reg_name, version,
+        {"promotion.decision": "refused", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
+         "promotion.failed_gates": failed_gates, reg.STATUS_TAG: "refused"},
+    )  # fmt: skip
+
+
+def _await_maintainer(
+    p: _Promotion, version: int, before: int | None, gates: list[Gate], reeval: bool, reason: str,
+    extra: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """A candidate that passed, from a team member who may not move the alias: tagged "awaiting-maintainer",
+    and the result says who may promote it."""
+    name = p.params.model_name
+    who = access.who_may(p.c, name)
+    reason += (f"; {p.ident.username} has {p.has} on {name} and promoting needs {access.PROMOTE_NEEDS}: "
+               f"{who} can promote it (factory promote {p.reg_name}/{version})")  # fmt: skip
+    reg.set_version_tags(
+        p.c, p.reg_name, version,
+        {"promotion.decision": "awaiting-maintainer", "promotion.at": reg.now_iso(),
+         "promotion.by": reg.actor(), reg.STATUS_TAG: "awaiting-maintainer"},
+    )  # fmt: skip
+    return _result("awaiting-maintainer", version, before, before, gates, reeval, None, reason,
+                   who_may_promote=who, **extra)  # fmt: skip
+
+
+def _move_alias(
+    p: _Promotion, version: int, before: int | None, gates: list[Gate], reeval: bool, reason: str,
+    extra: dict[str, Any], server_lock: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """Step 5 of `promote`, for a candidate that passed: under the registry lock (the server's, already held
+    when `server_lock`), compare-and-set against the champion `before` the gates read, then the release, the
+    audit record and the alias move (`_publish`); with a team, to a copy of the candidate in the model."""
+    c, params, name, reg_name = p.c, p.params, p.params.model_name, p.reg_name
+    reg.set_version_tags(c, reg_name, version, {reg.STATUS_TAG: "awaiting-lock"})
+    lock = (
+        contextlib.nullcontext()
+        if server_lock
+        else reg.registry_lock(reg.registry_uri(), params.lock_timeout_s)
+    )
+    with lock:
+        now = reg.champion(c, name, params.alias)
+        if now != before:  # compare-and-set: another promotion moved the alias since step 3
+            lost = Gate(
+                "champion_unchanged", now, before, False, None,
+                f"{params.alias} moved from {before} to {now} while this promotion was gated: lost the race, "
+                "re-run the promotion to gate against the new champion",
+            )  # fmt: skip
+            gates.append(lost)
+            _refuse(p, version, lost.name)
+            return _result("refused", version, before, now, gates, reeval, None, lost.detail, **extra)
+        target = version if reg_name == name else copy_to_production(c, reg_name, version, name)
+        _publish(c, params, target, before, (p.candidate.optimized, p.candidate.kpis_file), p.ev, gates,
+                 "promote", reason, p.release, p.lineage)  # fmt: skip
+        if reg_name != name:
+            reg.set_version_tags(
+                c, reg_name, version,
+                {"promotion.decision": "promoted", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
+                 "promotion.production_version": target, reg.STATUS_TAG: f"copied to {name} v{target}"},
+            )  # fmt: skip
+            extra["production_version"] = target
+    return _result("promoted", version, before, target, gates, reeval, p.release, reason, **extra)
+
+
+def _decide(p: _Promotion, server_lock: bool) -> dict[str, Any]:
+    """Steps 3 to 5 of `promote` (under the server's lock when `server_lock`): read the champion, gate the
+    candidate against it, then the decision: dry-run, refused, awaiting-maintainer or promoted."""
+    c, params, name, version = p.c, p.params, p.params.model_name, p.version
+    before = reg.champion(c, name, params.alias)
+    if version is not None and p.reg_name == name and before == version:
+        return _result("promoted", version, before, before, [], False, None,
+                       f"v{version} is already {params.alias}: nothing to do")  # fmt: skip
+    gates, bad, reason, champ_source = _gate(p, before)
+    reeval = champ_source.startswith("re-evaluated")
+    extra: dict[str, Any] = {"champion_kpis_source": champ_source, "model": p.reg_name}
+    if p.dry_run:
+        return _result("dry-run", version, before, before, gates, reeval, None, reason, would_promote=not bad,
+                       **extra)  # fmt: skip
+    assert version is not None
+    if bad:
+        _refuse(p, version, ",".join(g.name for g in bad))
+        return _result("refused", version, before, before, gates, reeval, None, reason, **extra)
+    if not p.allowed:  # a team member who may not move the alias: a gated candidate, left for a maintainer
+        return _await_maintainer(p, version, before, gates, reeval, reason, extra)
+    return _move_alias(p, version, before, gates, reeval, reason, extra, server_lock)
+
+
 def promote(
     params: PromoteParams,
     candidate: Candidate,
@@ -341,155 +538,26 @@ def promote(
     """
     c = reg.client()
     name = params.model_name
-    ident = access.team()
-    reg_name = candidate.model or (access.candidates_model(name) if ident is not None else name)
-    allowed, has = (True, "MANAGE") if ident is None or dry_run else access.may(ident, name)
-    if not allowed and require_permission:  # checked before anything starts (module docstring)
-        access.require(c, ident, name, "promote", reg.champion(c, name, params.alias), candidate.version,
-                       candidate.run_id)  # fmt: skip
-    ev = read_evidence(candidate.optimized, candidate.kpis_file, params.latency_batch)
-    ev.extra["prepared"] = prepared_lineage(data)
-    lineage = {
-        "run_id": candidate.run_id,
-        **(candidate.lineage or _git_lineage(c, candidate.run_id)),
-        "prepared": ev.extra["prepared"],
-    }
+    p = _start(c, params, candidate, data, release, dry_run, evaluate_fn, require_permission)
     # Verify what is promoted (docs/PROMOTE.md, "What is verified"): only a caller who may move the alias.
-    verify = allowed and (
-        params.verify_candidate == "always" or (params.verify_candidate == "team" and ident is not None)
+    verify = p.allowed and (
+        params.verify_candidate == "always" or (params.verify_candidate == "team" and p.ident is not None)
     )
-    version = candidate.version
-    if version is None and not dry_run:
-        if candidate.run_id is None:
-            raise ValueError("a candidate that is not registered yet needs the MLflow run to log it to")
-        version = reg.find_version(c, reg_name, candidate.run_id, ev.backend["manifest_sha256"])
-        if version is None:
-            source, model_id = reg.log_candidate(
-                c, candidate.run_id, candidate.optimized, candidate.kpis_file, data
-            )
-            tags = {
-                **ev.tags(),
-                "run_id": candidate.run_id,
-                "git.commit": str(lineage["git_commit"]),
-                "git.dirty": str(lineage["git_dirty"]),
-                reg.STATUS_TAG: "registered",
-                access.USER_TAG: reg.actor().rsplit("@", 1)[0],
-            }
-            version = reg.register_version(
-                c, reg_name, source, candidate.run_id, tags,
-                f"mAP {ev.kpis['mAP']:.4f} on {ev.data['split']} of {ev.data['prepared_hash'][:12]}; "
-                f"{ev.backend['primary']} p99 {ev.latency['p99_ms']:.1f} ms", model_id,
-            )  # fmt: skip
-            if reg_name == name:
-                reg.describe_model(c, name, params.alias)
-
+    if p.version is None and not dry_run:
+        p.version = _register(p)
     if verify:
-        refusal = _verify_candidate(c, params, reg_name, version, candidate, ev, data, evaluate_fn)
+        refusal = _verify_candidate(c, params, p.reg_name, p.version, candidate, p.ev, data, evaluate_fn)
         if refusal is not None:
-            return _refuse_unverified(c, params, reg_name, version, candidate, refusal, dry_run)
+            return _refuse_unverified(c, params, p.reg_name, p.version, candidate, refusal, dry_run)
     # With a team the server's lock (`promote-<model>`) is held from reading the champion to moving the alias:
     # a promotion from another clone waits, then gates against the champion the first one set.
-    server_lock = not dry_run and allowed and reg.server_lock_name(reg.registry_uri(), name) is not None
+    server_lock = not dry_run and p.allowed and reg.server_lock_name(reg.registry_uri(), name) is not None
     held = contextlib.ExitStack()
     if server_lock:
-        reg.set_version_tags(c, reg_name, version, {reg.STATUS_TAG: "awaiting-lock"})
+        reg.set_version_tags(c, p.reg_name, p.version, {reg.STATUS_TAG: "awaiting-lock"})
         held.enter_context(reg.registry_lock(reg.registry_uri(), params.lock_timeout_s, model=name))
     with held:
-        before = reg.champion(c, name, params.alias)
-        if version is not None and reg_name == name and before == version:
-            return _result("promoted", version, before, before, [], False, None,
-                           f"v{version} is already {params.alias}: nothing to do")  # fmt: skip
-        champ_kpis, champ_source = None, "none (no champion)"
-        if before is not None:
-            # The re-evaluation cache is a tag of the champion's version: written only by who may write there.
-            champ_kpis, champ_source = _champion_kpis(
-                c, params, before, ev, data, evaluate_fn, dry_run or not allowed
-            )
-        reeval = champ_source.startswith("re-evaluated")
-        champ_latency = None
-        if before is not None:
-            champ_latency = _latency_vs_champion(
-                c, params, before, candidate.optimized, data, ev.data["split"]
-            )
-        gates = apply_gates(params, ev, champ_kpis, champ_latency)
-        bad = failed(gates)
-        vs = f"champion v{before}" if before is not None else "no champion (absolute gates only)"
-        reason = (
-            f"all {len(gates)} gates passed vs {vs}"
-            if not bad
-            else f"{len(bad)} gate(s) failed vs {vs}: " + "; ".join(f"{g.name}: {g.detail}" for g in bad)
-        )
-        fallback = (ev.backend.get("selection") or {}).get("fallback")
-        if fallback:  # said in the run's summary (the caption of the gate table) and on the model card
-            reason += (
-                f"; optimize shipped {fallback.get('primary', ev.backend['primary'])}: {fallback['why']}"
-            )
-        extra: dict[str, Any] = {"champion_kpis_source": champ_source, "model": reg_name}
-        if dry_run:
-            return _result(
-                "dry-run",
-                version,
-                before,
-                before,
-                gates,
-                reeval,
-                None,
-                reason,
-                would_promote=not bad,
-                **extra,
-            )
-        assert version is not None
-        if bad:
-            reg.set_version_tags(
-                c, reg_name, version,
-                {"promotion.decision": "refused", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
-                 "promotion.failed_gates": ",".join(g.name for g in bad), reg.STATUS_TAG: "refused"},
-            )  # fmt: skip
-            return _result("refused", version, before, before, gates, reeval, None, reason, **extra)
-        if not allowed:  # a team member who may not move the alias: a gated candidate, left for a maintainer
-            who = access.who_may(c, name)
-            reason += (f"; {ident.username} has {has} on {name} and promoting needs {access.PROMOTE_NEEDS}: "
-                       f"{who} can promote it (factory promote {reg_name}/{version})")  # fmt: skip
-            reg.set_version_tags(
-                c, reg_name, version,
-                {"promotion.decision": "awaiting-maintainer", "promotion.at": reg.now_iso(),
-                 "promotion.by": reg.actor(), reg.STATUS_TAG: "awaiting-maintainer"},
-            )  # fmt: skip
-            return _result("awaiting-maintainer", version, before, before, gates, reeval, None, reason,
-                           who_may_promote=who, **extra)  # fmt: skip
-
-        reg.set_version_tags(c, reg_name, version, {reg.STATUS_TAG: "awaiting-lock"})
-        lock = (
-            contextlib.nullcontext()
-            if server_lock
-            else reg.registry_lock(reg.registry_uri(), params.lock_timeout_s)
-        )
-        with lock:
-            now = reg.champion(c, name, params.alias)
-            if now != before:  # compare-and-set: another promotion moved the alias since step 3
-                lost = Gate(
-                    "champion_unchanged", now, before, False, None,
-                    f"{params.alias} moved from {before} to {now} while this promotion was gated: lost the race, "
-                    "re-run the promotion to gate against the new champion",
-                )  # fmt: skip
-                gates.append(lost)
-                reg.set_version_tags(
-                    c, reg_name, version,
-                    {"promotion.decision": "refused", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
-                     "promotion.failed_gates": lost.name, reg.STATUS_TAG: "refused"},
-                )  # fmt: skip
-                return _result("refused", version, before, now, gates, reeval, None, lost.detail, **extra)
-            target = version if reg_name == name else copy_to_production(c, reg_name, version, name)
-            _publish(c, params, target, before, (candidate.optimized, candidate.kpis_file), ev, gates, "promote",
-                     reason, release, lineage)  # fmt: skip
-            if reg_name != name:
-                reg.set_version_tags(
-                    c, reg_name, version,
-                    {"promotion.decision": "promoted", "promotion.at": reg.now_iso(), "promotion.by": reg.actor(),
-                     "promotion.production_version": target, reg.STATUS_TAG: f"copied to {name} v{target}"},
-                )  # fmt: skip
-                extra["production_version"] = target
-        return _result("promoted", version, before, target, gates, reeval, release, reason, **extra)
+        return _decide(p, server_lock)
 
 
 def previous_champion(
