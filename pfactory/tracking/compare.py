@@ -247,6 +247,149 @@ def _fmt_time(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _check_arguments(last: int, kpi_tolerance: float, time_tolerance: float, min_time_s: float) -> None:
+    """`CompareError` naming the first of `compare_runs`'s count and tolerances that is out of range."""
+    if last < 1:
+        raise CompareError(f"last: expected a run count >= 1, got {last}")
+    if not kpi_tolerance >= 0:
+        raise CompareError(f"kpi_tolerance: expected an absolute KPI drop >= 0, got {kpi_tolerance}")
+    if not time_tolerance >= 1:
+        raise CompareError(f"time_tolerance: expected a slow-down ratio >= 1, got {time_tolerance}")
+    if not min_time_s >= 0:
+        raise CompareError(f"min_time_s: expected seconds >= 0, got {min_time_s}")
+
+
+def _ordered_runs(
+    client: Any,
+    experiment: str,
+    uri: str,
+    run_ids_or_names: Sequence[str] | None,
+    baseline: str | None,
+    last: int,
+) -> tuple[list[Any], int]:
+    """The MLflow runs to compare, oldest first (each once, the baseline among them), and the baseline's
+    index: the run `baseline` names, else the oldest. `CompareError` for an unknown experiment or run."""
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise CompareError(f"experiment {experiment!r}: not found at tracking URI {uri}")
+    eid = exp.experiment_id
+
+    if run_ids_or_names:
+        runs = [_resolve(client, eid, experiment, r) for r in run_ids_or_names]
+    else:
+        runs = _latest(client, eid, experiment, last)
+    base_run = _resolve(client, eid, experiment, baseline) if baseline else None
+    by_id = {r.info.run_id: r for r in runs}  # a run named twice is shown once
+    if base_run is not None:
+        by_id.setdefault(base_run.info.run_id, base_run)
+    ordered = sorted(by_id.values(), key=lambda r: (r.info.start_time or 0, r.info.run_id))
+    if base_run is None:
+        base_run = ordered[0]
+    return ordered, [r.info.run_id for r in ordered].index(base_run.info.run_id)
+
+
+def _fact_rows(refs: list[RunRef], params: list[dict[str, Any]], tags: list[dict[str, Any]]) -> list[Row]:
+    """The "run" section: id, start time, user, status, commit, architecture and its source, promotion."""
+    n = len(refs)
+    table: list[Row] = []
+
+    def facts(key: str, values: list[Any]) -> None:
+        table.append(Row("run", key, values, [None] * n, [False] * n))
+
+    facts("run_id", [r.run_id for r in refs])
+    facts("started (UTC)", [_fmt_time(r.start_time_ms) for r in refs])
+    facts("user", [t.get("pfactory.user") or t.get("mlflow.user") or "-" for t in tags])  # who ran it
+    facts("status", [r.status for r in refs])
+    commits = []
+    for t in tags:
+        c = t.get("git.commit")
+        commits.append(
+            None if c in (None, "None") else c[:10] + ("+dirty" if t.get("git.dirty") == "True" else "")
+        )
+    facts("git.commit", commits)
+    # The architecture and where it came from (built-in, or a plugin's distribution and version): runs of
+    # different architectures compare side by side on the same rows.
+    facts("model.arch", [p.get("model.arch") or DEFAULT_ARCH for p in params])
+    facts("model.source", [p.get("model.plugin.source") or "built-in" for p in params])
+    facts("promotion.decision", [t.get("promotion.decision") for t in tags])
+    return table
+
+
+def _kpi_rows(
+    keys: list[str],
+    flagged: set[str],
+    metrics: list[dict[str, float]],
+    b: int,
+    refs: list[RunRef],
+    kpi_tolerance: float,
+) -> tuple[list[Row], list[Regression]]:
+    """The "kpi" section (delta: value - baseline, `b` the baseline's index) and its regressions: a `flagged`
+    KPI more than `kpi_tolerance` below the baseline's."""
+    n = len(refs)
+    table: list[Row] = []
+    regressions: list[Regression] = []
+    for key in keys:
+        values = [m.get(key) for m in metrics]
+        base = values[b]
+        deltas: list[float | None] = [None] * n
+        bad = [False] * n
+        for i, v in enumerate(values):
+            if i == b or v is None or base is None:
+                continue
+            deltas[i] = v - base
+            if key in flagged and v < base - kpi_tolerance:
+                bad[i] = True
+                regressions.append(
+                    Regression(refs[i].run_id, refs[i].label, "kpi", key, base, v, v - base, kpi_tolerance)
+                )
+        table.append(Row("kpi", key, values, deltas, bad))
+    return table, regressions
+
+
+def _ratio_rows(
+    section: str,
+    keys: list[str],
+    floor: float,
+    metrics: list[dict[str, float]],
+    b: int,
+    refs: list[RunRef],
+    time_tolerance: float,
+) -> tuple[list[Row], list[Regression]]:
+    """A "latency" or "time" section (delta: value / baseline, `b` the baseline's index) and its regressions:
+    a duration over `time_tolerance` x the baseline's that also grew by more than `floor`."""
+    n = len(refs)
+    table: list[Row] = []
+    regressions: list[Regression] = []
+    for key in keys:
+        values = [m.get(key) for m in metrics]
+        base = values[b]
+        deltas: list[float | None] = [None] * n
+        bad = [False] * n
+        for i, v in enumerate(values):
+            if i == b or v is None or base is None or base <= 0:
+                continue
+            deltas[i] = v / base
+            # only durations (`..._s`, `..._ms`) regress; e.g. time/orchestration_fraction is shown
+            if key.endswith(("_s", "_ms")) and v > base * time_tolerance and v - base > floor:
+                bad[i] = True
+                regressions.append(
+                    Regression(refs[i].run_id, refs[i].label, section, key, base, v, v / base, time_tolerance)
+                )
+        table.append(Row(section, key, values, deltas, bad))
+    return table, regressions
+
+
+def _param_rows(params: list[dict[str, Any]]) -> list[Row]:
+    """The "param" section: the params whose values differ between the runs, sorted by key."""
+    n = len(params)
+    table: list[Row] = []
+    for key in sorted(set().union(*params)):
+        values = [p.get(key) for p in params]
+        if len(set(values)) > 1:
+            table.append(Row("param", key, values, [None] * n, [False] * n))
+    return table
+
+
 def compare_runs(
     run_ids_or_names: Sequence[str] | None = None,
     baseline: str | None = None,
@@ -268,111 +411,30 @@ def compare_runs(
     `tracking_uri`: default `MLFLOW_TRACKING_URI`, else the project's sqlite store.
     Raises `CompareError` naming the run, experiment or argument that is wrong.
     """
-    if last < 1:
-        raise CompareError(f"last: expected a run count >= 1, got {last}")
-    if not kpi_tolerance >= 0:
-        raise CompareError(f"kpi_tolerance: expected an absolute KPI drop >= 0, got {kpi_tolerance}")
-    if not time_tolerance >= 1:
-        raise CompareError(f"time_tolerance: expected a slow-down ratio >= 1, got {time_tolerance}")
-    if not min_time_s >= 0:
-        raise CompareError(f"min_time_s: expected seconds >= 0, got {min_time_s}")
-
+    _check_arguments(last, kpi_tolerance, time_tolerance, min_time_s)
     client, uri = _client(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise CompareError(f"experiment {experiment!r}: not found at tracking URI {uri}")
-    eid = exp.experiment_id
-
-    if run_ids_or_names:
-        runs = [_resolve(client, eid, experiment, r) for r in run_ids_or_names]
-    else:
-        runs = _latest(client, eid, experiment, last)
-    base_run = _resolve(client, eid, experiment, baseline) if baseline else None
-    by_id = {r.info.run_id: r for r in runs}  # a run named twice is shown once
-    if base_run is not None:
-        by_id.setdefault(base_run.info.run_id, base_run)
-    ordered = sorted(by_id.values(), key=lambda r: (r.info.start_time or 0, r.info.run_id))
-    if base_run is None:
-        base_run = ordered[0]
+    ordered, b = _ordered_runs(client, experiment, uri, run_ids_or_names, baseline, last)
     refs = [
         RunRef(r.info.run_id, r.info.run_name or "", int(r.info.start_time or 0), r.info.status)
         for r in ordered
     ]
-    b = [r.info.run_id for r in ordered].index(base_run.info.run_id)
-
     metrics = [dict(r.data.metrics) for r in ordered]
     params = [dict(r.data.params) for r in ordered]
     tags = [dict(r.data.tags) for r in ordered]
     metric_keys = set().union(*metrics)
 
-    table: list[Row] = []
-    regressions: list[Regression] = []
-    n = len(ordered)
-
-    def facts(key: str, values: list[Any]) -> None:
-        table.append(Row("run", key, values, [None] * n, [False] * n))
-
-    facts("run_id", [r.run_id for r in refs])
-    facts("started (UTC)", [_fmt_time(r.start_time_ms) for r in refs])
-    facts("user", [t.get("pfactory.user") or t.get("mlflow.user") or "-" for t in tags])  # who ran it
-    facts("status", [r.status for r in refs])
-    commits = []
-    for t in tags:
-        c = t.get("git.commit")
-        commits.append(
-            None if c in (None, "None") else c[:10] + ("+dirty" if t.get("git.dirty") == "True" else "")
-        )
-    facts("git.commit", commits)
-    # The architecture and where it came from (built-in, or a plugin's distribution and version): runs of
-    # different architectures compare side by side on the same rows.
-    facts("model.arch", [p.get("model.arch") or DEFAULT_ARCH for p in params])
-    facts("model.source", [p.get("model.plugin.source") or "built-in" for p in params])
-    facts("promotion.decision", [t.get("promotion.decision") for t in tags])
-
-    kpi_rows, latency_rows, flagged = _kpi_keys(metric_keys)
-    for key in kpi_rows:
-        values = [m.get(key) for m in metrics]
-        base = values[b]
-        deltas: list[float | None] = [None] * n
-        bad = [False] * n
-        for i, v in enumerate(values):
-            if i == b or v is None or base is None:
-                continue
-            deltas[i] = v - base
-            if key in flagged and v < base - kpi_tolerance:
-                bad[i] = True
-                regressions.append(
-                    Regression(refs[i].run_id, refs[i].label, "kpi", key, base, v, v - base, kpi_tolerance)
-                )
-        table.append(Row("kpi", key, values, deltas, bad))
-
+    table = _fact_rows(refs, params, tags)
+    kpi_names, latency_names, flagged = _kpi_keys(metric_keys)
+    kpi_table, regressions = _kpi_rows(kpi_names, flagged, metrics, b, refs, kpi_tolerance)
+    table += kpi_table
     for section, keys, floor in (
-        ("latency", latency_rows, 0.0),
+        ("latency", latency_names, 0.0),
         ("time", _time_keys(metric_keys), min_time_s),
     ):
-        for key in keys:
-            values = [m.get(key) for m in metrics]
-            base = values[b]
-            deltas = [None] * n
-            bad = [False] * n
-            for i, v in enumerate(values):
-                if i == b or v is None or base is None or base <= 0:
-                    continue
-                deltas[i] = v / base
-                # only durations (`..._s`, `..._ms`) regress; e.g. time/orchestration_fraction is shown
-                if key.endswith(("_s", "_ms")) and v > base * time_tolerance and v - base > floor:
-                    bad[i] = True
-                    regressions.append(
-                        Regression(
-                            refs[i].run_id, refs[i].label, section, key, base, v, v / base, time_tolerance
-                        )
-                    )
-            table.append(Row(section, key, values, deltas, bad))
-
-    for key in sorted(set().union(*params)):
-        values = [p.get(key) for p in params]
-        if len(set(values)) > 1:
-            table.append(Row("param", key, values, [None] * n, [False] * n))
+        rows, found = _ratio_rows(section, keys, floor, metrics, b, refs, time_tolerance)
+        table += rows
+        regressions += found
+    table += _param_rows(params)
 
     return ComparisonResult(
         experiment=experiment,
