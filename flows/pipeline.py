@@ -426,16 +426,187 @@ def _travel(ws: Workspace, state: str) -> dict[str, Any] | None:
     return out
 
 
+def _stage_env() -> dict[str, str | None]:
+    """The environment variables `_run_in` sets for the stages, as they are before it sets them."""
+    from pfactory.runtime.progress import PROGRESS_ENV
+    from pfactory.tracking.runs import PARENT_ENV
+
+    return {
+        k: os.environ.get(k) for k in (PARENT_ENV, "PFACTORY_TIMINGS_DIR", PROGRESS_ENV, slots.NO_SERVER_ENV)
+    }
+
+
+def _set_stage_env(parent_run_id: str, timings_dir: Path, progress_file: Path) -> None:
+    """What the stages read from the environment: the parent run they nest under, where they write their
+    timings and progress events, and (without a Prefect server) that they need not look for one."""
+    from pfactory.runtime.progress import PROGRESS_ENV
+    from pfactory.tracking.runs import PARENT_ENV
+
+    os.environ[PARENT_ENV] = parent_run_id
+    os.environ["PFACTORY_TIMINGS_DIR"] = str(timings_dir)
+    os.environ[PROGRESS_ENV] = str(progress_file)
+    if not slots.enabled():  # the stages need not import Prefect to find that out again
+        os.environ[slots.NO_SERVER_ENV] = "1"
+
+
+def _restore_env(before: dict[str, str | None]) -> None:
+    """Put back the environment variables `before` (`_stage_env`) names: their value, or unset."""
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _log_parent_params(ws: Workspace, root_path: Path, params: Any, run: Any, record: dict[str, Any],
+                       resumes: int) -> None:  # fmt: skip
+    """The parent run's tags (lineage, process, `resumes`) and, unless it is the resumed run's own run
+    reopened (`record["mlflow_run_id"]`), the resolved params (flattened, and params.json)."""
+    import mlflow
+
+    from pfactory.runtime.lineage import lineage_tags
+    from pfactory.tracking.runs import flatten, process_tags
+
+    reopened = resumes and run.info.run_id == record.get("mlflow_run_id")
+    ws.record(mlflow_run_id=run.info.run_id)
+    mlflow.set_tags({**lineage_tags(root_path), **process_tags(), "resumes": str(resumes)})
+    if not reopened:  # a reopened run has them (MLflow refuses a param logged again with another value)
+        flat = flatten(params.model_dump(mode="json"))
+        items = [(k, json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in flat.items()]
+        for i in range(0, len(items), 100):  # MLflow caps a log_params batch at 100
+            mlflow.log_params(dict(items[i : i + 100]))
+        mlflow.log_dict(params.model_dump(mode="json"), "params.json")
+
+
+def _run_stages(
+    ws: Workspace,
+    selected: list[str],
+    run_id: str,
+    results: dict[str, Any],
+    console: Any,
+    progress_file: Path,
+) -> None:
+    """Run the `selected` stages in order (`STAGE_TASKS`), each followed on `console` and timed on the parent
+    run (`results["stages"]`, `results["timings_s"]`); `RunInterrupted` after SIGTERM. After evaluate the run
+    report vs the champion is drawn while the later stages run: `results["report"]`, even when one fails."""
+    import mlflow
+
+    report = None  # the run report vs the champion, drawn while the stages after evaluate run
+    try:
+        n = len(selected)
+        for i, stage in enumerate(selected, 1):
+            console.stage_started(i, n, stage)
+            try:
+                with console.following(progress_file, stage), _forward_sigterm(ws):
+                    results["stages"][stage] = STAGE_TASKS[stage](ws, i, n)
+            except StageFailed as e:
+                console.stage_failed()
+                if _stop.is_set():
+                    mlflow.set_tag("interrupted", f"SIGTERM in {stage}")
+                    raise RunInterrupted(run_id, stage, i, n) from e
+                raise
+            if _stop.is_set():  # SIGTERM while the stage was finishing: stop before the next one
+                raise RunInterrupted(run_id, None)
+            results["timings_s"][stage] = round(ws.stage_seconds[stage], 3)
+            if stage == "evaluate":  # the champion as it is before this run's promote stage
+                report = parent_run.champion_report(ws)
+            r = results["stages"][stage]
+            console.stage_finished(i, n, stage, r["how"], r["seconds"])
+            mlflow.log_metric(f"time/{stage}_s", results["timings_s"][stage])
+    finally:
+        if report is not None:
+            results["report"] = report.result()
+
+
+def _log_lock(ws: Workspace) -> None:
+    """The workspace's dvc.lock (when a stage wrote it) on the parent run, and its outputs' hashes as tags."""
+    import mlflow
+
+    if (ws.path / "dvc.lock").is_file():
+        mlflow.log_artifact(str(ws.path / "dvc.lock"))
+        mlflow.set_tags({f"data.{k}.md5": v for k, v in ws.out_hashes().items()})
+
+
+def _save_run(
+    ws: Workspace,
+    root_path: Path,
+    selected: list[str],
+    name: str | None,
+    checkout: bool,
+    results: dict[str, Any],
+) -> None:
+    """The finished run as DVC sees it: an experiment of the project (`results["experiment"]`), its outputs
+    at the root's paths (`results["checked_out"]`), pushed to a DVC remote when there is one
+    (`results["pushed"]`); `results["cache"]`: the DVC cache the workspace used and how it linked."""
+    import mlflow
+
+    partial = selected != list(declared_stages(root_path))
+    # `dvc exp save` (a git commit of the workspace, ~2 s) runs beside the checkout to the project's paths:
+    # they write different trees; the experiment is waited for before the tags and the lineage name it.
+    with ThreadPoolExecutor(1, thread_name_prefix="exp-save") as pool:
+        saving = pool.submit(save_experiment, ws, name, selected if partial else None)
+        results["checked_out"] = checkout_outputs(ws) if checkout else None
+        results["experiment"] = saving.result()
+    mlflow.set_tags(experiment_tags(ws, results["experiment"]))
+    if ws.remote:  # machines that share no disk: this run's outputs and run-cache to the remote
+        results["pushed"] = ws.push()
+        mlflow.set_tag("dvc.push", "ok" if results["pushed"]["ok"] else results["pushed"]["detail"][:250])
+    results["cache"] = {"dir": ws.cache_dir, "link_types": ws.link_types, "how": ws.links_how}
+
+
+def _orchestration(ws: Workspace, t_start: float) -> tuple[dict[str, Any], dict[str, float]]:
+    """The run's wall time since `t_start` split into stage work, stage start-up and orchestration (Prefect +
+    DVC + MLflow + workspace set-up: wall time outside the stage processes): the summary's "orchestration"
+    block and the parent run's time/orchestration metrics."""
+    stage_t = stage_timings(ws)
+    total = time.perf_counter() - t_start
+    work = sum(t["body_s"] for t in stage_t.values())
+    startup = sum(t["process_s"] - t["body_s"] for t in stage_t.values())
+    orchestration = max(total - work - startup, 0.0)
+    block = {
+        "total_s": round(total, 3),
+        "stage_work_s": {k: round(t["body_s"], 3) for k, t in stage_t.items()},
+        "stage_startup_s": round(startup, 3),
+        "orchestration_s": round(orchestration, 3),
+        "orchestration_fraction": round(orchestration / total, 4) if total > 0 else None,
+    }
+    metrics = {
+        "time/total_s": total,
+        "time/stage_startup_s": startup,
+        "orchestration/seconds": orchestration,
+        "orchestration/fraction": orchestration / total if total > 0 else 0.0,
+    }
+    return block, metrics
+
+
+def _summarize(
+    ws: Workspace, exp_id: str, parent_run_id: str, t_start: float, results: dict[str, Any]
+) -> None:
+    """The parent run's metrics (the stages' KPIs and latency, the timings), lineage, promotion decision and
+    summary.json; `results` gets the summary blocks, "orchestration" and "lineage"."""
+    import mlflow
+
+    metrics, summary = collect_metrics(ws)
+    results.update(summary)
+    results["orchestration"], timing = _orchestration(ws, t_start)
+    metrics.update(timing)
+    mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
+    results["lineage"] = parent_run.decorate(mlflow.MlflowClient(), exp_id, parent_run_id, ws, results)
+    decision = (results.get("promotion") or {}).get("decision")
+    if decision:
+        mlflow.set_tag("promotion.decision", decision)
+    mlflow.log_dict(results, "summary.json")
+
+
 def _run_in(
     ws: Workspace, root_path: Path, params: Any, selected: list[str], run_id: str, name: str | None,
     checkout: bool, t_start: float, record: dict[str, Any], resumes: int,
 ) -> dict[str, Any]:  # fmt: skip
-    """`_run` once the workspace is there (new, or reopened when `resumes` > 0)."""
+    """`_run` once the workspace is there (new, or reopened when `resumes` > 0): the MLflow parent run, the
+    stages, then the run saved as a DVC experiment and summarised on the parent run. Returns the summary."""
     import mlflow
 
-    from pfactory.runtime.lineage import lineage_tags
-    from pfactory.runtime.progress import PROGRESS_ENV
-    from pfactory.tracking.runs import PARENT_ENV, experiment_id, flatten, process_tags, reap_orphan_runs
+    from pfactory.tracking.runs import experiment_id, reap_orphan_runs
 
     runlog.attach(ws.path / "logs" / "prefect.log")  # `factory run`: Prefect's own records, off the terminal
     console = current_console()
@@ -457,101 +628,19 @@ def _run_in(
     timings_dir = ws.path / "logs" / "timings"
     timings_dir.mkdir(parents=True, exist_ok=True)
     progress_file = ws.path / "logs" / PROGRESS_FILE
-    env_before = {
-        k: os.environ.get(k) for k in (PARENT_ENV, "PFACTORY_TIMINGS_DIR", PROGRESS_ENV, slots.NO_SERVER_ENV)
-    }
+    env_before = _stage_env()
     with (
         _stage_failure_first(),
         _parent_run(exp_id, run_id, name, ws, record.get("mlflow_run_id") if resumes else None) as run,
     ):
         results["mlflow_run_id"] = run.info.run_id
-        reopened = resumes and run.info.run_id == record.get("mlflow_run_id")
-        ws.record(mlflow_run_id=run.info.run_id)
-        mlflow.set_tags({**lineage_tags(root_path), **process_tags(), "resumes": str(resumes)})
-        if not reopened:  # a reopened run has them (MLflow refuses a param logged again with another value)
-            flat = flatten(params.model_dump(mode="json"))
-            items = [(k, json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in flat.items()]
-            for i in range(0, len(items), 100):  # MLflow caps a log_params batch at 100
-                mlflow.log_params(dict(items[i : i + 100]))
-            mlflow.log_dict(params.model_dump(mode="json"), "params.json")
-        os.environ[PARENT_ENV] = run.info.run_id
-        os.environ["PFACTORY_TIMINGS_DIR"] = str(timings_dir)
-        os.environ[PROGRESS_ENV] = str(progress_file)
-        if not slots.enabled():  # the stages need not import Prefect to find that out again
-            os.environ[slots.NO_SERVER_ENV] = "1"
-        report = None  # the run report vs the champion, drawn while the stages after evaluate run
+        _log_parent_params(ws, root_path, params, run, record, resumes)
+        _set_stage_env(run.info.run_id, timings_dir, progress_file)
         try:
-            n = len(selected)
-            for i, stage in enumerate(selected, 1):
-                console.stage_started(i, n, stage)
-                try:
-                    with console.following(progress_file, stage), _forward_sigterm(ws):
-                        results["stages"][stage] = STAGE_TASKS[stage](ws, i, n)
-                except StageFailed as e:
-                    console.stage_failed()
-                    if _stop.is_set():
-                        mlflow.set_tag("interrupted", f"SIGTERM in {stage}")
-                        raise RunInterrupted(run_id, stage, i, n) from e
-                    raise
-                if _stop.is_set():  # SIGTERM while the stage was finishing: stop before the next one
-                    raise RunInterrupted(run_id, None)
-                results["timings_s"][stage] = round(ws.stage_seconds[stage], 3)
-                if stage == "evaluate":  # the champion as it is before this run's promote stage
-                    report = parent_run.champion_report(ws)
-                r = results["stages"][stage]
-                console.stage_finished(i, n, stage, r["how"], r["seconds"])
-                mlflow.log_metric(f"time/{stage}_s", results["timings_s"][stage])
+            _run_stages(ws, selected, run_id, results, console, progress_file)
         finally:
-            if report is not None:
-                results["report"] = report.result()
-            for k, v in env_before.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            if (ws.path / "dvc.lock").is_file():
-                mlflow.log_artifact(str(ws.path / "dvc.lock"))
-                mlflow.set_tags({f"data.{k}.md5": v for k, v in ws.out_hashes().items()})
-        # The finished run as DVC sees it: an experiment of the project, its outputs at the root's paths.
-        partial = selected != list(declared_stages(root_path))
-        # `dvc exp save` (a git commit of the workspace, ~2 s) runs beside the checkout to the project's paths:
-        # they write different trees; the experiment is waited for before the tags and the lineage name it.
-        with ThreadPoolExecutor(1, thread_name_prefix="exp-save") as pool:
-            saving = pool.submit(save_experiment, ws, name, selected if partial else None)
-            results["checked_out"] = checkout_outputs(ws) if checkout else None
-            results["experiment"] = saving.result()
-        mlflow.set_tags(experiment_tags(ws, results["experiment"]))
-        if ws.remote:  # machines that share no disk: this run's outputs and run-cache to the remote
-            results["pushed"] = ws.push()
-            mlflow.set_tag("dvc.push", "ok" if results["pushed"]["ok"] else results["pushed"]["detail"][:250])
-        results["cache"] = {"dir": ws.cache_dir, "link_types": ws.link_types, "how": ws.links_how}
-        metrics, summary = collect_metrics(ws)
-        results.update(summary)
-        stage_t = stage_timings(ws)
-        total = time.perf_counter() - t_start
-        work = sum(t["body_s"] for t in stage_t.values())
-        startup = sum(t["process_s"] - t["body_s"] for t in stage_t.values())
-        # Orchestration = Prefect + DVC + MLflow + workspace set-up: wall time outside the stage processes.
-        orchestration = max(total - work - startup, 0.0)
-        results["orchestration"] = {
-            "total_s": round(total, 3),
-            "stage_work_s": {k: round(t["body_s"], 3) for k, t in stage_t.items()},
-            "stage_startup_s": round(startup, 3),
-            "orchestration_s": round(orchestration, 3),
-            "orchestration_fraction": round(orchestration / total, 4) if total > 0 else None,
-        }
-        metrics.update(
-            {
-                "time/total_s": total,
-                "time/stage_startup_s": startup,
-                "orchestration/seconds": orchestration,
-                "orchestration/fraction": orchestration / total if total > 0 else 0.0,
-            }
-        )
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
-        results["lineage"] = parent_run.decorate(mlflow.MlflowClient(), exp_id, run.info.run_id, ws, results)
-        decision = (results.get("promotion") or {}).get("decision")
-        if decision:
-            mlflow.set_tag("promotion.decision", decision)
-        mlflow.log_dict(results, "summary.json")
+            _restore_env(env_before)
+            _log_lock(ws)
+        _save_run(ws, root_path, selected, name, checkout, results)
+        _summarize(ws, exp_id, run.info.run_id, t_start, results)
     return results
