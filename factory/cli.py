@@ -322,9 +322,9 @@ def kpi_cmd(
     scoring: dict[str, object] = {}
     if set_param or params_file is not None:  # only then: loading params costs ~0.3 s of imports
         ev = _params(params_file, set_param).evaluate
-        scoring = {"range_buckets_m": ev.range_buckets_m, "score_threshold": ev.frame_score_threshold}
+        scoring = {"range_buckets_m": ev.range_buckets_m, "frame_score_threshold": ev.frame_score_threshold}
     if frame_score_threshold is not None:
-        scoring["score_threshold"] = frame_score_threshold
+        scoring["frame_score_threshold"] = frame_score_threshold
     try:
         result = run_kpi(gt, pred, out, **scoring, metrics=metrics, frames=frames)
     except DatasetError as e:

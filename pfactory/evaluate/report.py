@@ -166,7 +166,7 @@ def write_reports(ev: Any, inputs: Any, tmp: Path, doc: dict, kpis: Any, ref: An
         {
             "optimized": kpis.per_frame,
             "reference": ref.per_frame if ref else None,
-            "score_threshold": ev.frame_score_threshold,
+            "frame_score_threshold": ev.frame_score_threshold,
         },
     )
     render_pr_png(

@@ -27,7 +27,7 @@ def score(ev: EvaluateParams, inputs: Any, results: dict[str, dict[int, Any]]) -
     kpi_params = KpiParams(
         classes=inputs.data.classes,
         range_buckets_m=ev.range_buckets_m,
-        score_threshold=ev.frame_score_threshold,
+        frame_score_threshold=ev.frame_score_threshold,
     )
     preds = {
         kind: sorted((f for r in results[kind].values() for f in r.pred), key=lambda f: f.frame_id)

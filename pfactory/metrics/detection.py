@@ -70,7 +70,7 @@ class KpiParams:
     """Optional max BEV range per class (nuScenes `class_range`): boxes at `>=` it are dropped first."""
     half_turn_classes: tuple[str, ...] = ()
     """Classes whose orientation is only defined up to 180 degrees (nuScenes: barrier): AOE period pi."""
-    score_threshold: float = 0.3
+    frame_score_threshold: float = 0.3
     """Per-frame TP/FP/FN counts and the error breakdown use the predictions scoring at least this
     (matches at `dist_th_tp_m`)."""
     error_bg_dist_m: float = 4.0
@@ -101,8 +101,8 @@ class KpiParams:
         for lo, hi in self.range_buckets_m:
             if not (0 <= lo < hi):
                 raise ValueError(f"KpiParams.range_buckets_m: bucket ({lo}, {hi}) needs 0 <= lo < hi")
-        if not math.isfinite(self.score_threshold):
-            raise ValueError(f"KpiParams.score_threshold must be finite, got {self.score_threshold}")
+        if not math.isfinite(self.frame_score_threshold):
+            raise ValueError(f"KpiParams.frame_score_threshold must be finite, got {self.frame_score_threshold}")
         if not (math.isfinite(self.error_bg_dist_m) and self.error_bg_dist_m >= self.dist_th_tp_m):
             raise ValueError(
                 f"KpiParams.error_bg_dist_m must be finite and >= dist_th_tp_m ({self.dist_th_tp_m}), "
@@ -238,7 +238,7 @@ class ErrorLabels:
 
     frame_ids: list[str]
     """Frame index -> id (GT frames first, then prediction-only frames)."""
-    pred_frame: np.ndarray  # [D] frame index of each labelled detection (score >= score_threshold)
+    pred_frame: np.ndarray  # [D] frame index of each labelled detection (score >= frame_score_threshold)
     pred_box: np.ndarray  # [D] index of the detection in its prediction FrameDetections
     pred_class: np.ndarray  # [D] class index (KpiParams.classes)
     pred_score: np.ndarray  # [D] float64
@@ -499,7 +499,7 @@ def _summary(split: _SplitResult, params: KpiParams) -> dict[str, Any]:
 def _per_frame_counts(
     gt: FlatBoxes, pred: FlatBoxes, overall: _SplitResult, params: KpiParams, frame_ids: list[str]
 ) -> list[dict[str, Any]]:
-    """TP/FP/FN per frame and class, at `dist_th_tp_m`, for predictions scoring >= score_threshold.
+    """TP/FP/FN per frame and class, at `dist_th_tp_m`, for predictions scoring >= frame_score_threshold.
 
     Greedy matching goes by descending score, so the matches of the predictions above a score
     threshold are exactly those of the full matching: no second matching pass is needed.
@@ -509,7 +509,7 @@ def _per_frame_counts(
     np.add.at(n_gt, (gt.frame, gt.cls), 1)
     for c, name in enumerate(params.classes):
         r = overall.classes[name]
-        kept = pred.score[r.pred_rows] >= params.score_threshold  # [P]
+        kept = pred.score[r.pred_rows] >= params.frame_score_threshold  # [P]
         frames = pred.frame[r.pred_rows]
         tp[:, c] = np.bincount(frames[kept & r.is_tp], minlength=F)
         fp[:, c] = np.bincount(frames[kept & ~r.is_tp], minlength=F)

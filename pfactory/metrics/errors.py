@@ -1,9 +1,9 @@
 """A TIDE-style error breakdown for 3D detection: what kind of error each detection is, per class and range.
 
 In:  the flattened ground truth and predictions of one split (`matching.FlatBoxes`, as
-     `detection.evaluate_detections` builds them) and the `KpiParams` (`score_threshold`,
+     `detection.evaluate_detections` builds them) and the `KpiParams` (`frame_score_threshold`,
      `dist_th_tp_m` = d_fg, `error_bg_dist_m` = d_bg, `min_recall`, `min_precision`).
-Out: `Breakdown`: one label per detection scoring >= `score_threshold`, the ground truth it refers to,
+Out: `Breakdown`: one label per detection scoring >= `frame_score_threshold`, the ground truth it refers to,
      heading flips, missed ground truths, and `Breakdown.summary` (the JSON block of docs/KPIS.md):
      `{class: {"tp", "duplicate", "classification", "localization", "both", "background", "missed",
      "heading_flip", "num_det", "num_gt", "ap", "dap": {"duplicate", ..., "missed"}}}`.
@@ -45,7 +45,7 @@ class KpiParams(Protocol):
     classes: tuple[str, ...]
     dist_th_tp_m: float
     error_bg_dist_m: float
-    score_threshold: float
+    frame_score_threshold: float
     half_turn_classes: tuple[str, ...]
     min_recall: float
     min_precision: float
@@ -73,7 +73,7 @@ class Breakdown:
 def error_breakdown(
     gt: FlatBoxes, pred: FlatBoxes, params: KpiParams, tp_match: np.ndarray | None = None
 ) -> Breakdown:
-    """Label every prediction scoring >= `params.score_threshold` (module docstring).
+    """Label every prediction scoring >= `params.frame_score_threshold` (module docstring).
 
     `tp_match [P]`: the GT row each prediction of `pred` takes in the devkit's greedy matching of all
     predictions at d <= d_fg (or -1), when the caller has it (`detection._evaluate_split` does). The
@@ -81,7 +81,7 @@ def error_breakdown(
     as in a matching of those alone."""
     classes = params.classes
     d_fg, d_bg = float(params.dist_th_tp_m), float(params.error_bg_dist_m)
-    rows = np.flatnonzero(pred.score >= params.score_threshold)  # [D]
+    rows = np.flatnonzero(pred.score >= params.frame_score_threshold)  # [D]
     p_frame, p_cls = pred.frame[rows], pred.cls[rows]  # [D]
     p_boxes, p_score = pred.boxes[rows], pred.score[rows]  # [D, 7], [D]
     D, G = len(rows), len(gt.frame)

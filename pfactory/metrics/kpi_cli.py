@@ -53,7 +53,7 @@ def run_kpi(
     """KPIs of the KITTI result files in `pred_dir` against the labels in `gt_dir`.
 
     `class_map` maps KITTI types to evaluated classes (default `DEFAULT_KITTI_CLASS_MAP`);
-    `params` (or keyword overrides of `KpiParams` fields, e.g. `score_threshold=0.5`) set the
+    `params` (or keyword overrides of `KpiParams` fields, e.g. `frame_score_threshold=0.5`) set the
     evaluation; by default the classes are the class map's targets. `metrics`: "nuscenes" (the
     nuScenes-definition KPIs), "kitti" (KITTI's official metric: the `kitti*` blocks of
     `pfactory.metrics.kitti_eval`), "all", or "auto" (nuScenes, plus KITTI when the labels have 2D boxes).
@@ -249,7 +249,7 @@ _ERROR_COLUMNS = (
 
 def format_error_table(errors: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
     """Plain-text lines of the error breakdown: counts per label, then the AP gain if each were fixed."""
-    thr = params.get("score_threshold")
+    thr = params.get("frame_score_threshold", params.get("score_threshold"))  # kpis.json before the rename
     d_fg, d_bg = params.get("dist_th_tp_m", 2.0), params.get("error_bg_dist_m", 4.0)
     head = f"errors (score >= {thr}, d_fg {d_fg:g} m, d_bg {d_bg:g} m)"
     lines = [head, f"{'class':<12}" + "".join(f"{h:>7}" for _, h in _ERROR_COLUMNS)]

@@ -190,7 +190,7 @@ def _errors_section(m: dict[str, Any]) -> str:
     table = _table(head, rows, "grid small errors")
     return (
         '<section id="errors"><h2>Error breakdown</h2>'
-        f"<p>Detections scoring ≥ {params['score_threshold']} get the first label that applies, matched per frame "
+        f"<p>Detections scoring ≥ {params.get('frame_score_threshold', params.get('score_threshold'))} get the first label that applies, matched per frame "
         f"greedily by score with BEV centre distance d: <b>tp</b> (same class, d ≤ {params['dist_th_tp_m']:g} m to an "
         "unmatched GT), <b>duplicate</b> (same class, d ≤ d_fg to a matched GT), <b>classification</b> (d ≤ d_fg to "
         f"another class), <b>localization</b> (same class, d ≤ {params.get('error_bg_dist_m', 4.0):g} m), <b>both</b> "
@@ -457,7 +457,7 @@ def build_report(inputs: ReportInputs, worst_n: int = 6) -> Report:
             "the table and kpis.json disagree (the page shows the recomputed numbers)"
         )
     all_dets = evaluate_detections(
-        inputs.gt, inputs.pred, dataclasses.replace(params, score_threshold=0.0, range_buckets_m=())
+        inputs.gt, inputs.pred, dataclasses.replace(params, frame_score_threshold=0.0, range_buckets_m=())
     )
     cal = calibration(all_dets, list(params.classes))
     worst = worst_frames(kpis, worst_n)
@@ -477,7 +477,7 @@ def build_report(inputs: ReportInputs, worst_n: int = 6) -> Report:
         _kitti_section(inputs.kpis),
         _errors_section(m),
         _pr_section(kpis),
-        _worst_section(worst, panels, params.score_threshold),
+        _worst_section(worst, panels, params.frame_score_threshold),
         _calibration_section(cal),
         _optimize_section(inputs),
     ]

@@ -39,7 +39,7 @@ def planted() -> tuple[FrameDetections, FrameDetections, list[str | None]]:
         (box(90.2, yaw=math.pi), CAR, 0.4, "tp"),  # GT 4, facing backwards: a heading flip
         (box(130.0, 12.5), CAR, 0.35, "localization"),  # 2.5 m from car GT 6, nearest first
         (box(129.0, 10.0), CAR, 0.32, "tp"),  # GT 6 at 1 m (taken before by nobody: 0.35 was 2.5 m off)
-        (box(150.0), CAR, 0.1, None),  # below score_threshold: not labelled
+        (box(150.0), CAR, 0.1, None),  # below frame_score_threshold: not labelled
     ]
     pred = FrameDetections("f0", [d[0] for d in dets], [d[1] for d in dets], [d[2] for d in dets])
     return gt, pred, [d[3] for d in dets]
@@ -78,7 +78,7 @@ def test_thresholds_are_inclusive_and_configurable() -> None:
     )
     labels = evaluate_detections([gt], [pred], PARAMS).errors.frame("f")["pred"]
     assert labels == {0: "tp", 1: "both", 2: "background"}  # d = 2 is tp, d = 4 is "both", 4 + 1e-9 is not
-    wide = KpiParams(classes=(CAR, PED), error_bg_dist_m=5.0, score_threshold=0.75)
+    wide = KpiParams(classes=(CAR, PED), error_bg_dist_m=5.0, frame_score_threshold=0.75)
     labels = evaluate_detections([gt], [pred], wide).errors.frame("f")["pred"]
     assert labels == {0: "tp", 1: "both"}  # 0.7 is below the threshold
     with pytest.raises(ValueError, match="error_bg_dist_m"):
@@ -158,7 +158,7 @@ def reference_labels(
         p = by_id.get(g.frame_id)
         gi = [i for i in range(len(g.boxes)) if g.names[i] in params.classes]
         di = [] if p is None else [i for i in range(len(p.boxes)) if p.names[i] in params.classes]
-        di = [i for i in di if p.scores[i] >= params.score_threshold]
+        di = [i for i in di if p.scores[i] >= params.frame_score_threshold]
         matched: set[int] = set()
         for c in params.classes:
             order = sorted((i for i in di if p.names[i] == c), key=lambda i: (-p.scores[i], -i))
@@ -196,7 +196,7 @@ def reference_labels(
 
 def fixed_by_hand(gts, preds, params, kind, labels, targets, missed):
     """The inputs after TIDE's fix of every `kind` error (detections below the threshold dropped)."""
-    thr = params.score_threshold
+    thr = params.frame_score_threshold
     gt_by = {g.frame_id: g for g in gts}
     out_g, out_p = [], []
     for g in gts:
@@ -239,7 +239,7 @@ def fixed_by_hand(gts, preds, params, kind, labels, targets, missed):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_matches_the_loop_reference_and_hand_fixed_ap(seed: int) -> None:
     gts, preds = random_detections(n_frames=25, gt_per_frame=12, pred_per_frame=30, seed=seed)
-    params = KpiParams(score_threshold=(0.0, 0.3, 0.5)[seed], range_buckets_m=())
+    params = KpiParams(frame_score_threshold=(0.0, 0.3, 0.5)[seed], range_buckets_m=())
     kpis = evaluate_detections(gts, preds, params)
     labels, targets, flips, missed = reference_labels(gts, preds, params)
     got = {}
@@ -260,7 +260,7 @@ def test_matches_the_loop_reference_and_hand_fixed_ap(seed: int) -> None:
         assert {lbl: e[lbl] for lbl in LABELS} == n
         assert e["tp"] + e["missed"] == e["num_gt"]
     base = {c: kpis.metrics["errors"][c]["ap"] for c in params.classes}
-    if params.score_threshold == 0.0:  # all detections: the breakdown's AP is the KPI's AP at d_fg
+    if params.frame_score_threshold == 0.0:  # all detections: the breakdown's AP is the KPI's AP at d_fg
         for c in params.classes:
             assert base[c] == kpis.metrics["classes"][c]["ap"]["2.0"]
     for kind in DAP_KEYS:
@@ -290,7 +290,7 @@ def test_standalone_matching_equals_the_shared_one() -> None:
     from pfactory.metrics.matching import flatten_frames
 
     gts, preds = random_detections(n_frames=20, gt_per_frame=10, pred_per_frame=25, seed=4)
-    params = KpiParams(score_threshold=0.2)
+    params = KpiParams(frame_score_threshold=0.2)
     g = flatten_frames(gts, params.classes, is_pred=False)
     p = flatten_frames(preds, params.classes, is_pred=True, frame_index=g.frame_index)
     alone = error_breakdown(g, p, params)

@@ -140,8 +140,8 @@ def test_label_2_subfolder_and_latency(tmp_path: Path) -> None:
 def test_error_breakdown_and_score_threshold(tmp_path: Path) -> None:
     gts, preds = random_detections(n_frames=10, gt_per_frame=10, pred_per_frame=25, seed=5)
     gt, pred = write_dir(tmp_path / "gt", gts), write_dir(tmp_path / "pred", preds)
-    all_dets = run_kpi(gt, pred, score_threshold=0.0)
-    strict = run_kpi(gt, pred, score_threshold=0.5)
+    all_dets = run_kpi(gt, pred, frame_score_threshold=0.0)
+    strict = run_kpi(gt, pred, frame_score_threshold=0.5)
     for name, e in all_dets["errors"].items():
         assert e["num_det"] == all_dets["classes"][name]["num_pred"]  # threshold 0: every detection
         assert e["ap"] == pytest.approx(all_dets["classes"][name]["ap"]["2.0"], abs=1e-12)
@@ -149,7 +149,7 @@ def test_error_breakdown_and_score_threshold(tmp_path: Path) -> None:
         assert set(strict["by_range"]["0-20"]["errors"][name]["dap"]) == {
             "duplicate", "classification", "localization", "both", "background", "missed",
         }  # fmt: skip
-    assert strict["params"]["score_threshold"] == 0.5
+    assert strict["params"]["frame_score_threshold"] == 0.5
     table = format_kpi_table(strict)
     assert "errors (score >= 0.5, d_fg 2 m, d_bg 4 m)" in table and "dAP (fixed)" in table
 
@@ -166,9 +166,9 @@ def test_cli_score_threshold(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "errors (score >= 0.6" in res.output
-    assert json.loads(out.read_text())["params"]["score_threshold"] == 0.6
+    assert json.loads(out.read_text())["params"]["frame_score_threshold"] == 0.6
     res = CliRunner().invoke(app, [*args[:-1], "nan"])
-    assert res.exit_code == 2 and "score_threshold must be finite" in res.output
+    assert res.exit_code == 2 and "frame_score_threshold must be finite" in res.output
     # no second name that reads like evaluate.score_threshold (the detection threshold, another parameter)
     res = CliRunner().invoke(app, [*args[:-2], "--score-threshold", "0.6"])
     assert res.exit_code == 2 and "--score-threshold" in res.output
@@ -261,9 +261,9 @@ def test_cli_honours_evaluate_overrides(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, [*base, "-S", "evaluate.frame_score_threshold=0.6", "-S", "evaluate.range_edges_m=[0,10]"])
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
-    assert doc["params"]["score_threshold"] == 0.6
+    assert doc["params"]["frame_score_threshold"] == 0.6
     assert doc["params"]["range_buckets_m"] == [[0.0, 10.0], [10.0, None]]  # JSON: an open last bucket
     res = CliRunner().invoke(app, [*base, "-S", "evaluate.frame_score_threshold=0.6", "--frame-score-threshold", "0.2"])
-    assert res.exit_code == 0 and json.loads(out.read_text())["params"]["score_threshold"] == 0.2, res.output
+    assert res.exit_code == 0 and json.loads(out.read_text())["params"]["frame_score_threshold"] == 0.2, res.output
     res = CliRunner().invoke(app, [*base, "-S", "evaluate.frame_score_threshold=-1"])
     assert res.exit_code == 2 and "evaluate.frame_score_threshold" in res.output

@@ -92,7 +92,7 @@ def test_worst_frames_and_calibration_by_hand() -> None:
 
     # Frame 0: 2 GT, found both; frame 1: 3 GT, one found + 2 background; frame 2: 1 GT missed.
     gts, preds = _frames([2, 3, 1], [[0.95, 0.85], [0.9, 0.15, 0.35], []], [2, 1, 0])
-    params = KpiParams(classes=("Car",), range_buckets_m=(), score_threshold=0.3)
+    params = KpiParams(classes=("Car",), range_buckets_m=(), frame_score_threshold=0.3)
     kpis = evaluate_detections(gts, preds, params)
     worst = worst_frames(kpis, 5)
     # Frame 1: 1 background + 2 missed; frame 2: 1 missed; frame 0 has no error.
@@ -103,7 +103,7 @@ def test_worst_frames_and_calibration_by_hand() -> None:
     assert [w["frame_id"] for w in tied] == ["000", "001"]
     assert worst[0]["background"] == 1 and worst[0]["missed"] == 2  # the 0.15 detection is below 0.3
     cal = calibration(
-        evaluate_detections(gts, preds, KpiParams(classes=("Car",), range_buckets_m=(), score_threshold=0)),
+        evaluate_detections(gts, preds, KpiParams(classes=("Car",), range_buckets_m=(), frame_score_threshold=0)),
         ["Car"],
     )
     bins = {round(r["lo"], 1): r for r in cal["all"]["bins"] if r["n"]}
