@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install_dev.sh
 .venv/bin/ruff check .
 if [ "$#" -eq 0 ]; then
-  # The default tier's budget: clean clones on 2-core AMD EPYC Zen 4, 2026-12-03 (docs/TESTING.md): 577 s of
+  # The default tier's budget: clean clones on 2-core AMD EPYC Zen 4, 2026-12-03 (benchmarks/RESULTS.md, "Test suite"): 577 s of
   # tests quiet, 704 s at load ~2. 1500 s leaves 2.1x over 704 s for a slower machine or hour (this box's
   # speed varied 25-35 % within a day), and with the install still stays far under CI's 5400 s.
   export PFACTORY_TEST_BUDGET_S=${PFACTORY_TEST_BUDGET_S:-1500}

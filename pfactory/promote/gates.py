@@ -2,7 +2,7 @@
 
 In:  `PromoteParams`, the candidate `Evidence`, the champion's KPI summary on the candidate's evaluation
      data (None when there is no champion: only the absolute gates apply) and the side-by-side latency of
-     candidate and champion (`inference.latency.compare_directories`, from `promotion.promote`).
+     candidate and champion (`pfactory.optimize.latency.compare_directories`, from `promotion.promote`).
 Out: `list[Gate]`, in a fixed order. Each gate has a `value`, a `threshold`, `passed` and a `margin`
      (positive: passed with room; negative: failed by that much; None for a yes/no gate) and a `detail`
      sentence that names what failed and by how much.
@@ -167,7 +167,7 @@ def apply_gates(
 
 
 def _latency_gates(params: PromoteParams, cmp: Mapping[str, Any] | None) -> list[Gate]:
-    """Candidate / champion p50 and p99, timed side by side (`inference.latency.compare_directories`)."""
+    """Candidate / champion p50 and p99, timed side by side (`pfactory.optimize.latency.compare_directories`)."""
     limits = {"p50": params.max_latency_ratio, "p99": params.max_p99_latency_ratio}
     if cmp is None:
         why = "not measured (promotion.promote times both side by side)"
@@ -274,7 +274,7 @@ def _parity_gates(params: PromoteParams, candidate: Evidence) -> list[Gate]:
 
 
 def _rate_gate(name: str, a: Mapping[str, Any], params: PromoteParams, where: str) -> Gate:
-    """A match rate judged with its support (`inference.parity.judge_rate`): value the rate, margin the
+    """A match rate judged with its support (`pfactory.optimize.parity.judge_rate`): value the rate, margin the
     Wilson upper bound minus the limit (None when too few to judge), the detail says which."""
     n = int(a.get("support", 0))
     k = round(a["match_rate"] * n)  # parity.json records matched / max(reference, candidate)

@@ -6,8 +6,8 @@ lidar-frame convention. Bottom up: `errors` (DatasetError), `io` (point files, i
 `reader` (the contract: every layout fact), `checks` (shared strict checks), `kitti` / `nuscenes` (one
 reader each, with its own strict inspection), `datasets` (`open_dataset`: readers by name from the entry-point
 group `pfactory.datasets`, plugins included; docs/DATASETS.md), `digest` (a dataset's content hash),
-`validate` (`factory data check`),
-`show` (renders), `synth/` (the synthetic source).
+`validate` (`factory data check`), `show` (renders), `geometry` (rigid transforms, boxes, projections).
+The synthetic source is a stage of its own: `pfactory.synth`.
 
 Nothing is imported here (loading params must not load the readers): import from the module,
 e.g. `from pfactory.sensors.datasets import open_dataset`.

@@ -1,9 +1,8 @@
-"""A team's factory (DESIGN.md §8b): shared services, identities, permissions and training slots.
+"""A team's factory (DESIGN.md §8b): shared services, users and grants, and training slots.
 
 Modules (each imports MLflow / Prefect itself, so `import pfactory.team` stays cheap):
-- `errors`    `PermissionRefused` (exit 77, EX_NOPERM), `NotAuthenticated` (exit 77), `TeamError` (exit 2)
-- `identity`  who the MLflow server authenticated (`current`, `user_name`), a user's permission on a
-              registered model (`permission`): the server's basic-auth app answers, nothing is guessed
+- `errors`    `TeamError` (exit 2); who the MLflow server authenticated and what it grants them
+              (`NotAuthenticated`, `PermissionRefused`: exit 77) is `pfactory.tracking.identity`
 - `services`  `factory team up|down|status`: a real `mlflow server --app-name basic-auth` and a real
               `prefect server start` with Prefect's auth string on this machine (loopback unless TLS), their
               state (0700, owner-only or a group's), secrets (0600) and `export` lines

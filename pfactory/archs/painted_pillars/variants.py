@@ -7,7 +7,7 @@ and the ONNX export is which modules it is made of.
     for_export(model) -> a converted copy            the ONNX export's formulation, the same function
 
 Each swap keeps the parameters (the same tensors, the same state-dict keys), so a variant computes the
-same function as the model it came from, to float rounding; tests/detectors/test_variants.py holds them
+same function as the model it came from, to float rounding; tests/archs/painted_pillars/test_variants.py holds them
 together (trained model vs compiled module vs exported graph on one batch).
 """
 
