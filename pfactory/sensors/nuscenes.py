@@ -598,6 +598,35 @@ class NuScenesWriter:
         `num_lidar_pts [M]`, `visibility [M]` (visible fraction in [0, 1] over all cameras) and
         `attributes [M]` (nuScenes attribute names, at most one per box as in nuScenes).
         """
+        sample_tok, ego_tok = self._sample_records(frame_id, timestamp_us)
+        pts = np.asarray(points, dtype=np.float32).reshape(-1, 4)
+        raw = np.concatenate([pts[:, :3], pts[:, 3:4] * 255.0, np.zeros((len(pts), 1), np.float32)], 1)
+        name = f"samples/{LIDAR_CHANNEL}/{frame_id}__{LIDAR_CHANNEL}__{timestamp_us}.pcd.bin"
+        atomic_write_bytes(self.root / name, raw.astype(np.float32).tobytes())
+        self._sample_data(
+            frame_id,
+            sample_tok,
+            ego_tok,
+            LIDAR_CHANNEL,
+            name,
+            self.T_ego_from_lidar,
+            None,
+            timestamp_us,
+            "pcd",
+            None,
+        )
+        for channel, jpeg, K, T_cam_from_lidar, size in cameras:
+            name = f"samples/{channel}/{frame_id}__{channel}__{timestamp_us}.jpg"
+            atomic_write_bytes(self.root / name, jpeg)
+            T_ego_from_cam = self.T_ego_from_lidar @ invert_transform(np.asarray(T_cam_from_lidar))
+            self._sample_data(
+                frame_id, sample_tok, ego_tok, channel, name, T_ego_from_cam, K, timestamp_us, "jpg", size
+            )
+        self._annotations(frame_id, sample_tok, boxes, category_names, num_lidar_pts, visibility, attributes)
+
+    def _sample_records(self, frame_id: str, timestamp_us: int) -> tuple[str, str]:
+        """The ego_pose (the identity), sample and scene records of one frame; returns the
+        `(sample token, ego_pose token)` its sample_data records point to."""
         sample_tok = self._token("sample", frame_id)
         ego_tok = self._token("ego", frame_id)
         scene_tok = self._token("scene", frame_id)
@@ -623,29 +652,21 @@ class NuScenesWriter:
                 "description": f"synthetic frame {frame_id}",
             }
         )
-        pts = np.asarray(points, dtype=np.float32).reshape(-1, 4)
-        raw = np.concatenate([pts[:, :3], pts[:, 3:4] * 255.0, np.zeros((len(pts), 1), np.float32)], 1)
-        name = f"samples/{LIDAR_CHANNEL}/{frame_id}__{LIDAR_CHANNEL}__{timestamp_us}.pcd.bin"
-        atomic_write_bytes(self.root / name, raw.astype(np.float32).tobytes())
-        self._sample_data(
-            frame_id,
-            sample_tok,
-            ego_tok,
-            LIDAR_CHANNEL,
-            name,
-            self.T_ego_from_lidar,
-            None,
-            timestamp_us,
-            "pcd",
-            None,
-        )
-        for channel, jpeg, K, T_cam_from_lidar, size in cameras:
-            name = f"samples/{channel}/{frame_id}__{channel}__{timestamp_us}.jpg"
-            atomic_write_bytes(self.root / name, jpeg)
-            T_ego_from_cam = self.T_ego_from_lidar @ invert_transform(np.asarray(T_cam_from_lidar))
-            self._sample_data(
-                frame_id, sample_tok, ego_tok, channel, name, T_ego_from_cam, K, timestamp_us, "jpg", size
-            )
+        return sample_tok, ego_tok
+
+    def _annotations(
+        self,
+        frame_id: str,
+        sample_tok: str,
+        boxes: np.ndarray,
+        category_names: list[str],
+        num_lidar_pts: list[int] | None,
+        visibility: list[float] | None,
+        attributes: list[list[str]] | None,
+    ) -> None:
+        """One instance and one sample_annotation record per box of `boxes [M, 7]` (lidar frame,
+        moved to the global frame); the optional per-box lists as in `add_frame`. Raises
+        ValueError for a box with more than one attribute (the boxes before it are recorded)."""
         T_global_from_lidar = self.T_ego_from_lidar  # ego pose is the identity
         for i, (b, cat) in enumerate(zip(np.asarray(boxes).reshape(-1, 7), category_names)):
             x, y, z, l, w, h, yaw = b
@@ -773,6 +794,9 @@ def _nuscenes_channels(ds: NuScenesDataset) -> set[str]:
 def _inspect_nuscenes(
     ds: NuScenesDataset, frame_id: str, min_points: int, keep_images: bool, decode: bool = True
 ) -> FrameCheck:
+    """Every problem of one sample (`NuScenesDataset.inspect`): the sample record, its duplicated
+    tokens, missing channels, each sample_data record and file, then each annotation; the decoded
+    images are kept when `keep_images`."""
     root = ds.root
     probs = Problems(frame_id, root)
     add = probs.add
@@ -796,80 +820,116 @@ def _inspect_nuscenes(
 
     images: dict[str, np.ndarray] = {}
     for channel, sd in sorted(data.items()):
-        tok = sd.get("token")
-        # Poses: the calibrated sensor and the ego pose must exist and be valid transforms.
-        cs = ds.record("calibrated_sensor", sd.get("calibrated_sensor_token"))
-        ep = ds.record("ego_pose", sd.get("ego_pose_token"))
-        if cs is None:
-            add(
-                tdir / "sample_data.json",
-                f"{tok}.calibrated_sensor_token",
-                "the token of a calibrated_sensor record",
-            )
-        if ep is None:
-            add(tdir / "sample_data.json", f"{tok}.ego_pose_token", "the token of an ego_pose record")
-        for rec, table in ((cs, "calibrated_sensor"), (ep, "ego_pose")):
-            if rec is not None:
-                try:
-                    _transform(rec, tdir / f"{table}.json", rec["token"])
-                except DatasetError as e:
-                    add(e.file, e.field, e.expected)
-        try:
-            path = ds.resolve(sd.get("filename"), f"{tok}.filename")
-        except DatasetError as e:
-            add(e.file, e.field, e.expected)
-            continue
-        if not path.is_file():
-            add(
-                path,
-                channel,
-                f"the {channel} file of sample {frame_id} named by sample_data {tok} ({absent(path)})",
-            )
-            continue
-        if channel == LIDAR_CHANNEL:
-            for f, r in check_points_file(path, 5, ds.intensity_range, min_points):
-                add(path, f, r)
-            continue
-        if not channel.startswith("CAM"):
-            continue  # radar channels are not read
-        K = None
-        if cs is not None:
-            try:
-                K = np.asarray(cs.get("camera_intrinsic") or [], dtype=np.float64)
-            except (TypeError, ValueError):
-                K = np.zeros(0)
-            if K.shape != (3, 3) or not np.all(np.isfinite(K)) or not (K[0, 0] > 0 and K[1, 1] > 0):
-                add(
-                    tdir / "calibrated_sensor.json",
-                    f"{cs['token']}.camera_intrinsic",
-                    "a finite 3x3 intrinsic matrix with positive focal lengths, "
-                    f"got {repr(cs.get('camera_intrinsic'))[:200]}",
-                )
-                K = None
-            elif check_focal(float(K[0, 0]), float(K[1, 1])):
-                add(
-                    tdir / "calibrated_sensor.json",
-                    f"{cs['token']}.camera_intrinsic",
-                    check_focal(float(K[0, 0]), float(K[1, 1])),
-                )
-                K = None
-        rgb, size, err = decode_image_checked(path.read_bytes(), keep_images, decode, image_format_of(path))
-        if err:
-            add(path, "image", err)
-            continue
+        rgb = _check_sample_data(ds, probs, frame_id, channel, sd, min_points, keep_images, decode)
         if rgb is not None:
             images[channel] = rgb
-        if "width" in sd and "height" in sd and (sd["width"], sd["height"]) != size:
-            add(
-                path,
-                f"{channel} size",
-                f"{sd['width']}x{sd['height']} as in sample_data.json ({tok}), got {size[0]}x{size[1]}",
-            )
-        if K is not None:
-            why = check_principal_point(K, size)
-            if why:
-                add(path, "image size", f"{why} (camera_intrinsic of calibrated_sensor {cs['token']})")
+    _check_annotations(ds, probs, frame_id)
+    return finish_check(ds, frame_id, probs, images)
 
+
+def _check_poses(ds: NuScenesDataset, probs: Problems, sd: dict) -> dict | None:
+    """The calibrated sensor and the ego pose of one sample_data record must exist and be valid
+    transforms; returns the calibrated_sensor record (None when missing)."""
+    add, tdir, tok = probs.add, ds.table_dir, sd.get("token")
+    cs = ds.record("calibrated_sensor", sd.get("calibrated_sensor_token"))
+    ep = ds.record("ego_pose", sd.get("ego_pose_token"))
+    if cs is None:
+        add(
+            tdir / "sample_data.json",
+            f"{tok}.calibrated_sensor_token",
+            "the token of a calibrated_sensor record",
+        )
+    if ep is None:
+        add(tdir / "sample_data.json", f"{tok}.ego_pose_token", "the token of an ego_pose record")
+    for rec, table in ((cs, "calibrated_sensor"), (ep, "ego_pose")):
+        if rec is not None:
+            try:
+                _transform(rec, tdir / f"{table}.json", rec["token"])
+            except DatasetError as e:
+                add(e.file, e.field, e.expected)
+    return cs
+
+
+def _check_sample_data(
+    ds: NuScenesDataset,
+    probs: Problems,
+    frame_id: str,
+    channel: str,
+    sd: dict,
+    min_points: int,
+    keep_images: bool,
+    decode: bool,
+) -> np.ndarray | None:
+    """One sample_data record of `channel`: its poses, its file, and the file's content (the
+    lidar points; a camera's image, intrinsics and size; radar files are not read). Returns the
+    decoded image when there is one to keep, else None."""
+    add, tok = probs.add, sd.get("token")
+    cs = _check_poses(ds, probs, sd)
+    try:
+        path = ds.resolve(sd.get("filename"), f"{tok}.filename")
+    except DatasetError as e:
+        add(e.file, e.field, e.expected)
+        return None
+    if not path.is_file():
+        add(
+            path,
+            channel,
+            f"the {channel} file of sample {frame_id} named by sample_data {tok} ({absent(path)})",
+        )
+        return None
+    if channel == LIDAR_CHANNEL:
+        for f, r in check_points_file(path, 5, ds.intensity_range, min_points):
+            add(path, f, r)
+        return None
+    if not channel.startswith("CAM"):
+        return None  # radar channels are not read
+    K = _check_intrinsic(ds, probs, cs) if cs is not None else None
+    rgb, size, err = decode_image_checked(path.read_bytes(), keep_images, decode, image_format_of(path))
+    if err:
+        add(path, "image", err)
+        return None
+    if "width" in sd and "height" in sd and (sd["width"], sd["height"]) != size:
+        add(
+            path,
+            f"{channel} size",
+            f"{sd['width']}x{sd['height']} as in sample_data.json ({tok}), got {size[0]}x{size[1]}",
+        )
+    if K is not None:
+        why = check_principal_point(K, size)
+        if why:
+            add(path, "image size", f"{why} (camera_intrinsic of calibrated_sensor {cs['token']})")
+    return rgb
+
+
+def _check_intrinsic(ds: NuScenesDataset, probs: Problems, cs: dict) -> np.ndarray | None:
+    """A camera's calibrated_sensor `camera_intrinsic`: returns `K [3, 3]`, or None (with a problem
+    added) when it is not a finite matrix with positive, plausible focal lengths."""
+    try:
+        K = np.asarray(cs.get("camera_intrinsic") or [], dtype=np.float64)
+    except (TypeError, ValueError):
+        K = np.zeros(0)
+    if K.shape != (3, 3) or not np.all(np.isfinite(K)) or not (K[0, 0] > 0 and K[1, 1] > 0):
+        probs.add(
+            ds.table_dir / "calibrated_sensor.json",
+            f"{cs['token']}.camera_intrinsic",
+            "a finite 3x3 intrinsic matrix with positive focal lengths, "
+            f"got {repr(cs.get('camera_intrinsic'))[:200]}",
+        )
+        return None
+    if check_focal(float(K[0, 0]), float(K[1, 1])):
+        probs.add(
+            ds.table_dir / "calibrated_sensor.json",
+            f"{cs['token']}.camera_intrinsic",
+            check_focal(float(K[0, 0]), float(K[1, 1])),
+        )
+        return None
+    return K
+
+
+def _check_annotations(ds: NuScenesDataset, probs: Problems, frame_id: str) -> None:
+    """Each annotation of the sample (once per token): its size, its pose, its instance and the
+    instance's category."""
+    add, tdir = probs.add, ds.table_dir
     seen: set[str] = set()
     for ann in ds.annotations(frame_id):
         tok = ann["token"]
@@ -905,7 +965,6 @@ def _inspect_nuscenes(
                 f"{inst['token']}.category_token",
                 "the token of a category record (the annotation's class)",
             )
-    return finish_check(ds, frame_id, probs, images)
 
 
 def _orphan_duplicates(ds: NuScenesDataset) -> list[Problem]:
