@@ -365,8 +365,10 @@ def _prepare_scaled(
     progress: Callable[[int, int], None] | None,
     t_start: float,
 ) -> Any:
+    """`prepare_scaled`'s body on an open `source` (a RawSource): unit tasks, shard tasks as units come
+    back, the merge into the manifest, the publish; returns `finish`'s PrepareResult."""
     from pfactory.prepare.publish import build_output
-    from pfactory.prepare.stage import finish, write_outputs
+    from pfactory.prepare.stage import finish
     from pfactory.runtime import cluster
     from pfactory.sensors.errors import DatasetError
 
@@ -377,64 +379,111 @@ def _prepare_scaled(
     U = params.unit_frames
     tag = uuid.uuid4().hex[:8]
     planner = ShardPlanner(-(-len(ids) // U), params.shard_max_frames)
-    units: dict[int, UnitOutcome] = {}
-    shards: dict[str, dict[int, ShardOutcome]] = {s: {} for s in SPLITS}
-    done = 0
     figures: dict[str, float] = {"seconds_list": t_list}
 
     with build_output(out, [raw]) as build:
-        jobs = []
-        for i, start in enumerate(range(0, len(ids), U)):
-            unit_ids = ids[start : start + U]
-            job = UnitJob(source.spec, build, params, tag, i, start, unit_ids, source.unit_files(unit_ids))
-            jobs.append(cluster.Task("prepare-unit", i, prepare_unit, (job,)))
-
-        def on_result(_: cluster.Task, res: Any) -> list[cluster.Task]:
-            nonlocal done
-            if isinstance(res, ShardOutcome):
-                shards[res.split][res.index] = res
-                return []
-            units[res.index] = res
-            done += sum(res.counts.values()) + len(res.rejected)
-            if progress is not None:
-                progress(done, len(ids))
-            return [
-                cluster.Task(f"prepare-shard-{s}", k, write_shard, (ShardJob(build, params, s, k, slices),))
-                for s, k, slices in planner.add(res.index, res.counts)
-            ]
-
+        jobs = _unit_tasks(source, build, params, tag, ids)
+        got = _Collected(build, params, planner, len(ids), progress)
         t0 = time.perf_counter()
         with cluster.dask_client(
             address, params.workers, params.threads_per_worker, "prepare.dask_address", WORKER_ENV
         ) as (client, _):  # the description: stderr + the MLflow tag prepare.cluster, never the manifest
             figures["seconds_cluster"] = time.perf_counter() - t0
             loop = cluster.run_tasks(
-                client, jobs, on_result, PrepareTaskError, "prepare", lambda r: r.compute_s
+                client, jobs, got.on_result, PrepareTaskError, "prepare", lambda r: r.compute_s
             )
-        assert len(units) == len(jobs), "every unit came back"
+        assert len(got.units) == len(jobs), "every unit came back"
 
         t0 = time.perf_counter()
-        infos = {s: [shards[s][k].info for k in sorted(shards[s])] for s in SPLITS}
-        manifest, rejected = write_outputs(
-            build,
-            params,
-            source.origin,
-            ids,
-            [d for i in sorted(units) for d in units[i].digests],
-            source.tables,
-            infos,
-            [r for u in units.values() for r in u.rejected],
-            {c for u in units.values() for c in u.cameras},
-        )
-        build.remove_tree(PIECES)
-        # Publish only what the manifest lists (a killed task may have left a temporary file behind).
-        listed = {MANIFEST, REJECTED, *(i.file for s in SPLITS for i in infos[s])}
-        for rel in build.files():
-            if rel not in listed:
-                build.remove(rel)
+        manifest, rejected = _merge(build, params, source, ids, got)
         figures["seconds_merge"] = time.perf_counter() - t0
     figures["seconds_publish"] = time.perf_counter() - t0 - figures["seconds_merge"]
 
+    seconds, counts, extra = _scaled_figures(got, loop, figures)
+    return finish(out, manifest, rejected, ids, params, counts, seconds, time.perf_counter() - t_start, extra)
+
+
+def _unit_tasks(source: Any, build: Location, params: PrepareParams, tag: str, ids: list[str]) -> list[Any]:
+    """One `prepare-unit` cluster.Task per run of `params.unit_frames` consecutive frame ids."""
+    from pfactory.runtime import cluster
+
+    U = params.unit_frames
+    jobs = []
+    for i, start in enumerate(range(0, len(ids), U)):
+        unit_ids = ids[start : start + U]
+        job = UnitJob(source.spec, build, params, tag, i, start, unit_ids, source.unit_files(unit_ids))
+        jobs.append(cluster.Task("prepare-unit", i, prepare_unit, (job,)))
+    return jobs
+
+
+@dataclass
+class _Collected:
+    """What the driver has back from its tasks: the units and shards by index, and the frames done
+    (reported to `progress(done, n_frames)`); `on_result` starts the shards each unit completes."""
+
+    build: Location
+    params: PrepareParams
+    planner: ShardPlanner
+    n_frames: int
+    progress: Callable[[int, int], None] | None
+    units: dict[int, UnitOutcome] = field(default_factory=dict)
+    shards: dict[str, dict[int, ShardOutcome]] = field(default_factory=lambda: {s: {} for s in SPLITS})
+    done: int = 0
+
+    def on_result(self, _: Any, res: Any) -> list[Any]:
+        """Record a UnitOutcome or ShardOutcome; returns the shard tasks it makes ready (cluster.Task)."""
+        from pfactory.runtime import cluster
+
+        if isinstance(res, ShardOutcome):
+            self.shards[res.split][res.index] = res
+            return []
+        self.units[res.index] = res
+        self.done += sum(res.counts.values()) + len(res.rejected)
+        if self.progress is not None:
+            self.progress(self.done, self.n_frames)
+        return [
+            cluster.Task(
+                f"prepare-shard-{s}", k, write_shard, (ShardJob(self.build, self.params, s, k, slices),)
+            )
+            for s, k, slices in self.planner.add(res.index, res.counts)
+        ]
+
+
+def _merge(
+    build: Location, params: PrepareParams, source: Any, ids: list[str], got: _Collected
+) -> tuple[Any, Any]:
+    """Write `rejected.jsonl` and `manifest.json` from the units and shards, remove the pieces and any
+    file the manifest does not list; returns `write_outputs`'s `(manifest, rejected)`."""
+    from pfactory.prepare.stage import write_outputs
+
+    units, shards = got.units, got.shards
+    infos = {s: [shards[s][k].info for k in sorted(shards[s])] for s in SPLITS}
+    manifest, rejected = write_outputs(
+        build,
+        params,
+        source.origin,
+        ids,
+        [d for i in sorted(units) for d in units[i].digests],
+        source.tables,
+        infos,
+        [r for u in units.values() for r in u.rejected],
+        {c for u in units.values() for c in u.cameras},
+    )
+    build.remove_tree(PIECES)
+    # Publish only what the manifest lists (a killed task may have left a temporary file behind).
+    listed = {MANIFEST, REJECTED, *(i.file for s in SPLITS for i in infos[s])}
+    for rel in build.files():
+        if rel not in listed:
+            build.remove(rel)
+    return manifest, rejected
+
+
+def _scaled_figures(
+    got: _Collected, loop: Any, figures: dict[str, float]
+) -> tuple[dict[str, float], dict[str, int], dict[str, Any]]:
+    """`(seconds, counts, extra)` for `finish`: the units' stage seconds summed plus the shard writes,
+    the image and point counts, and the cluster figures (`figures` and the task loop's)."""
+    units, shards = got.units, got.shards
     seconds: dict[str, float] = {}
     for u in units.values():
         for k, v in u.seconds.items():
@@ -457,4 +506,4 @@ def _prepare_scaled(
         "points_in": sum(u.points_in for u in units.values()),
         "points_out": sum(u.points_out for u in units.values()),
     }
-    return finish(out, manifest, rejected, ids, params, counts, seconds, time.perf_counter() - t_start, extra)
+    return seconds, counts, extra
