@@ -73,10 +73,9 @@ def evaluate(
     (`nusc_submission`; kpis.json `nusc_results`). Raises `EvaluateInputError` on a bad input (before any
     work starts), `EvaluateTaskError` when a unit fails on a worker.
     """
-    from pfactory.evaluate.distributed import dask_client, run_units
     from pfactory.evaluate.inputs import resolve_inputs
-    from pfactory.evaluate.predictions import PartWriter, write_kitti
-    from pfactory.evaluate.report import write_reports, write_timings
+    from pfactory.evaluate.predictions import PartWriter
+    from pfactory.evaluate.report import write_timings
     from pfactory.storage.fsutil import atomic_directory
 
     t_start = time.perf_counter()
@@ -91,47 +90,104 @@ def evaluate(
     runs: dict[str, dict[str, Any]] = {}
 
     with atomic_directory(out, stage="evaluate", inputs=(optimized, model, data)) as tmp:
-        report = tmp / "report"
-        parts = PartWriter(report)
-        with _progress(progress, inputs.frames) as advance:
-
-            def on_result(res: Any) -> None:
-                # Streamed: each unit's files are written as it lands (names depend only on frame ids).
-                results[res.kind][res.unit] = _Slim(res)
-                write_kitti(report / "kitti" / res.kind, res.pred)
-                parts.add(res.kind, res.unit, res.pred)
-                if res.kind == "optimized":
-                    write_kitti(report / "kitti" / "ground_truth", res.gt)
-                    parts.add("ground_truth", res.unit, res.gt)
-                advance(res.kind, len(res.frame_ids))
-                emit_progress("evaluate", kind=res.kind, done=sum(len(r.frame_ids) for r in results[res.kind].values()), total=inputs.frames)  # fmt: skip
-
-            t0 = time.perf_counter()
-            with dask_client(address, ev.workers, ev.threads_per_worker) as (client, where):
-                timings["cluster_s"] = time.perf_counter() - t0
-                specs = [inputs.optimized] + ([inputs.reference] if inputs.reference else [])
-                for spec in specs:  # one model at a time: clean throughput figures per model
-                    stats = run_units(client, spec, inputs.data, inputs.units, on_result)
-                    runs[spec.kind] = stats.to_json()
-                    timings[f"{spec.kind}_s"] = stats.wall_s
-        t0 = time.perf_counter()
-        doc, kpis, ref_kpis, gt, preds = score(ev, inputs, results)
-        if benchmark is not None:
-            doc.update(benchmark.write(tmp, preds["optimized"]))
-        from pfactory.evaluate.kitti_results import RESULTS_DIR, write_no_results
-
-        if not (tmp / RESULTS_DIR).is_dir():  # the stage's declared DVC outputs exist for every dataset
-            write_no_results(tmp)
-        timings["kpi_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        write_reports(ev, inputs, tmp, doc, kpis, ref_kpis)
-        if write_report is not None:
-            write_report(report, doc, gt, preds["optimized"], optimized, data, ev.worst_frames)
-        parts.finish(report / "predictions.parquet")
-        timings["report_s"] = time.perf_counter() - t0
+        parts = PartWriter(tmp / "report")
+        where = _run_models(ev, inputs, address, progress, parts, tmp / "report", results, runs, timings)
+        doc = _score_and_report(
+            ev, inputs, results, benchmark, tmp, parts, timings, write_report, optimized, data
+        )
         timings["total_s"] = time.perf_counter() - t_start
         write_timings(tmp, where, runs, timings, results)
+    return _metrics(ev, inputs, out, doc, where, runs, timings, active)
 
+
+def _run_models(
+    ev: EvaluateParams,
+    inputs: Any,
+    address: str | None,
+    progress: bool,
+    parts: Any,
+    report: Path,
+    results: dict[str, dict[int, Any]],
+    runs: dict[str, dict[str, Any]],
+    timings: dict[str, float],
+) -> str:
+    """Run the optimized model, then the reference (when `inputs` has one), over every unit on Dask.
+    Each unit's predictions (and, once, the ground truth) are written under `report` and added to
+    `parts` as it lands; `results[kind][unit]` keeps what the scoring needs, `runs[kind]` each model's
+    run figures, `timings` `cluster_s` and `<kind>_s`. Returns where the cluster came from."""
+    from pfactory.evaluate.distributed import dask_client, run_units
+    from pfactory.evaluate.predictions import write_kitti
+
+    with _progress(progress, inputs.frames) as advance:
+
+        def on_result(res: Any) -> None:
+            # Streamed: each unit's files are written as it lands (names depend only on frame ids).
+            results[res.kind][res.unit] = _Slim(res)
+            write_kitti(report / "kitti" / res.kind, res.pred)
+            parts.add(res.kind, res.unit, res.pred)
+            if res.kind == "optimized":
+                write_kitti(report / "kitti" / "ground_truth", res.gt)
+                parts.add("ground_truth", res.unit, res.gt)
+            advance(res.kind, len(res.frame_ids))
+            emit_progress("evaluate", kind=res.kind, done=sum(len(r.frame_ids) for r in results[res.kind].values()), total=inputs.frames)  # fmt: skip
+
+        t0 = time.perf_counter()
+        with dask_client(address, ev.workers, ev.threads_per_worker) as (client, where):
+            timings["cluster_s"] = time.perf_counter() - t0
+            specs = [inputs.optimized] + ([inputs.reference] if inputs.reference else [])
+            for spec in specs:  # one model at a time: clean throughput figures per model
+                stats = run_units(client, spec, inputs.data, inputs.units, on_result)
+                runs[spec.kind] = stats.to_json()
+                timings[f"{spec.kind}_s"] = stats.wall_s
+    return where
+
+
+def _score_and_report(
+    ev: EvaluateParams,
+    inputs: Any,
+    results: dict[str, dict[int, Any]],
+    benchmark: Any,
+    tmp: Path,
+    parts: Any,
+    timings: dict[str, float],
+    write_report: Callable[..., Any] | None,
+    optimized: Path,
+    data: Path,
+) -> dict[str, Any]:
+    """Score `results` and write into `tmp` the benchmark's result files (or the placeholder), the
+    reports, the run report (`write_report`, when given) and `report/predictions.parquet`; records
+    `kpi_s` and `report_s` in `timings`. Returns the kpis document."""
+    from pfactory.evaluate.kitti_results import RESULTS_DIR, write_no_results
+    from pfactory.evaluate.report import write_reports
+
+    report = tmp / "report"
+    t0 = time.perf_counter()
+    doc, kpis, ref_kpis, gt, preds = score(ev, inputs, results)
+    if benchmark is not None:
+        doc.update(benchmark.write(tmp, preds["optimized"]))
+    if not (tmp / RESULTS_DIR).is_dir():  # the stage's declared DVC outputs exist for every dataset
+        write_no_results(tmp)
+    timings["kpi_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    write_reports(ev, inputs, tmp, doc, kpis, ref_kpis)
+    if write_report is not None:
+        write_report(report, doc, gt, preds["optimized"], optimized, data, ev.worst_frames)
+    parts.finish(report / "predictions.parquet")
+    timings["report_s"] = time.perf_counter() - t0
+    return doc
+
+
+def _metrics(
+    ev: EvaluateParams,
+    inputs: Any,
+    out: Path,
+    doc: dict[str, Any],
+    where: str,
+    runs: dict[str, dict[str, Any]],
+    timings: dict[str, float],
+    active: Any,
+) -> dict[str, Any]:
+    """`evaluate`'s flat metrics dict (module docstring); logs to MLflow when `active` is a run."""
     from pfactory.evaluate.report import mlflow_scalars
 
     scalars = mlflow_scalars(doc, {k: round(v, 3) for k, v in timings.items()}, runs)
