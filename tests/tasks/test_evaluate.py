@@ -109,7 +109,7 @@ def test_stage_writes_kpis_reports_predictions_and_mlflow(setup, baseline) -> No
     kitti = out / "report" / "kitti"
     buckets = tuple(EvaluateParams().range_buckets_m)
     for kind, expected in (("optimized", doc), ("reference", doc["reference"])):
-        got = run_kpi(kitti / "ground_truth", kitti / kind, range_buckets_m=buckets, score_threshold=0.3)
+        got = run_kpi(kitti / "ground_truth", kitti / kind, range_buckets_m=buckets, frame_score_threshold=0.3)
         for key in ("mAP", "NDS", "tp_errors", "classes", "by_range"):
             _same_numbers(got[key], expected[key], f"{kind}.{key}")
     assert doc["classes"]["Car"]["num_pred"] > 0 and max(c["mean_ap"] for c in doc["classes"].values()) > 0
