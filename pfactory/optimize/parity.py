@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
@@ -107,7 +108,9 @@ def match_detections(
         matched = np.zeros(ref_scores.shape[0], dtype=bool)
         matched[[i for i, _ in pairs]] = True
         if cand_scores.min() >= score_threshold:  # the candidate's list is full: cut by rank
-            n_ref -= int((~matched[ref_idx] & (ref_scores[ref_idx] <= cand_scores.min() + boundary_atol)).sum())
+            n_ref -= int(
+                (~matched[ref_idx] & (ref_scores[ref_idx] <= cand_scores.min() + boundary_atol)).sum()
+            )
         if ref_scores.min() >= score_threshold:  # the reference's list is full
             extra = ~taken & (cand_scores >= score_threshold)
             n_cand -= int((extra & (cand_scores <= ref_scores.min() + boundary_atol)).sum())
@@ -194,6 +197,27 @@ def repeatability(first: Sequence[Outputs], second: Sequence[Outputs]) -> dict[s
     return {"boxes_max_abs_diff": boxes, "scores_max_abs_diff": scores, "labels_mismatch": labels}
 
 
+@dataclass
+class _Tally:
+    """What `compare_outputs` gathers frame by frame: the matched pairs' boxes and scores, the rank-sorted
+    score vectors, label agreement, detection counts and the index-aligned worst differences."""
+
+    ref_pairs: list[np.ndarray] = field(default_factory=list)
+    cand_pairs: list[np.ndarray] = field(default_factory=list)
+    ref_pair_scores: list[np.ndarray] = field(default_factory=list)
+    cand_pair_scores: list[np.ndarray] = field(default_factory=list)
+    ref_sorted: list[np.ndarray] = field(default_factory=list)
+    cand_sorted: list[np.ndarray] = field(default_factory=list)
+    label_agree: int = 0
+    label_total: int = 0
+    n_ref: int = 0
+    n_cand: int = 0
+    n_matched: int = 0
+    frames: int = 0
+    aligned_boxes: float = 0.0
+    aligned_scores: float = 0.0
+
+
 def compare_outputs(
     reference: Sequence[Outputs],
     candidate: Sequence[Outputs],
@@ -209,74 +233,92 @@ def compare_outputs(
     """
     if len(reference) != len(candidate):
         raise ValueError(f"{len(reference)} reference batches vs {len(candidate)} candidate batches")
-    ref_pairs: list[np.ndarray] = []
-    cand_pairs: list[np.ndarray] = []
-    ref_pair_scores: list[np.ndarray] = []
-    cand_pair_scores: list[np.ndarray] = []
-    ref_sorted: list[np.ndarray] = []
-    cand_sorted: list[np.ndarray] = []
-    label_agree = label_total = 0
-    n_ref = n_cand = n_matched = frames = 0
     t = tol or ParityTolerance()
-    aligned_boxes = aligned_scores = 0.0
+    tally = _Tally()
     for r, c in zip(reference, candidate):
         for key in ("boxes", "scores", "labels"):
             if r[key].shape != c[key].shape:
                 raise ValueError(f"output {key}: candidate shape {c[key].shape} != reference {r[key].shape}")
         for b in range(r["scores"].shape[0]):
-            frames += 1
-            rb, rs, rl = r["boxes"][b], r["scores"][b], r["labels"][b]
-            cb, cs, cl = c["boxes"][b], c["scores"][b], c["labels"][b]
-            floor = float(min(rs.min(initial=1.0), cs.min(initial=1.0)))  # scores' tolerance at the top-K cut
-            tie = (t.scores_atol or 0.0) + (t.scores_rtol or 0.0) * floor
-            pairs, nr, nc = match_detections(
-                rb, rs, rl, cb, cs, cl, params.score_threshold, params.match_distance_m, tie
-            )
-            n_ref += nr
-            n_cand += nc
-            n_matched += len(pairs)
-            if pairs:
-                i, j = (np.asarray(x) for x in zip(*pairs))
-                ref_pairs.append(rb[i])
-                cand_pairs.append(cb[j])
-                ref_pair_scores.append(rs[i])
-                cand_pair_scores.append(cs[j])
-            ref_sorted.append(np.sort(rs)[::-1])
-            cand_sorted.append(np.sort(cs)[::-1])
-            valid = rs >= params.score_threshold
-            label_agree += int((rl[valid] == cl[valid]).sum())
-            label_total += int(valid.sum())
-            # Index-aligned diffs over reference detections: informational (rank swaps inflate them).
-            if valid.any():
-                aligned_boxes = max(aligned_boxes, float(np.abs(_box_diff(cb[valid], rb[valid])).max()))
-                aligned_scores = max(
-                    aligned_scores, float(np.abs(cs[valid].astype(np.float64) - rs[valid]).max())
-                )
-
+            _tally_frame(tally, r, c, b, params, t)
+    n_ref, n_cand, n_matched = tally.n_ref, tally.n_cand, tally.n_matched
     metrics: dict[str, Any] = {
-        "frames": frames,
+        "frames": tally.frames,
         "reference_detections": n_ref,
         "candidate_detections": n_cand,
         "matched": n_matched,
         "match_rate": 1.0 if max(n_ref, n_cand) == 0 else n_matched / max(n_ref, n_cand),
-        "labels": {"rank_agreement": 1.0 if label_total == 0 else label_agree / label_total},
-        "aligned": {"boxes_max_abs_diff": aligned_boxes, "scores_max_abs_diff": aligned_scores},
+        "labels": {
+            "rank_agreement": 1.0 if tally.label_total == 0 else tally.label_agree / tally.label_total
+        },
+        "aligned": {"boxes_max_abs_diff": tally.aligned_boxes, "scores_max_abs_diff": tally.aligned_scores},
     }
-    scores_cos = _cosine(np.concatenate(ref_sorted), np.concatenate(cand_sorted)) if ref_sorted else 1.0
+    scores_cos = (
+        _cosine(np.concatenate(tally.ref_sorted), np.concatenate(tally.cand_sorted))
+        if tally.ref_sorted
+        else 1.0
+    )
     metrics["tolerance"] = t.model_dump()  # the atol/rtol the tolerance ratios below were computed with
     metrics["repeatability"] = repeatability(candidate, repeat) if repeat is not None else None
     metrics["agreement"] = detection_agreement(
         reference, candidate, params.agreement_score_threshold, params.match_distance_m
     )
     if n_matched:
-        rb_all, cb_all = np.concatenate(ref_pairs), np.concatenate(cand_pairs)  # [M, 7]
-        diff = np.abs(_box_diff(cb_all, rb_all))  # [M, 7]
-        rel = diff / np.maximum(np.abs(rb_all.astype(np.float64)), params.boxes_rel_floor)  # [M, 7]
-        rs_all = np.concatenate(ref_pair_scores).astype(np.float64)  # [M]
-        cs_all = np.concatenate(cand_pair_scores).astype(np.float64)
-        sdiff = np.abs(cs_all - rs_all)
-        srel = sdiff / np.maximum(np.abs(rs_all), params.scores_rel_floor)
-        metrics["boxes"] = {
+        metrics.update(_matched_diffs(tally, params, t, scores_cos))
+    else:
+        metrics.update(_no_diffs(scores_cos))
+    return metrics
+
+
+def _tally_frame(
+    tally: _Tally, r: Outputs, c: Outputs, b: int, params: ParityParams, t: ParityTolerance
+) -> None:
+    """Add frame `b` of the reference batch `r` and the candidate batch `c` to `tally`: matching with the
+    scores' tolerance at the top-K cut as the near-tie margin (`match_detections`), the matched pairs, the
+    rank-sorted scores, label agreement and the index-aligned diffs over reference detections."""
+    tally.frames += 1
+    rb, rs, rl = r["boxes"][b], r["scores"][b], r["labels"][b]
+    cb, cs, cl = c["boxes"][b], c["scores"][b], c["labels"][b]
+    floor = float(min(rs.min(initial=1.0), cs.min(initial=1.0)))  # scores' tolerance at the top-K cut
+    tie = (t.scores_atol or 0.0) + (t.scores_rtol or 0.0) * floor
+    pairs, nr, nc = match_detections(
+        rb, rs, rl, cb, cs, cl, params.score_threshold, params.match_distance_m, tie
+    )
+    tally.n_ref += nr
+    tally.n_cand += nc
+    tally.n_matched += len(pairs)
+    if pairs:
+        i, j = (np.asarray(x) for x in zip(*pairs))
+        tally.ref_pairs.append(rb[i])
+        tally.cand_pairs.append(cb[j])
+        tally.ref_pair_scores.append(rs[i])
+        tally.cand_pair_scores.append(cs[j])
+    tally.ref_sorted.append(np.sort(rs)[::-1])
+    tally.cand_sorted.append(np.sort(cs)[::-1])
+    valid = rs >= params.score_threshold
+    tally.label_agree += int((rl[valid] == cl[valid]).sum())
+    tally.label_total += int(valid.sum())
+    # Index-aligned diffs over reference detections: informational (rank swaps inflate them).
+    if valid.any():
+        tally.aligned_boxes = max(tally.aligned_boxes, float(np.abs(_box_diff(cb[valid], rb[valid])).max()))
+        tally.aligned_scores = max(
+            tally.aligned_scores, float(np.abs(cs[valid].astype(np.float64) - rs[valid]).max())
+        )
+
+
+def _matched_diffs(
+    tally: _Tally, params: ParityParams, t: ParityTolerance, scores_cos: float
+) -> dict[str, dict[str, Any]]:
+    """The "boxes", "yaw" and "scores" blocks over the matched pairs of `tally` (at least one)."""
+    rb_all, cb_all = np.concatenate(tally.ref_pairs), np.concatenate(tally.cand_pairs)  # [M, 7]
+    diff = np.abs(_box_diff(cb_all, rb_all))  # [M, 7]
+    rel = diff / np.maximum(np.abs(rb_all.astype(np.float64)), params.boxes_rel_floor)  # [M, 7]
+    rs_all = np.concatenate(tally.ref_pair_scores).astype(np.float64)  # [M]
+    cs_all = np.concatenate(tally.cand_pair_scores).astype(np.float64)
+    sdiff = np.abs(cs_all - rs_all)
+    srel = sdiff / np.maximum(np.abs(rs_all), params.scores_rel_floor)
+    return {
+        "boxes": {
             "max_abs_diff": float(diff[:, :6].max()),
             "max_rel_diff": float(rel[:, :6].max()),
             "cosine": _cosine(rb_all[:, :6], cb_all[:, :6]),
@@ -284,36 +326,40 @@ def compare_outputs(
             "tolerance_ratio": _ratio(
                 diff[:, :6], rb_all[:, :6].astype(np.float64), t.boxes_atol, t.boxes_rtol
             ),
-        }
-        metrics["yaw"] = {
+        },
+        "yaw": {
             "max_abs_diff": float(diff[:, 6].max()),
             "p99_abs_diff": float(np.percentile(diff[:, 6], 99)),
             "tolerance_ratio": _ratio(diff[:, 6], rb_all[:, 6].astype(np.float64), t.yaw_atol, None),
-        }
-        metrics["scores"] = {
+        },
+        "scores": {
             "max_abs_diff": float(sdiff.max()),
             "max_rel_diff": float(srel.max()),
             "cosine": scores_cos,
             "tolerance_ratio": _ratio(sdiff, rs_all, t.scores_atol, t.scores_rtol),
-        }
-    else:
-        # Nothing matched (or nothing to match): box/score diffs are undefined, reported as null;
-        # the match rate carries the verdict.
-        metrics["boxes"] = {
+        },
+    }
+
+
+def _no_diffs(scores_cos: float) -> dict[str, dict[str, Any]]:
+    """The "boxes", "yaw" and "scores" blocks when nothing matched (or there was nothing to match): the
+    diffs are undefined, reported as null; the match rate carries the verdict."""
+    return {
+        "boxes": {
             "max_abs_diff": None,
             "max_rel_diff": None,
             "cosine": None,
             "max_abs_diff_per_field": {},
             "tolerance_ratio": None,
-        }
-        metrics["yaw"] = {"max_abs_diff": None, "p99_abs_diff": None, "tolerance_ratio": None}
-        metrics["scores"] = {
+        },
+        "yaw": {"max_abs_diff": None, "p99_abs_diff": None, "tolerance_ratio": None},
+        "scores": {
             "max_abs_diff": None,
             "max_rel_diff": None,
             "cosine": scores_cos,
             "tolerance_ratio": None,
-        }
-    return metrics
+        },
+    }
 
 
 def gate(

@@ -159,6 +159,7 @@ class _Trials:
     ) -> None:
         self.base, self.feeds, self.reference, self.params = base, feeds, reference, params
         self.score_threshold, self.match_distance_m, self.threads = score_threshold, match_distance_m, threads
+        self.work = work
         self.path = work / ".trial.int8.onnx"
         self.count = 0
         self.cache: Path | None = None
@@ -184,6 +185,24 @@ def run_feeds(path: Path, feeds: Sequence[Feed], threads: int) -> list[Outputs]:
     return [dict(zip(OUTPUT_NAMES, session.run(names, {k: f[k] for k in inputs}))) for f in feeds]
 
 
+class _Clock:
+    """Seconds per step of `build_int8` since `start` (the report's `timings_s`), accumulated per step name."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.split: dict[str, float] = {}
+
+    def lap(self, step: str, t0: float) -> float:
+        """Add the time since `t0` to `step`; now (the next step's `t0`)."""
+        now = time.perf_counter()
+        self.split[step] = round(self.split.get(step, 0.0) + now - t0, 3)
+        return now
+
+    def total(self) -> float:
+        """Seconds since `start`, rounded to ms."""
+        return round(time.perf_counter() - self.start, 3)
+
+
 def build_int8(
     src: str | Path,
     dst: str | Path,
@@ -206,22 +225,90 @@ def build_int8(
     """
     import onnx
 
-    from pfactory.storage.fsutil import sha256_file
-
-    t_start = time.perf_counter()
-    split: dict[str, float] = {}  # seconds per step (the report's `timings_s`)
-
-    def lap(step: str, t0: float) -> float:
-        now = time.perf_counter()
-        split[step] = round(split.get(step, 0.0) + now - t0, 3)
-        return now
-
+    clock = _Clock()
     src, dst, cache_dir, work = Path(src), Path(dst), Path(cache_dir), Path(work_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     base, how = preprocess(src, work / ".int8.preprocessed.onnx")
     points = int(np.mean([int(n) for f in feeds for n in f["num_points"]])) if feeds else None
     layers, forced, unmatched = quantizable_layers(onnx.load(str(src)), onnx.load(str(base)), params, points)
-    t = lap("preprocess", t_start)
+    t = clock.lap("preprocess", clock.start)
+    key, selection_key = _keys(base, feeds, params, score_threshold, match_distance_m, threads)
+    names = [layer.name for layer in layers]
+    previous = _previous_selection(previous_cache_dir, selection_key, cache_dir, names)
+    trials = _Trials(base, feeds, [], params, score_threshold, match_distance_m, threads, work)
+    if previous is not None:  # same float model, frames and recipe: the same measurements, not re-run
+        compared, best, selection = _reuse_selection(previous, previous_cache_dir, trials, cache_dir)
+        t = clock.lap("reused", t)
+    else:
+        compared, best, selection, t = _measure(trials, layers, key, cache_dir, previous_cache_dir, clock, t)
+    method = compared[best]["method"]
+    kept = selection["kept_float"]
+    quantized = [n for n in names if n not in kept]
+    counts = quantize_layers(base, dst, trials.cache, method, params, quantized)
+    clock.lap("quantize", t)
+    report = {
+        **_report_head(trials, points, compared, method, key, selection_key),
+        **selection,
+        **_report_tail(layers, kept, forced, unmatched, quantized, trials, clock),
+    }
+    for p in (base if base != src else None, trials.path):
+        if p is not None and Path(p).exists():
+            Path(p).unlink()
+    excluded = {**forced, **{n: "kept float (sensitivity)" for n in kept}}
+    result = _quantize_result(
+        params, dst, len(feeds), compared[best], quantized, excluded, unmatched, how, counts, clock.total()
+    )
+    return result, report
+
+
+def _quantize_result(
+    params: Int8Params,
+    dst: Path,
+    frames: int,
+    calibration: dict[str, Any],
+    quantized: list[str],
+    excluded: dict[str, str],
+    unmatched: list[str],
+    how: str,
+    counts: dict[str, int],
+    quantize_s: float,
+) -> QuantizeResult:
+    """What `build_int8` built (the stage's backend.json "quantization"): the INT8 model `dst` with the chosen
+    `calibration`, its layers `quantized` and `excluded`, in `quantize_s` seconds."""
+    return QuantizeResult(
+        path=dst.name,
+        method=calibration["method"],
+        activation_type=params.activation_type,
+        weight_type="int8",
+        symmetric_activations=params.activation_type == "int8",
+        per_channel=params.per_channel,
+        op_types=list(params.op_types),
+        calibration_frames=frames,
+        quantized_nodes=len(quantized),
+        excluded_nodes=excluded,
+        unmatched_patterns=unmatched,
+        preprocess=how,
+        calibration_cache=f"calibration.{calibration['method']}.json",
+        quantize_s=quantize_s,
+        node_op_types=counts,
+        format=int8_format(params),
+        calibration=calibration,
+    )
+
+
+def _keys(
+    base: Path,
+    feeds: Sequence[Feed],
+    params: Int8Params,
+    score_threshold: float,
+    match_distance_m: float,
+    threads: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(key, selection_key): what a calibration cache depends on (the float model `base`, the frames, the
+    quantized op types, the percentile), and what the whole selection depends on besides (the INT8 params,
+    the agreement definition, the thread count): a previous report with the same selection key is reused."""
+    from pfactory.storage.fsutil import sha256_file
+
     key = {
         "float_model_sha256": sha256_file(base),
         "frames": len(feeds),
@@ -229,7 +316,6 @@ def build_int8(
         "op_types": list(params.op_types),
         "percentile": params.percentile,
     }
-    # The selection depends on these too: a previous report with the same selection key is reused whole.
     selection_key = {
         **key,
         "int8": params.model_dump(mode="json"),
@@ -237,70 +323,118 @@ def build_int8(
         "match_distance_m": match_distance_m,
         "threads": threads,
     }
-    methods = list(params.calibration_methods) if params.ort_method == "auto" else [params.ort_method]
+    return key, selection_key
+
+
+def _reuse_selection(
+    previous: dict[str, Any], previous_cache_dir: str | Path | None, trials: _Trials, cache_dir: Path
+) -> tuple[list[dict[str, Any]], int, dict[str, Any]]:
+    """(compared, index of the chosen method, selection) of a `previous` report measured on the same float
+    model, frames and recipe; `trials` set to its chosen method's calibration cache (copied to `cache_dir`)."""
+    compared = [{**c, "reused": True} for c in previous["calibration"]["compared"]]
+    method = previous["calibration"]["chosen"]
+    best = [c["method"] for c in compared].index(method)
+    selection = {k: previous[k] for k in ("layers", "greedy", "kept_float", "met")}
+    selection["profiled"] = previous.get("profiled", True)
+    selection["reused_from"] = str(Path(previous_cache_dir or "") / REPORT)
+    trials.cache, trials.method = cache_dir / f"calibration.{method}.json", method
+    return compared, best, selection
+
+
+def _measure(
+    trials: _Trials,
+    layers: Sequence[Layer],
+    key: dict[str, Any],
+    cache_dir: Path,
+    previous_cache_dir: str | Path | None,
+    clock: _Clock,
+    t: float,
+) -> tuple[list[dict[str, Any]], int, dict[str, Any], float]:
+    """(compared, index of the chosen method, selection, the clock's now) measured anew: the FP32 reference
+    outputs, every calibration method's all-layers trial (`_compare_methods`), the lowest error chosen (ties:
+    listed first), `trials` set to it, then the layers kept float (`_select`)."""
+    trials.reference = run_feeds(trials.base, trials.feeds, trials.threads)
+    t = clock.lap("reference", t)
     names = [layer.name for layer in layers]
+    compared, t = _compare_methods(trials, names, key, cache_dir, previous_cache_dir, clock, t)
+    best = min(range(len(compared)), key=lambda i: (compared[i]["all_layers"]["error"], i))
+    method = compared[best]["method"]
+    trials.cache, trials.method = cache_dir / f"calibration.{method}.json", method
+    selection = _select(layers, trials, compared[best]["all_layers"])
+    t = clock.lap("sensitivity_search", t)
+    return compared, best, selection, t
+
+
+def _compare_methods(
+    trials: _Trials,
+    names: list[str],
+    key: dict[str, Any],
+    cache_dir: Path,
+    previous_cache_dir: str | Path | None,
+    clock: _Clock,
+    t: float,
+) -> tuple[list[dict[str, Any]], float]:
+    """Each calibration method (`ort_method`, or every one of `calibration_methods` when auto): its cache
+    (reused from `previous_cache_dir` when its key matches, else calibrated) and the error with every layer
+    in `names` quantized. (the compared entries, the clock's now)."""
+    params = trials.params
+    methods = list(params.calibration_methods) if params.ort_method == "auto" else [params.ort_method]
+    compared = []
+    for method in dict.fromkeys(methods):
+        cache = cache_dir / f"calibration.{method}.json"
+        reused = _reuse_cache(previous_cache_dir, cache, key, method)
+        calib = {"method": method, "reused": True, "cache": cache.name} if reused else None
+        if calib is None:
+            calib = calibrate(trials.base, trials.feeds, method, cache, params, trials.work)
+        t = clock.lap("calibration", t)
+        trials.cache, trials.method = cache, method
+        compared.append({**calib, "all_layers": trials(names)})
+        t = clock.lap("calibration_trials", t)
+    return compared, t
+
+
+def _select(layers: Sequence[Layer], trials: _Trials, all_quantized: dict[str, Any]) -> dict[str, Any]:
+    """The layers kept float: the greedy search (`greedy_select`, its per-layer profile on the first
+    `sensitivity.profile_frames` frames when fewer than all) when `sensitivity.enabled`, else none, with
+    whether every layer quantized (`all_quantized`, the chosen method's trial) meets the target."""
+    params = trials.params
     sp = params.sensitivity
-    previous = _previous_selection(previous_cache_dir, selection_key, cache_dir, names)
-    trials = _Trials(base, feeds, [], params, score_threshold, match_distance_m, threads, work)
-    if previous is not None:  # same float model, frames and recipe: the same measurements, not re-run
-        compared = [{**c, "reused": True} for c in previous["calibration"]["compared"]]
-        method = previous["calibration"]["chosen"]
-        best = [c["method"] for c in compared].index(method)
-        selection = {k: previous[k] for k in ("layers", "greedy", "kept_float", "met")}
-        selection["profiled"] = previous.get("profiled", True)
-        selection["reused_from"] = str(Path(previous_cache_dir or "") / REPORT)
-        trials.cache, trials.method = cache_dir / f"calibration.{method}.json", method
-        t = lap("reused", t)
-    else:
-        trials.reference = run_feeds(base, feeds, threads)
-        t = lap("reference", t)
-        compared = []
-        for method in dict.fromkeys(methods):
-            cache = cache_dir / f"calibration.{method}.json"
-            reused = _reuse_cache(previous_cache_dir, cache, key, method)
-            calib = {"method": method, "reused": True, "cache": cache.name} if reused else None
-            if calib is None:
-                calib = calibrate(base, feeds, method, cache, params, work)
-            t = lap("calibration", t)
-            trials.cache, trials.method = cache, method
-            compared.append({**calib, "all_layers": trials(names)})
-            t = lap("calibration_trials", t)
-        best = min(range(len(compared)), key=lambda i: (compared[i]["all_layers"]["error"], i))
-        method = compared[best]["method"]
-        trials.cache, trials.method = cache_dir / f"calibration.{method}.json", method
-        all_quantized = compared[best]["all_layers"]
-        if sp.enabled and names:
-            profile_trial = None
-            if sp.profile_frames is not None and sp.profile_frames < len(feeds):
+    if sp.enabled and layers:
+        profile_trial = None
+        if sp.profile_frames is not None and sp.profile_frames < len(trials.feeds):
 
-                def profile_trial(quantized: list[str]) -> dict[str, Any]:
-                    return trials(quantized, sp.profile_frames)
+            def profile_trial(quantized: list[str]) -> dict[str, Any]:
+                return trials(quantized, sp.profile_frames)
 
-            selection = greedy_select(
-                layers, trials, params, all_quantized=all_quantized, profile_trial=profile_trial
-            )
-        else:
-            ok = meets(all_quantized, sp.target_agreement, sp.target_scores_p99)
-            selection = {
-                "layers": [layer.to_json() for layer in layers],
-                "greedy": [{"kept_float": [], **all_quantized, "met": ok}],
-                "kept_float": [],
-                "met": ok,
-                "profiled": False,
-            }
-        t = lap("sensitivity_search", t)
-    kept = selection["kept_float"]
-    quantized = [n for n in names if n not in kept]
-    counts = quantize_layers(base, dst, trials.cache, method, params, quantized)
-    lap("quantize", t)
-    by_name = {layer.name: layer for layer in layers}
-    excluded = {**forced, **{n: "kept float (sensitivity)" for n in kept}}
-    report = {
+        return greedy_select(layers, trials, params, all_quantized=all_quantized, profile_trial=profile_trial)
+    ok = meets(all_quantized, sp.target_agreement, sp.target_scores_p99)
+    return {
+        "layers": [layer.to_json() for layer in layers],
+        "greedy": [{"kept_float": [], **all_quantized, "met": ok}],
+        "kept_float": [],
+        "met": ok,
+        "profiled": False,
+    }
+
+
+def _report_head(
+    trials: _Trials,
+    points: int | None,
+    compared: list[dict[str, Any]],
+    method: str,
+    key: dict[str, Any],
+    selection_key: dict[str, Any],
+) -> dict[str, Any]:
+    """The report's fields before the selection: format, reference, agreement definition, target, the
+    calibration comparison and the keys."""
+    params = trials.params
+    sp = params.sensitivity
+    return {
         "format": int8_format(params),
         "reference": "ONNX Runtime FP32 of the same float model",
-        "frames": len(feeds),
-        "agreement_score_threshold": score_threshold,
-        "match_distance_m": match_distance_m,
+        "frames": len(trials.feeds),
+        "agreement_score_threshold": trials.score_threshold,
+        "match_distance_m": trials.match_distance_m,
         "error": "(1 - match rate) + p99 |score diff|, confident detections, vs FP32",
         "order": sp.order,
         "points_per_frame": points,
@@ -312,38 +446,29 @@ def build_int8(
         "calibration": {"mode": params.ort_method, "compared": compared, "chosen": method},
         "key": key,
         "selection_key": selection_key,
-        **selection,
+    }
+
+
+def _report_tail(
+    layers: Sequence[Layer],
+    kept: list[str],
+    forced: dict[str, str],
+    unmatched: list[str],
+    quantized: list[str],
+    trials: _Trials,
+    clock: _Clock,
+) -> dict[str, Any]:
+    """The report's fields after the selection: what was kept float and quantized, the trial count, times."""
+    by_name = {layer.name: layer for layer in layers}
+    return {
         "kept_float_modules": [by_name[n].module or n for n in kept],
         "forced_float": forced,
         "unmatched_patterns": unmatched,
         "quantized": quantized,
         "trials": trials.count,
-        "seconds": round(time.perf_counter() - t_start, 3),
-        "timings_s": split,
+        "seconds": clock.total(),
+        "timings_s": clock.split,
     }
-    for p in (base if base != src else None, trials.path):
-        if p is not None and Path(p).exists():
-            Path(p).unlink()
-    result = QuantizeResult(
-        path=dst.name,
-        method=method,
-        activation_type=params.activation_type,
-        weight_type="int8",
-        symmetric_activations=params.activation_type == "int8",
-        per_channel=params.per_channel,
-        op_types=list(params.op_types),
-        calibration_frames=len(feeds),
-        quantized_nodes=len(quantized),
-        excluded_nodes=excluded,
-        unmatched_patterns=unmatched,
-        preprocess=how,
-        calibration_cache=f"calibration.{method}.json",
-        quantize_s=round(time.perf_counter() - t_start, 3),
-        node_op_types=counts,
-        format=int8_format(params),
-        calibration=compared[best],
-    )
-    return result, report
 
 
 def _feeds_digest(feeds: Sequence[Feed]) -> str:
