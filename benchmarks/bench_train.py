@@ -148,9 +148,8 @@ def model_step_rate(params: Any, batches: list[dict], steps: int, device: torch.
 
 
 def cmd_throughput(args: argparse.Namespace) -> None:
-    from pfactory.prepare.loader import make_loader
-
     import tasks.train
+    from pfactory.prepare.loader import make_loader
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = make_params([*args.set, f"train.batch_size={args.batch}"])
@@ -470,11 +469,10 @@ def _prepare(params: Any, raw: Path, out: Path) -> Path:
 
 
 def _train_and_score(params: Any, data: Path, out: Path, val_data: Path, backend: str) -> dict[str, Any]:
-    from pfactory.prepare.loader import make_loader
-
     import tasks.train
     from pfactory.detectors.inference import evaluate_kpis, predict
     from pfactory.detectors.io import load_model
+    from pfactory.prepare.loader import make_loader
 
     t0 = time.perf_counter()
     c0 = time.process_time()
@@ -484,7 +482,7 @@ def _train_and_score(params: Any, data: Path, out: Path, val_data: Path, backend
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     model, config = load_model(out)
     val = make_loader(val_data, "val", 8, device="cpu", backend=backend)
-    gts, preds = predict(model, val, config["classes"], params.train.score_threshold)
+    gts, preds = predict(model, val, config["classes"], params.evaluate.score_threshold)
     kpis = evaluate_kpis(gts, preds, config["classes"]).metrics
     return {"train s": s["train_seconds"], "run wall s": wall, "run CPU s": cpu, "steps": s["steps"],
             "epochs": s["epochs"], "val frames": len(gts), **kpi_row(kpis), "kpis": kpis}  # fmt: skip

@@ -13,8 +13,9 @@ assembles them:
     promote   pfactory/promote/params.py     PromoteParams
     gc        here                           GcParams (factory gc's policy after a run; no stage reads it)
 
-Values more than one stage uses are declared once (`SHARED`, `pfactory.config.params_file`) and flow to the others: the
-detection score threshold in `evaluate` (train's validation and optimize's parity use it). The training classes
+Every value has one home, one section: a value several stages use is declared in its home and read by the
+others through a view (`pfactory.config.section.SectionView`): the detection score threshold is
+`evaluate.score_threshold` (`pfactory.metrics.cut`), which train's validation and optimize's parity read. The training classes
 and point-cloud range live in `prepare` only: a detector is built for the prepared data's (its manifest).
 Setting one of them in a second place to another value is an error that names the one home.
 
@@ -35,7 +36,6 @@ import yaml
 from pydantic import Field
 
 from pfactory.config.params_file import (  # noqa: F401  (re-exported: the params API of the CLI, flow and tests)
-    SHARED,
     ParamsError,
     Sections,
     anchored,
@@ -58,7 +58,7 @@ from pfactory.train.params import TrainParams
 
 class GcParams(Section):
     """Retention after a `factory run` (`factory gc`'s policy, pfactory/storage/retention.py; docs/OPERATIONS.md
-    "Disk and retention"). Both None (the default): a run deletes nothing. No stage reads this section."""
+    "Disk, a team's cache and retention"). Both None (the default): a run deletes nothing. No stage reads this section."""
 
     keep_last: int | None = Field(default=None, ge=1)
     """After a successful run, keep this many newest run workspaces (plus everything a registered model or
@@ -81,14 +81,9 @@ class Params(Sections):
     gc: GcParams = Field(default_factory=GcParams)
 
     def to_file_dict(self) -> dict[str, Any]:
-        """What `params.yaml` holds: every section, without the shared values' copies."""
+        """What `params.yaml` holds: every section (the model's as `pfactory.detectors.params.dump` writes it)."""
         raw = self.model_dump(mode="json")
         raw["model"] = dump(self.model)
-        for used in SHARED:
-            node = raw
-            for part in used[:-1]:
-                node = node[part]
-            node.pop(used[-1], None)
         return raw
 
 
@@ -102,5 +97,5 @@ def load_params(path: str | Path | None = "params.yaml", overrides: list[str] | 
 
 def params_to_yaml(params: Params) -> str:
     """The resolved params as YAML, as `params.yaml` holds them (what a run workspace gets and `factory
-    params` shows): each shared value once, in its home section."""
+    params` shows)."""
     return yaml.safe_dump(params.to_file_dict(), sort_keys=False)

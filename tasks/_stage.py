@@ -109,8 +109,8 @@ def stage_main(command: Command, argv: list[str] | None) -> None:
 def run_stage(command: Command, params_file: Path | None, overrides: list[str] | None, **options: Any) -> None:
     """Load params, run `command.body(params, options)` and print the metrics it returns (nothing for None):
     what both `python -m tasks.<stage>` and `factory <stage>` do once their arguments are parsed.
-    Params: `command.sections()` (name -> model), besides `paths` and the values the stage shares
-    (`pfactory.config.params_file.SHARED`); nothing else of params.yaml is read or imported. `params_file`: None = the
+    Params: `command.sections()` (name -> model, a view for another stage's section), besides `paths`;
+    nothing else of params.yaml is read or imported. `params_file`: None = the
     project's params.yaml (`pfactory.runtime.project.params_path`). `options`: the declared options' values.
 
     An error a user can act on (`pfactory.runtime.failures.UserError`, a full disk, ...) prints `<stage>: <reason>`

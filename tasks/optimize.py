@@ -36,10 +36,11 @@ STAGE = "optimize"
 
 
 def sections() -> Mapping[str, type]:
-    """What this stage reads of params.yaml (besides `paths`), and `evaluate.score_threshold` (`SHARED`)."""
+    """What this stage reads of params.yaml (besides `paths`): `evaluate` only through its view (the score cut)."""
+    from pfactory.metrics.cut import DetectionCut
     from pfactory.optimize.params import OptimizeParams
 
-    return {"optimize": OptimizeParams}
+    return {"optimize": OptimizeParams, "evaluate": DetectionCut}
 
 
 def run(
@@ -56,18 +57,21 @@ def run(
     `backend`/`precision` override `optimize.backend`/`optimize.precision` (None/"auto" = from params).
     """
     from pfactory.config.section import section_of
+    from pfactory.metrics.cut import DetectionCut
     from pfactory.optimize.params import OptimizeParams
     from pfactory.optimize.stage import optimize
     from pfactory.storage.fsutil import check_output_dir
 
     opt = section_of(params, STAGE, OptimizeParams)
+    cut = DetectionCut() if opt is params else section_of(params, "evaluate", DetectionCut)  # bare: the default
+    args = (opt, Path(model_dir), Path(data), Path(out), backend, precision)
     check_output_dir(out, STAGE, (model_dir, data))  # refuse a foreign --out before any work
     if not track:
-        return optimize(opt, Path(model_dir), Path(data), Path(out), backend, precision, None)
+        return optimize(*args, None, score_threshold=cut.score_threshold)
     from pfactory.tracking.runs import stage_run
 
     with stage_run(STAGE, opt.model_dump(mode="json")) as active:
-        return optimize(opt, Path(model_dir), Path(data), Path(out), backend, precision, active)
+        return optimize(*args, active, score_threshold=cut.score_threshold)
 
 
 def body(p: Any, o: Any) -> dict:

@@ -1,7 +1,6 @@
 """The `train` stage: prepared shards (`paths.prepared`) -> a trained detector (`paths.model`).
 
-Files out: checkpoint.pt, model.pt + model_config.json, curves.json, val_curves.json,
-metrics.json (see `pfactory.train.trainer`). Metrics back: the summary dict.
+Out: checkpoint.pt, model.pt + model_config.json, curves.json, val_curves.json, metrics.json; the summary.
 
 Run: `python -m tasks.train [-S train.epochs=5 ...]` (what dvc.yaml calls; paths from params.yaml),
 `factory train --data DIR --out DIR`, or `torchrun --nproc_per_node N -m tasks.train` for DDP.
@@ -28,11 +27,12 @@ RESUME_ENV = "PFACTORY_RESUME_DIR"  # set by the pipeline's workspace: where sta
 
 
 def sections() -> Mapping[str, type]:
-    """What this stage reads of params.yaml (besides `paths`), and `evaluate.score_threshold` (`SHARED`)."""
+    """What this stage reads of params.yaml (besides `paths`): `evaluate` only through its view (the score cut)."""
     from pfactory.detectors.params import ModelSection
+    from pfactory.metrics.cut import DetectionCut
     from pfactory.train.params import TrainParams
 
-    return {"train": TrainParams, "model": ModelSection}
+    return {"train": TrainParams, "model": ModelSection, "evaluate": DetectionCut}
 
 
 def run(params: Any, data: str | Path, out: Path, track: bool = True, **options: Any) -> dict[str, Any]:

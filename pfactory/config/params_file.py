@@ -1,35 +1,38 @@
 """Reading a params file: the YAML safety checks, DVC-style overrides, validation messages naming the key,
-and the sections of one stage (`load_sections`), assembled with the values it shares with other stages.
+and the sections of one stage (`load_sections`).
 
 A stage reads only its own sections (DESIGN.md §3): `python -m tasks.train` validates `train`, `model` and
-`paths`, plus the values it takes from another stage's section (`SHARED`: `evaluate.score_threshold`),
-and imports no other section's module, so editing a promotion-gate default does not change what DVC hashes
-as train's code. The whole file (every section, `flows.params.Params`) is for the flow and the CLI.
+`paths`, plus a view of another stage's section when it uses one of its values (`SectionView`: train and
+optimize read `evaluate.score_threshold`), and imports no other section's module, so editing a promotion-gate
+default does not change what DVC hashes as train's code. The whole file (every section, `flows.params.Params`)
+is for the flow and the CLI.
 
-`SHARED`: where a value more than one stage uses is read -> its one home. The users keep a field of that name
-(the code reads `params.model.classes`, `tp.score_threshold`, ...), filled from the home; params.yaml sets
-only the home. Setting a copy to another value than its home's is refused, naming the home.
+Every value has one home: a field is declared in one section only (a value several stages use is read from its
+home through a view, never copied into a second section; tests/config/test_one_home.py fails on a name declared
+in two sections unless it is listed there with what each section's field means).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Collection, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import Field, ValidationError, create_model, model_validator
+from pydantic import Field, ValidationError, create_model
 
 from pfactory.config.paths import PathsParams
-from pfactory.config.section import Section
+from pfactory.config.section import Section, is_view
 from pfactory.runtime.failures import EXIT_USAGE, UserError
 
-SHARED: dict[tuple[str, ...], tuple[str, ...]] = {
-    ("train", "score_threshold"): ("evaluate", "score_threshold"),
-    ("optimize", "parity", "score_threshold"): ("evaluate", "score_threshold"),
+# Keys a stage's section does not hold because the value lives in another section (its one home): a file or an
+# override that sets one there is refused with the home named, not as a bare unknown key.
+ELSEWHERE: dict[tuple[str, ...], str] = {
+    ("train", "score_threshold"): "evaluate.score_threshold",
+    ("optimize", "parity", "score_threshold"): "evaluate.score_threshold",
 }
-
 
 P = TypeVar("P", bound=Section)
 
@@ -40,74 +43,8 @@ class ParamsError(UserError, ValueError):
     exit_code = EXIT_USAGE
 
 
-def _get(node: Any, path: tuple[str, ...]) -> Any:
-    for part in path:
-        node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
-        if node is None:
-            return None
-    return node
-
-
-def _default(model: type[Section], path: tuple[str, ...]) -> Any:
-    """The default of the field at `path` under `model` (nested sections followed through their defaults)."""
-    node: Any = model()
-    for part in path:
-        node = getattr(node, part)
-    return node
-
-
 class Sections(Section):
-    """Base of a params document made of sections. Each shared value (`SHARED`) of a section it holds is
-    checked against its home and filled from it: from the home's section when the document holds it (the
-    whole file), else from the home's value in the file, the rest of that section left unread (a stage)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _shared_from_home(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        fields = cls.model_fields
-        data = copy.deepcopy(data)
-        for used, home in SHARED.items():
-            if used[0] not in fields:
-                continue
-            # A copy that repeats its home's value is harmless (a dumped section written back); a copy
-            # that differs would silently lose to the home: refuse it, naming both.
-            found = _get(data, home)
-            expected = found
-            if expected is None:  # the default: the home's, or (home not held) the copy's, kept equal to it
-                expected = (_default(fields[home[0]].annotation, home[1:]) if home[0] in fields
-                            else _default(fields[used[0]].annotation, used[1:]))  # fmt: skip
-            value = _get(data, used)
-            if value is not None and value != expected:
-                raise ValueError(
-                    f"{'.'.join(used)} = {value!r} is not set here: it is {'.'.join(home)} = {expected!r} "
-                    "(declared once, shared by the stages that use it)"
-                )
-            if home[0] not in fields and found is not None:
-                node: Any = data
-                for part in used[:-1]:  # a section that is not a mapping is left for validation to name
-                    node = node.setdefault(part, {}) if isinstance(node, dict) else None
-                if isinstance(node, dict):
-                    node[used[-1]] = copy.deepcopy(found)
-        for name in {home[0] for home in SHARED.values()} - set(fields):
-            data.pop(name, None)  # a home this document does not hold: only its shared value was read
-        return data
-
-    @model_validator(mode="after")
-    def _share(self) -> Sections:
-        fields = type(self).model_fields
-        for used, home in SHARED.items():
-            if used[0] not in fields or home[0] not in fields:
-                continue
-            *parents, key = used
-            node: Any = self
-            for part in parents:
-                node = getattr(node, part)
-            value = _get(self, home)
-            if getattr(node, key) != value:
-                setattr(node, key, copy.deepcopy(value))
-        return self
+    """Base of a params document made of sections (the whole file, or one stage's sections)."""
 
 
 @cache
@@ -198,6 +135,10 @@ def _format_validation_error(e: ValidationError, source: str) -> str:
             lines.append(f"{source}: {err['msg'].removeprefix('Value error, ')}")
             continue
         key = ".".join(str(p) for p in err["loc"])
+        home = ELSEWHERE.get(tuple(str(p) for p in err["loc"]))
+        if err["type"] == "extra_forbidden" and home:
+            lines.append(f"{source}: {key} is not set here: it is {home} (one home; the stages that use it read it there)")
+            continue
         if err["type"] == "extra_forbidden":
             msg = "unknown key (not a parameter of this section)"
         else:
@@ -244,18 +185,18 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def read_params(
-    path: str | Path | None, overrides: list[str] | None, sections: tuple[str, ...] | None = None
+    path: str | Path | None, overrides: list[str] | None, sections: Mapping[str, Collection[str] | None] | None = None
 ) -> tuple[dict[str, Any], str]:
     """The params file as a dict (`{}` and "(embedded defaults)" when missing) with `overrides` applied, and
-    its name for messages. `sections`: a stage's; only these and the homes of the values they share are
-    kept (the rest of the file is other stages'), and an override of anything else is refused: it would
-    change nothing this stage does."""
+    its name for messages. `sections`: a stage's, name -> the keys it reads of that section (None: all of it;
+    a view's keys for another stage's section). Only these are kept (the rest of the file is other stages'),
+    and an override of anything else is refused: it would change nothing this stage does."""
     if sections is not None:
-        shared = {".".join(home) for used, home in SHARED.items() if used[0] in sections}
         for text in overrides or []:
-            key = parse_override(text)[0]
-            if key.split(".")[0] not in sections and key not in shared:
-                reads = ", ".join([*sections, *sorted(shared)])
+            name, _, rest = parse_override(text)[0].partition(".")
+            keys = sections.get(name, ())
+            if name not in sections or (keys is not None and rest.split(".")[0] not in keys):
+                reads = ", ".join(n if k is None else ", ".join(f"{n}.{x}" for x in k) for n, k in sections.items())
                 raise ParamsError(f"override {text!r}: not a parameter this stage reads (it reads {reads})")
     raw: dict[str, Any] = {}
     source = "params.yaml (embedded defaults)"
@@ -266,9 +207,15 @@ def read_params(
             raise ParamsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     raw = apply_overrides(raw, overrides or [])
     if sections is not None:
-        homes = {home[0] for used, home in SHARED.items() if used[0] in sections}
-        raw = {k: v for k, v in raw.items() if k in sections or k in homes}
+        raw = {name: _only(value, sections[name]) for name, value in raw.items() if name in sections}
     return raw, source
+
+
+def _only(section: Any, keys: Collection[str] | None) -> Any:
+    """`section` with just `keys` (None: all; a section that is not a mapping is left for validation to name)."""
+    if keys is None or not isinstance(section, dict):
+        return section
+    return {k: v for k, v in section.items() if k in keys}
 
 
 def validate(model: type[Section], raw: dict[str, Any], source: str, pin: bool = False) -> Any:
@@ -290,11 +237,12 @@ def validate(model: type[Section], raw: dict[str, Any], source: str, pin: bool =
 def load_sections(
     path: str | Path | None, overrides: list[str] | None, sections: dict[str, type[Section]]
 ) -> Any:
-    """A stage's params: `paths` and its `sections` of the file (+ `overrides`), their shared values read
-    from their homes (module docstring). Other sections, and overrides of them, are other stages' to
-    validate (an override is still checked to be `section.key=value`)."""
+    """A stage's params: `paths` and its `sections` of the file (+ `overrides`); a section given as a view
+    (`SectionView`) is read for the view's keys only (module docstring). Other sections, and overrides of
+    them, are other stages' to validate (an override is still checked to be `section.key=value`)."""
     model = sections_model(tuple(sections.items()))
-    raw, source = read_params(path, overrides, ("paths", *sections))
+    reads = {name: (frozenset(cls.model_fields) if is_view(cls) else None) for name, cls in sections.items()}
+    raw, source = read_params(path, overrides, {"paths": None, **reads})
     return validate(model, raw, source)
 
 

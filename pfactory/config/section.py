@@ -107,3 +107,16 @@ def check_address(v: str | None) -> str | None:
         if not n.isdigit() or int(n) < 1:
             raise ValueError(f"'local:N' with N >= 1 workers, got {v!r}")
     return v
+
+
+class SectionView(Section):
+    """The part of another stage's section that a stage reads (train and optimize read `evaluate`'s
+    `score_threshold`). The home section's class derives from the view, so each field is declared once, in
+    one section; a stage whose params hold the view validates only the view's keys of that section and leaves
+    the rest of it to its own stage (`pfactory.config.params_file.load_sections`)."""
+
+
+def is_view(cls: type) -> bool:
+    """True for a view class itself (a direct subclass of `SectionView`), not for the home section deriving
+    from it."""
+    return SectionView in cls.__bases__

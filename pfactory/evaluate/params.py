@@ -13,11 +13,12 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from pfactory.config.section import NonNegInt, PositiveInt, Section, check_address
+from pfactory.config.section import NonNegInt, PositiveInt, check_address
+from pfactory.metrics.cut import DetectionCut
 
 
-class EvaluateParams(Section):
-    """The `evaluate:` section."""
+class EvaluateParams(DetectionCut):
+    """The `evaluate:` section (its `score_threshold`: `pfactory.metrics.cut`, the part other stages read)."""
 
     split: str = "val"
     """Split of the prepared data to evaluate (a key of its manifest's `splits`)."""
@@ -42,9 +43,6 @@ class EvaluateParams(Section):
     16 = prepare.batch_size, one row group: ~0.5-1 s of work per task against ~1 ms of Dask overhead."""
     batch_size: PositiveInt = 4
     """Frames per inference call inside a task (ORT's CPU throughput at batch 4 beats batch 1)."""
-    score_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.05
-    """Detections scoring below this are dropped before scoring. Declared here once: train's validation
-    and optimize's parity use the same value (`flows.params.SHARED`)."""
     reference: bool = True
     """Also evaluate the PyTorch checkpoint (when a model directory is given) and report the KPI delta."""
     range_edges_m: list[float] = Field(default_factory=lambda: [0.0, 20.0, 40.0])

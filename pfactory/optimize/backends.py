@@ -48,6 +48,7 @@ class Build:
     torch_device: str
     ort_device: str
     t_start: float
+    cut: float = 0.0  # the parity comparison's detection cut (`evaluate.score_threshold`), set by `optimize`
     timings: dict[str, float] = field(default_factory=dict)
     model: Any = None
     model_config: dict[str, Any] = field(default_factory=dict)

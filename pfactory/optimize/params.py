@@ -6,7 +6,7 @@ Out: a validated pydantic model; unknown keys are refused (`extra="forbid"`), ev
 The parity tolerances are per precision because the three answer different questions: FP32 must be
 the *same computation* as PyTorch (only float reassociation differs), FP16/INT8 must be *close enough*
 that the KPI delta computed by the evaluate stage is what decides. Evidence behind each default is in
-docs/OPTIMIZE.md ("Parity tolerances", "INT8").
+docs/OPTIMIZE.md ("Parity", "INT8").
 """
 
 from __future__ import annotations
@@ -110,13 +110,11 @@ class ParityParams(Section):
     """Optimized backend vs PyTorch on held-out frames -> `parity.json`; the stage fails outside the gate."""
 
     split: Literal["train", "val"] = "val"
-    """Split of the held-out frames (the evaluate stage scores the same split)."""
+    """Split of the held-out frames compared (val: by default the split the evaluate stage scores too)."""
     frames: PositiveInt = 16
     """Frames compared (the first ones of `split`, in the loader's deterministic order)."""
     batch_size: PositiveInt = 1
     """Frames per runner call during the comparison."""
-    score_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.05
-    """Detections scoring at or above this are compared (= `evaluate.score_threshold`)."""
     match_distance_m: PositiveFloat = 0.5
     """Max BEV centre distance for a candidate detection to match a reference one (same label)."""
     agreement_score_threshold: Annotated[float, Field(gt=0, lt=1)] = 0.3

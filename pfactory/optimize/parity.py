@@ -6,7 +6,7 @@ Out: `compare_outputs(...) -> dict` of metrics; `gate(metrics, tolerance) -> lis
      each naming the metric, its value and the limit; `parity_report(...)` assembles `parity.json`.
 
 How outputs are compared (docs/OPTIMIZE.md, "Parity"):
-- detections: entries with reference score >= `score_threshold` (candidate entries likewise);
+- detections: entries with reference score >= `score_threshold` (`evaluate.score_threshold`; candidate entries likewise);
 - matching: greedy in descending reference score, a candidate of the same label whose BEV centre is
   within `match_distance_m` and not yet taken. Matching, not index alignment, because two peaks whose
   scores differ by 1e-7 may swap rank between runtimes: same detections, different order;
@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from pfactory.metrics.cut import DEFAULT_SCORE_THRESHOLD
 from pfactory.optimize.params import ParityParams, ParityTolerance
 
 Outputs = dict[str, np.ndarray]
@@ -224,8 +225,10 @@ def compare_outputs(
     params: ParityParams,
     tol: ParityTolerance | None = None,
     repeat: Sequence[Outputs] | None = None,
+    score_threshold: float = DEFAULT_SCORE_THRESHOLD,
 ) -> dict[str, Any]:
-    """Metrics of `candidate` vs `reference` (module docstring); both cover the same frames in order.
+    """Metrics of `candidate` vs `reference` (module docstring); both cover the same frames in order, their
+    detections scoring >= `score_threshold` (`evaluate.score_threshold`) compared.
 
     With `tol`, also each element check's `tolerance_ratio` = max |diff| / (atol + rtol * |ref|), which
     `gate` compares with 1 (numpy `allclose` semantics). `repeat`: a second run of the candidate on the
@@ -240,7 +243,7 @@ def compare_outputs(
             if r[key].shape != c[key].shape:
                 raise ValueError(f"output {key}: candidate shape {c[key].shape} != reference {r[key].shape}")
         for b in range(r["scores"].shape[0]):
-            _tally_frame(tally, r, c, b, params, t)
+            _tally_frame(tally, r, c, b, params, t, score_threshold)
     n_ref, n_cand, n_matched = tally.n_ref, tally.n_cand, tally.n_matched
     metrics: dict[str, Any] = {
         "frames": tally.frames,
@@ -271,7 +274,7 @@ def compare_outputs(
 
 
 def _tally_frame(
-    tally: _Tally, r: Outputs, c: Outputs, b: int, params: ParityParams, t: ParityTolerance
+    tally: _Tally, r: Outputs, c: Outputs, b: int, params: ParityParams, t: ParityTolerance, score_threshold: float
 ) -> None:
     """Add frame `b` of the reference batch `r` and the candidate batch `c` to `tally`: matching with the
     scores' tolerance at the top-K cut as the near-tie margin (`match_detections`), the matched pairs, the
@@ -282,7 +285,7 @@ def _tally_frame(
     floor = float(min(rs.min(initial=1.0), cs.min(initial=1.0)))  # scores' tolerance at the top-K cut
     tie = (t.scores_atol or 0.0) + (t.scores_rtol or 0.0) * floor
     pairs, nr, nc = match_detections(
-        rb, rs, rl, cb, cs, cl, params.score_threshold, params.match_distance_m, tie
+        rb, rs, rl, cb, cs, cl, score_threshold, params.match_distance_m, tie
     )
     tally.n_ref += nr
     tally.n_cand += nc
@@ -295,7 +298,7 @@ def _tally_frame(
         tally.cand_pair_scores.append(cs[j])
     tally.ref_sorted.append(np.sort(rs)[::-1])
     tally.cand_sorted.append(np.sort(cs)[::-1])
-    valid = rs >= params.score_threshold
+    valid = rs >= score_threshold
     tally.label_agree += int((rl[valid] == cl[valid]).sum())
     tally.label_total += int(valid.sum())
     # Index-aligned diffs over reference detections: informational (rank swaps inflate them).
@@ -511,9 +514,14 @@ def tolerance_for(params: ParityParams, precision: str) -> ParityTolerance:
 
 
 def parity_report(
-    results: dict[str, dict[str, Any]], params: ParityParams, frame_ids: Sequence[str], reference: str
+    results: dict[str, dict[str, Any]],
+    params: ParityParams,
+    frame_ids: Sequence[str],
+    reference: str,
+    score_threshold: float = DEFAULT_SCORE_THRESHOLD,
 ) -> dict[str, Any]:
-    """`parity.json`: per artifact (`"<backend>/<precision>"`) its metrics, gate and failures.
+    """`parity.json`: per artifact (`"<backend>/<precision>"`) its metrics, gate and failures; the detection
+    cut the comparison used (`score_threshold`, `evaluate.score_threshold`) recorded.
 
     `results[name]` = {"precision": str, "metrics": compare_outputs(...)}.
     """
@@ -535,7 +543,7 @@ def parity_report(
         "split": params.split,
         "frames": len(frame_ids),
         "frame_ids": list(frame_ids),
-        "score_threshold": params.score_threshold,
+        "score_threshold": score_threshold,
         "agreement_score_threshold": params.agreement_score_threshold,
         "match_distance_m": params.match_distance_m,
         "boxes_rel_floor": params.boxes_rel_floor,

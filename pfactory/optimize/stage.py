@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pfactory.metrics.cut import DEFAULT_SCORE_THRESHOLD
 from pfactory.optimize.backends import Build, build_artifacts, open_runners, refuse_failed_engine
 from pfactory.optimize.errors import BackendUnavailable, ParityError
 from pfactory.optimize.params import OptimizeParams
@@ -127,12 +128,15 @@ def optimize(
     backend: str,
     precision: str | None,
     active: Any,
+    score_threshold: float = DEFAULT_SCORE_THRESHOLD,
 ) -> dict[str, Any]:
     """Build `out` from `model_dir` (module docstring); the metrics. `backend`/`precision` override
-    `opt.backend`/`opt.precision` (None/"auto" = from params); `active`: the MLflow run to log to, or None."""
+    `opt.backend`/`opt.precision` (None/"auto" = from params); `active`: the MLflow run to log to, or None;
+    `score_threshold`: the parity comparison's detection cut (`evaluate.score_threshold`)."""
     for module in _STAGE_MODULES:
         importlib.import_module(module)
     b = _plan(opt, model_dir, data, out, backend, precision, active)
+    b.cut = score_threshold
     _load(b)
     with atomic_directory(out, stage="optimize", inputs=(model_dir, data)) as tmp:
         b.tmp = tmp
@@ -246,11 +250,11 @@ def _gate(b: Build) -> tuple[dict[str, Any], dict[str, Any] | None, Any, dict[st
         results[name] = {
             "precision": prec,
             "metrics": compare_outputs(
-                reference, first, opt.parity, getattr(opt.parity, prec), repeat=second
+                reference, first, opt.parity, getattr(opt.parity, prec), repeat=second, score_threshold=b.cut
             ),
         }
     report = parity_report(
-        results, opt.parity, held.all_frame_ids(), reference=f"pytorch eager ({b.torch_device})"
+        results, opt.parity, held.all_frame_ids(), reference=f"pytorch eager ({b.torch_device})", score_threshold=b.cut
     )
     b.timings["parity_s"] = time.perf_counter() - t0
     fallback = None

@@ -28,7 +28,6 @@ _RESUME_IGNORED = {
     "torch_threads",
     "val_every_epochs",
     "compile",
-    "score_threshold",
 }
 
 

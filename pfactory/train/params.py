@@ -66,8 +66,6 @@ class TrainParams(Section):
     """Validate (KPIs on the val split) every this many epochs, and always after the last; 0 = only then.
     ~1.2 s per validation of ~50 frames on 2 cores: every epoch cost 18 s of a 178 s default train; every
     3rd epoch (5 points on the val curve) costs ~6 s."""
-    score_threshold: Annotated[float, Field(ge=0, lt=1)] = 0.05
-    """Detections scoring below this are dropped before the validation KPIs (= `evaluate.score_threshold`)."""
     max_steps: PositiveInt | None = None
     """Train for min(this, epochs x batches per epoch) optimizer steps; None = `epochs` passes."""
     augment: AugmentParams | None = Field(default_factory=AugmentParams)

@@ -97,7 +97,8 @@ COMPILE_CACHE = "compile_cache.bin"  # torch.compile's portable cache artifacts,
 
 class Trainer:
     """One training run of the architecture `params.model.arch` (its section `params.model.<arch>`, resolved:
-    `pfactory.detectors.params`) with `params.train` on `data`, writing into `out`. The loop knows the
+    `pfactory.detectors.params`) with `params.train` on `data`, writing into `out`; the validation KPIs count
+    detections scoring >= `params.evaluate.score_threshold`. The loop knows the
     detector only through the contract (`pfactory.detectors.contract`): forward, loss, decode.
 
     `max_steps` overrides `train.max_steps`. `loader_factory` replaces the shard loader (tests).
@@ -123,6 +124,7 @@ class Trainer:
         if max_steps is not None:
             tp = tp.model_copy(update={"max_steps": max_steps})
         self.tp = tp
+        self.score_threshold = params.evaluate.score_threshold  # the validation KPIs' cut: evaluate's (a view)
         self.arch, self.plugin = section.arch, section.plugin
         self.data, self.out = data, out = Path(data), Path(out)
         t_start = time.perf_counter()
@@ -380,7 +382,7 @@ class Trainer:
 
     def validate(self) -> dict[str, Any]:
         return validate(self.model, self.data, self.info, self.factory, self.tp, self.rt, self.timer, self.tracker,
-                        self.step, self.epoch)  # fmt: skip
+                        self.step, self.epoch, self.score_threshold)  # fmt: skip
 
     def checkpoint(self, done: bool) -> None:
         """Write `checkpoint.pt` (main process only) to `resume_dir`, and the final one (`done`) to `out` too."""
@@ -448,15 +450,17 @@ def validate(
     tracker: Tracker,
     step: int,
     epoch: int,
+    score_threshold: float,
 ) -> dict[str, Any]:
-    """KPIs on the val split (main process; the others wait); returns the val-curve record."""
+    """KPIs on the val split (main process; the others wait), over detections scoring >= `score_threshold`
+    (`evaluate.score_threshold`); returns the val-curve record."""
     record: dict[str, Any] = {"epoch": epoch, "step": step}
     if rt.is_main and info.val_frames > 0:
         with timer("validate"):
             loader = factory(data, "val", tp.batch_size, False, None, tp.seed, rt.device, tp.num_threads)
             loader.set_epoch(0)
             val_bf16 = tp.bf16 and rt.device.type == "cuda"
-            gts, preds = predict(model, loader, info.classes, tp.score_threshold, rt.device,
+            gts, preds = predict(model, loader, info.classes, score_threshold, rt.device,
                                  torch.bfloat16 if val_bf16 else None)  # fmt: skip
             kpis = evaluate_kpis(gts, preds, info.classes)
         scalars = kpi_scalars(kpis.metrics)

@@ -84,11 +84,14 @@ def test_override_cannot_descend_into_a_value():
     ],
 )
 def test_a_shared_value_is_set_only_in_its_home(override, home):
+    """The detection score cut has one home, `evaluate`: setting it in a stage that uses it is refused,
+    naming the home, whatever the value (the section does not hold it)."""
     key = override.split("=")[0]
-    with pytest.raises(ParamsError, match=rf"{re.escape(key)} = .* is not set here: it is {home} = "):
+    with pytest.raises(ParamsError, match=rf"{re.escape(key)} is not set here: it is {home} "):
         load_params(None, [override])
     default = load_params(None)
-    load_params(None, [f"{key}={default.train.score_threshold}"])  # repeating the home's value is harmless
+    with pytest.raises(ParamsError, match=rf"{re.escape(key)} is not set here"):
+        load_params(None, [f"{key}={default.evaluate.score_threshold}"])
 
 
 @pytest.mark.parametrize(
@@ -103,36 +106,48 @@ def test_the_data_facts_are_not_model_params(override):
         load_params(None, [override])
 
 
-def test_shared_values_flow_from_their_home_and_round_trip():
+def test_shared_values_flow_from_their_home_and_round_trip(tmp_path):
+    """A stage that uses the score cut reads evaluate's value (its view); the file round-trips."""
     from flows.params import params_to_yaml
+    from pfactory.config.params_file import load_sections
+    from tasks import optimize, train
 
     p = load_params(None, ["evaluate.score_threshold=0.2", "prepare.pc_range=[0, -20, -3, 40, 20, 1]"])
-    assert p.train.score_threshold == p.optimize.parity.score_threshold == 0.2
     again = Params.model_validate(yaml.safe_load(params_to_yaml(p)))  # a workspace's params.yaml
     assert again.to_file_dict() == p.to_file_dict()
+    f = tmp_path / "params.yaml"
+    f.write_text(params_to_yaml(p))
+    for stage in (train, optimize):
+        doc = load_sections(f, [], dict(stage.sections()))
+        assert doc.evaluate.score_threshold == 0.2, stage.STAGE
     assert "score_threshold" not in yaml.safe_load(params_to_yaml(p))["train"]
 
 
 def test_a_stage_loads_only_its_own_sections(tmp_path) -> None:
-    """`load_sections` (what `python -m tasks.<stage>` uses): the stage's sections and `paths`, its shared
-    values read from their homes, the rest of the file left to the stages it belongs to; an override of a
-    key it does not read is refused (it would change nothing it does)."""
+    """`load_sections` (what `python -m tasks.<stage>` uses): the stage's sections and `paths`, the keys of
+    a view (train's `evaluate`: its score cut) and nothing else of that section, the rest of the file left to
+    the stages it belongs to; an override of a key it does not read is refused (it would change nothing it does)."""
     from pfactory.config.params_file import load_sections
     from pfactory.detectors.params import ModelSection as ModelParams
+    from pfactory.metrics.cut import DetectionCut
     from pfactory.optimize.params import OptimizeParams
     from pfactory.train.params import TrainParams
 
     f = tmp_path / "params.yaml"
-    f.write_text("evaluate: {score_threshold: 0.2, batch_size: 1}\nprepare: {classes: [Car]}\npromote: {bogus: 1}\n")
-    train = load_sections(f, ["train.lr=0.002"], {"train": TrainParams, "model": ModelParams})
-    assert set(type(train).model_fields) == {"paths", "train", "model"}
-    assert train.train.score_threshold == 0.2 and train.train.lr == 0.002
+    # evaluate.workers -3 is invalid: evaluate's to refuse, not a stage that reads its score cut only
+    f.write_text("evaluate: {score_threshold: 0.2, workers: -3}\nprepare: {classes: [Car]}\npromote: {bogus: 1}\n")
+    sections = {"train": TrainParams, "model": ModelParams, "evaluate": DetectionCut}
+    train = load_sections(f, ["train.lr=0.002"], sections)
+    assert set(type(train).model_fields) == {"paths", "train", "model", "evaluate"}
+    assert train.evaluate.score_threshold == 0.2 and train.train.lr == 0.002
     assert train.model.selected.pillar_size_m == 0.4  # the selected architecture's section, resolved
-    opt = load_sections(f, ["evaluate.score_threshold=0.1"], {"optimize": OptimizeParams})
-    assert opt.optimize.parity.score_threshold == 0.1
+    opt = load_sections(f, ["evaluate.score_threshold=0.1"], {"optimize": OptimizeParams, "evaluate": DetectionCut})
+    assert opt.evaluate.score_threshold == 0.1
     with pytest.raises(ParamsError, match="not a parameter this stage reads"):
-        load_sections(f, ["promote.min_map=0.5"], {"train": TrainParams, "model": ModelParams})
-    with pytest.raises(ParamsError, match=r"evaluate\.score_threshold = 0\.2"):
-        load_sections(f, ["train.score_threshold=0.3"], {"train": TrainParams})
+        load_sections(f, ["promote.min_map=0.5"], sections)
+    with pytest.raises(ParamsError, match=r"override 'evaluate.batch_size=2': not a parameter this stage reads"):
+        load_sections(f, ["evaluate.batch_size=2"], sections)
+    with pytest.raises(ParamsError, match=r"train\.score_threshold is not set here: it is evaluate\.score_threshold"):
+        load_sections(f, ["train.score_threshold=0.3"], sections)
     with pytest.raises(ParamsError, match=r"train\.lr"):
-        load_sections(f, ["train.lr=-1"], {"train": TrainParams})
+        load_sections(f, ["train.lr=-1"], sections)

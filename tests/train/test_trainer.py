@@ -31,6 +31,7 @@ if str(ROOT) not in sys.path:  # subprocess entry (python tests/train/test_train
 from pfactory.detectors.params import ModelSection, resolve  # noqa: E402
 
 PC_RANGE = [0.0, -8.0, -3.0, 16.0, 8.0, 1.0]
+from pfactory.metrics.cut import DetectionCut  # noqa: E402
 from pfactory.train.params import TrainParams  # noqa: E402
 
 IMAGE_HW = (32, 64)
@@ -151,7 +152,7 @@ def tiny_params(**train_over) -> SimpleNamespace:
     model = resolve(ModelSection.model_validate(section), "test")
     train = TrainParams(**{"epochs": 2, "batch_size": 4, "lr": 3e-3, "checkpoint_every_steps": 3,
                            "torch_threads": 1, **train_over})  # fmt: skip
-    return SimpleNamespace(model=model, train=train)
+    return SimpleNamespace(model=model, train=train, evaluate=DetectionCut())
 
 
 def train_fake(data: Path, out: Path, track: bool = False, **train_over) -> dict:
