@@ -64,14 +64,13 @@ def run(
 
     opt = section_of(params, STAGE, OptimizeParams)
     cut = DetectionCut() if opt is params else section_of(params, "evaluate", DetectionCut)  # bare: the default
-    args = (opt, Path(model_dir), Path(data), Path(out), backend, precision)
     check_output_dir(out, STAGE, (model_dir, data))  # refuse a foreign --out before any work
     if not track:
-        return optimize(*args, None, score_threshold=cut.score_threshold)
+        return optimize(opt, Path(model_dir), Path(data), Path(out), backend, precision, None, cut.score_threshold)
     from pfactory.tracking.runs import stage_run
 
     with stage_run(STAGE, opt.model_dump(mode="json")) as active:
-        return optimize(*args, active, score_threshold=cut.score_threshold)
+        return optimize(opt, Path(model_dir), Path(data), Path(out), backend, precision, active, cut.score_threshold)
 
 
 def body(p: Any, o: Any) -> dict:
