@@ -402,9 +402,12 @@ def calibrate(
             calibrator.collect_data(reader)
             data = calibrator.compute_data()
         del calibrator
+    # By tensor name: ORT collects the tensors to calibrate in a set, whose order follows the process's string
+    # hash seed, so the cache (an output of the stage, hashed in backend.json and by DVC) differed between two
+    # identical runs with the same ranges.
     ranges = {
         name: TensorData(lowest=td.range_value[0], highest=td.range_value[1])
-        for name, td in data.data.items()
+        for name, td in sorted(data.data.items())
     }
     save_tensors_data(TensorsData(data.calibration_method, ranges), Path(cache_path))
     return {

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import onnx
@@ -228,6 +229,35 @@ def test_entropy_is_not_minmax(exported, calib_feeds, tmp_path) -> None:
     high = {k: float(np.max(v.range_value[1])) for k, v in mm.items()}  # a 0-d or a 1-element array
     clipped = [k for k in mm if float(np.max(en[k].range_value[1])) < 0.99 * high[k]]
     assert clipped, "entropy calibration returned the min/max ranges"
+
+
+def test_the_calibration_cache_is_the_same_bytes_in_every_process(exported, calib_feeds, tmp_path) -> None:
+    """Two processes with different string hash seeds write byte-identical caches: ORT gathers the tensors
+    in a set (its order follows the seed), `calibrate` writes them by name."""
+    import pickle
+    import subprocess
+    import sys
+
+    base, _ = preprocess(exported.path, tmp_path / "pre.onnx")
+    (tmp_path / "feeds.pkl").write_bytes(pickle.dumps(calib_feeds[:2]))
+    code = (
+        "import pickle, sys; from pathlib import Path; "
+        "from pfactory.optimize.ort_backend import calibrate; from pfactory.optimize.params import Int8Params; "
+        "feeds = pickle.loads(Path(sys.argv[2]).read_bytes()); "
+        "calibrate(sys.argv[1], feeds, 'minmax', sys.argv[3], Int8Params(), Path(sys.argv[3]).parent)"
+    )
+    outs = []
+    for seed in ("1", "2", "3"):
+        out = tmp_path / f"cache-{seed}" / "minmax.json"
+        out.parent.mkdir()
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", code, str(base), str(tmp_path / "feeds.pkl"), str(out)],
+                              env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        outs.append(out.read_bytes())
+    names = list(json.loads(outs[0])["data"])
+    assert names == sorted(names) and len(names) > 5
+    assert outs[0] == outs[1] == outs[2]
 
 
 def test_layers_are_matched_to_modules_through_their_weights(exported, tmp_path) -> None:
