@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pfactory.metrics.cut import DEFAULT_SCORE_THRESHOLD
 from pfactory.optimize.params import OptimizeParams
 from pfactory.runtime.progress import emit as emit_progress
 from pfactory.storage.fsutil import atomic_write_json
@@ -48,7 +49,7 @@ class Build:
     torch_device: str
     ort_device: str
     t_start: float
-    cut: float = 0.0  # the parity comparison's detection cut (`evaluate.score_threshold`), set by `optimize`
+    cut: float = DEFAULT_SCORE_THRESHOLD  # the parity comparison's detection cut (`evaluate.score_threshold`)
     timings: dict[str, float] = field(default_factory=dict)
     model: Any = None
     model_config: dict[str, Any] = field(default_factory=dict)
