@@ -405,7 +405,7 @@ def compare_cmd(
 
     Examples: factory compare  |  factory compare smoke tuned --baseline smoke --png cmp.png
     """
-    from pfactory.tracking.compare import CompareError, NoRunsError, compare_runs, render_table, write_chart
+    from pfactory.report.compare import CompareError, NoRunsError, compare_runs, render_table, write_chart
 
     try:
         result = compare_runs(

@@ -4,4 +4,5 @@ PR curves, the worst frames drawn (camera + BEV, error labels), score calibratio
 
 `inputs` finds what a report is made of (an evaluation directory, an MLflow run, a registered model);
 `build` computes and lays it out; `svg` draws the charts, `frames` the worst frames. docs/REPORT.md.
+`compare`: `factory compare`, MLflow runs side by side (KPIs, latency, stage times, params), regressions flagged.
 """

@@ -2,7 +2,7 @@
 
 Read with PyYAML alone (`load_yaml`: its C loader when present; the pure-Python one takes ~20 ms on dvc.yaml), so that the
 `factory` command line can list them (`factory run --until`) without importing anything heavy. Used by
-`factory.cli`, `flows.pipeline` and `pfactory.tracking.compare`.
+`factory.cli`, `flows.pipeline` and `pfactory.report.compare`.
 """
 
 from __future__ import annotations

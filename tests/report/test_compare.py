@@ -1,4 +1,4 @@
-"""`factory compare` / `pfactory.tracking.compare`: real MLflow runs in a tmp sqlite store.
+"""`factory compare` / `pfactory.report.compare`: real MLflow runs in a tmp sqlite store.
 
 The runs carry the pipeline contract (flattened params, `eval/...`, `latency/...`, `time/...`
 metrics, `pipeline=true`): "base" (oldest), "same" (within every tolerance), "worse" (mAP and
@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from factory.cli import app
-from pfactory.tracking.compare import CompareError, NoRunsError, compare_runs, render_table, write_chart
+from pfactory.report.compare import CompareError, NoRunsError, compare_runs, render_table, write_chart
 from pfactory.tracking.runs import EXPERIMENT, flatten
 
 T0_MS = 1_790_000_000_000
@@ -226,6 +226,6 @@ def test_compare_module_has_no_heavy_imports_at_import_time():
     import subprocess
     import sys
 
-    code = "import sys, pfactory.tracking.compare; print([m for m in ('mlflow', 'matplotlib') if m in sys.modules])"
+    code = "import sys, pfactory.report.compare; print([m for m in ('mlflow', 'matplotlib') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
