@@ -26,7 +26,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -315,16 +315,18 @@ def _fact_rows(refs: list[RunRef], params: list[dict[str, Any]], tags: list[dict
     return table
 
 
-def _kpi_rows(
+def _section_rows(
+    section: str,
     keys: list[str],
-    flagged: set[str],
     metrics: list[dict[str, float]],
     b: int,
     refs: list[RunRef],
-    kpi_tolerance: float,
+    delta: Callable[[float, float], float | None],
+    regressed: Callable[[str, float, float], bool],
+    tolerance: float,
 ) -> tuple[list[Row], list[Regression]]:
-    """The "kpi" section (delta: value - baseline, `b` the baseline's index) and its regressions: a `flagged`
-    KPI more than `kpi_tolerance` below the baseline's."""
+    """One section's rows (`b` the baseline's index): per key the values, `delta(value, baseline)` (None: not
+    comparable) and the runs `regressed(key, value, baseline)` flags, each also a `Regression`."""
     n = len(refs)
     table: list[Row] = []
     regressions: list[Regression] = []
@@ -334,16 +336,32 @@ def _kpi_rows(
         deltas: list[float | None] = [None] * n
         bad = [False] * n
         for i, v in enumerate(values):
-            if i == b or v is None or base is None:
+            if i == b or v is None or base is None or (d := delta(v, base)) is None:
                 continue
-            deltas[i] = v - base
-            if key in flagged and v < base - kpi_tolerance:
+            deltas[i] = d
+            if regressed(key, v, base):
                 bad[i] = True
-                regressions.append(
-                    Regression(refs[i].run_id, refs[i].label, "kpi", key, base, v, v - base, kpi_tolerance)
-                )
-        table.append(Row("kpi", key, values, deltas, bad))
+                regressions.append(Regression(refs[i].run_id, refs[i].label, section, key, base, v, d, tolerance))
+        table.append(Row(section, key, values, deltas, bad))
     return table, regressions
+
+
+def _kpi_rows(
+    keys: list[str],
+    flagged: set[str],
+    metrics: list[dict[str, float]],
+    b: int,
+    refs: list[RunRef],
+    kpi_tolerance: float,
+) -> tuple[list[Row], list[Regression]]:
+    """The "kpi" section (delta: value - baseline) and its regressions: a `flagged` KPI more than
+    `kpi_tolerance` below the baseline's."""
+    return _section_rows(
+        "kpi", keys, metrics, b, refs,
+        delta=lambda v, base: v - base,
+        regressed=lambda key, v, base: key in flagged and v < base - kpi_tolerance,
+        tolerance=kpi_tolerance,
+    )  # fmt: skip
 
 
 def _ratio_rows(
@@ -355,28 +373,15 @@ def _ratio_rows(
     refs: list[RunRef],
     time_tolerance: float,
 ) -> tuple[list[Row], list[Regression]]:
-    """A "latency" or "time" section (delta: value / baseline, `b` the baseline's index) and its regressions:
-    a duration over `time_tolerance` x the baseline's that also grew by more than `floor`."""
-    n = len(refs)
-    table: list[Row] = []
-    regressions: list[Regression] = []
-    for key in keys:
-        values = [m.get(key) for m in metrics]
-        base = values[b]
-        deltas: list[float | None] = [None] * n
-        bad = [False] * n
-        for i, v in enumerate(values):
-            if i == b or v is None or base is None or base <= 0:
-                continue
-            deltas[i] = v / base
-            # only durations (`..._s`, `..._ms`) regress; e.g. time/orchestration_fraction is shown
-            if key.endswith(("_s", "_ms")) and v > base * time_tolerance and v - base > floor:
-                bad[i] = True
-                regressions.append(
-                    Regression(refs[i].run_id, refs[i].label, section, key, base, v, v / base, time_tolerance)
-                )
-        table.append(Row(section, key, values, deltas, bad))
-    return table, regressions
+    """A "latency" or "time" section (delta: value / baseline, none against a baseline <= 0) and its
+    regressions: a duration over `time_tolerance` x the baseline's that also grew by more than `floor`. Only
+    durations (`..._s`, `..._ms`) regress; e.g. time/orchestration_fraction is shown."""
+    return _section_rows(
+        section, keys, metrics, b, refs,
+        delta=lambda v, base: v / base if base > 0 else None,
+        regressed=lambda key, v, base: key.endswith(("_s", "_ms")) and v > base * time_tolerance and v - base > floor,
+        tolerance=time_tolerance,
+    )  # fmt: skip
 
 
 def _param_rows(params: list[dict[str, Any]]) -> list[Row]:
