@@ -131,7 +131,7 @@ def read_yaml_file(path: str | Path) -> Any:
 def _format_validation_error(e: ValidationError, source: str) -> str:
     lines = []
     for err in e.errors():
-        if not err["loc"]:  # a whole-file rule (a shared value set twice): the message names the keys
+        if not err["loc"]:  # a rule of the whole document: its message names the keys
             lines.append(f"{source}: {err['msg'].removeprefix('Value error, ')}")
             continue
         key = ".".join(str(p) for p in err["loc"])

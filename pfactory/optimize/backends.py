@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pfactory.metrics.cut import DEFAULT_SCORE_THRESHOLD
 from pfactory.optimize.params import OptimizeParams
 from pfactory.runtime.progress import emit as emit_progress
 from pfactory.storage.fsutil import atomic_write_json
@@ -49,7 +48,7 @@ class Build:
     torch_device: str
     ort_device: str
     t_start: float
-    cut: float = DEFAULT_SCORE_THRESHOLD  # the parity comparison's detection cut (`evaluate.score_threshold`)
+    cut: float  # the parity comparison's detection cut (`evaluate.score_threshold`)
     timings: dict[str, float] = field(default_factory=dict)
     model: Any = None
     model_config: dict[str, Any] = field(default_factory=dict)

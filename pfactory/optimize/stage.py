@@ -135,8 +135,7 @@ def optimize(
     `score_threshold`: the parity comparison's detection cut (`evaluate.score_threshold`)."""
     for module in _STAGE_MODULES:
         importlib.import_module(module)
-    b = _plan(opt, model_dir, data, out, backend, precision, active)
-    b.cut = score_threshold
+    b = _plan(opt, model_dir, data, out, backend, precision, active, score_threshold)
     _load(b)
     with atomic_directory(out, stage="optimize", inputs=(model_dir, data)) as tmp:
         b.tmp = tmp
@@ -160,8 +159,10 @@ def _plan(
     backend: str,
     precision: str | None,
     active: Any,
+    score_threshold: float = DEFAULT_SCORE_THRESHOLD,
 ) -> Build:
-    """The run `optimize` was asked for: backend and precision resolved and checked, what to build, where."""
+    """The run `optimize` was asked for: backend and precision resolved and checked, what to build, where;
+    `score_threshold` the parity comparison's detection cut."""
     import torch
 
     from pfactory.optimize.runtime import resolve_backend
@@ -182,7 +183,7 @@ def _plan(
         precision=precision, choose_fastest=choose_fastest,
         build_aoti=backend == "aoti" or (choose_fastest and opt.aoti.enabled), threads=_threads(opt),
         torch_device="cuda" if device != "cpu" and torch.cuda.is_available() else "cpu",
-        ort_device="cpu" if device == "cpu" else "auto", t_start=t_start,
+        ort_device="cpu" if device == "cpu" else "auto", t_start=t_start, cut=score_threshold,
     )  # fmt: skip
 
 
