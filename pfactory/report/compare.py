@@ -1,7 +1,8 @@
 """Compare pipeline runs: KPIs, changed params and stage timings, with regressions flagged.
 
 In: MLflow pipeline runs (the parent run of each `factory run`, tagged `pipeline=true`),
-named by run id or run name, or by default the latest finished ones of the experiment.
+named by run id or run name, or by default the latest finished ones of the experiment and of its
+per-user experiments `<experiment>/<user>` (a team's: `pfactory.tracking.runs.experiment_ids`).
 Out: a `ComparisonResult` — one row per KPI / latency / stage time / changed param, a value
 per run, the delta against the baseline run, and the regressions beyond the tolerances —
 rendered as a rich table, JSON, or a PNG chart.
@@ -34,7 +35,7 @@ from typing import Any
 
 from pfactory.detectors.params import DEFAULT_ARCH  # records from before architectures had names
 from pfactory.storage.dag import stage_names
-from pfactory.tracking.runs import EXPERIMENT
+from pfactory.tracking.runs import EXPERIMENT, experiment_ids
 
 STAGES = stage_names()  # declared once, in dvc.yaml
 HEADLINE_KPIS = ("eval/mAP", "eval/NDS")
@@ -181,8 +182,13 @@ def _quote(value: str) -> str:
     raise CompareError(f"run name {value!r}: cannot contain both ' and \" (MLflow filter syntax)")
 
 
-def _resolve(client: Any, experiment_id: str, experiment: str, ref: str) -> Any:
-    """A run by id (any run) or by name (the latest pipeline run with that name)."""
+def _where(experiment: str) -> str:
+    """How an error names the experiments searched."""
+    return f"experiment {experiment!r} (and {experiment}/<user>)"
+
+
+def _resolve(client: Any, experiment_ids: list[str], experiment: str, ref: str) -> Any:
+    """A run by id (any run) or by name (the latest pipeline run with that name in `experiment_ids`)."""
     from mlflow.exceptions import MlflowException
 
     if _RUN_ID.fullmatch(ref):
@@ -191,7 +197,7 @@ def _resolve(client: Any, experiment_id: str, experiment: str, ref: str) -> Any:
         except MlflowException:
             pass  # a 32-hex name is possible: try it as a name
     found = client.search_runs(
-        [experiment_id],
+        experiment_ids,
         filter_string=f"attributes.run_name = {_quote(ref)} and tags.pipeline = 'true'",
         order_by=["attributes.start_time DESC"],
         max_results=1,
@@ -199,21 +205,22 @@ def _resolve(client: Any, experiment_id: str, experiment: str, ref: str) -> Any:
     if not found:
         raise CompareError(
             f"run {ref!r}: no run with that id, and no pipeline run (tag pipeline=true) with that "
-            f"name in experiment {experiment!r}; list runs with `mlflow ui` or `factory compare`"
+            f"name in {_where(experiment)}; list runs with `mlflow ui` or `factory compare`"
         )
     return found[0]
 
 
-def _latest(client: Any, experiment_id: str, experiment: str, last: int) -> list[Any]:
+def _latest(client: Any, experiment_ids: list[str], experiment: str, last: int) -> list[Any]:
+    """The latest `last` finished pipeline runs of `experiment_ids`, newest first; `NoRunsError` for none."""
     runs = client.search_runs(
-        [experiment_id],
+        experiment_ids,
         filter_string="tags.pipeline = 'true' and attributes.status = 'FINISHED'",
         order_by=["attributes.start_time DESC"],
         max_results=last,
     )
     if not runs:
         raise NoRunsError(
-            f"experiment {experiment!r} has no finished pipeline run (tag pipeline=true) to compare; "
+            f"{_where(experiment)} has no finished pipeline run (tag pipeline=true) to compare; "
             "run `factory run` first"
         )
     return runs
@@ -268,11 +275,11 @@ def _ordered_runs(
     last: int,
 ) -> tuple[list[Any], int]:
     """The MLflow runs to compare, oldest first (each once, the baseline among them), and the baseline's
-    index: the run `baseline` names, else the oldest. `CompareError` for an unknown experiment or run."""
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
+    index: the run `baseline` names, else the oldest. Runs named or listed are searched in `experiment` and
+    its per-user experiments (`experiment_ids`). `CompareError` for an unknown experiment or run."""
+    eid = experiment_ids(client, experiment)
+    if not eid:
         raise CompareError(f"experiment {experiment!r}: not found at tracking URI {uri}")
-    eid = exp.experiment_id
 
     if run_ids_or_names:
         runs = [_resolve(client, eid, experiment, r) for r in run_ids_or_names]

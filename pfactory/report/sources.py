@@ -34,8 +34,9 @@ def mlflow_client() -> Any:
 
 
 def resolve_run(c: Any, ref: str, default_model: str) -> tuple[Any, str]:
-    """A run from a run id, a pipeline run name, or `MODEL@ALIAS` / `MODEL/VERSION` / `models:/...`
-    (the run a registered version came from). Returns `(run, how it was named)`."""
+    """A run from a run id, a pipeline run name (the latest such run of any user: the experiment
+    `perception-factory` and a team's `perception-factory/<user>`), or `MODEL@ALIAS` / `MODEL/VERSION` /
+    `models:/...` (the run a registered version came from). Returns `(run, how it was named)`."""
     from mlflow.exceptions import MlflowException
 
     from pfactory.promote.errors import RegistryError
@@ -56,17 +57,17 @@ def resolve_run(c: Any, ref: str, default_model: str) -> tuple[Any, str]:
             return c.get_run(ref), f"run {ref}"
         except MlflowException:
             pass
-    from pfactory.tracking.runs import EXPERIMENT
+    from pfactory.tracking.runs import experiment_ids
 
-    exp = c.get_experiment_by_name(EXPERIMENT)
+    ids = experiment_ids(c)  # the shared experiment and a team's per-user ones: a run of any user
     found = (
         c.search_runs(
-            [exp.experiment_id],
+            ids,
             filter_string=f"attributes.run_name = '{ref}' and tags.pipeline = 'true'",
             order_by=["attributes.start_time DESC"],
             max_results=1,
         )
-        if exp is not None and "'" not in ref
+        if ids and "'" not in ref
         else []
     )
     if not found:

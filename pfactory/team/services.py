@@ -19,8 +19,10 @@ Out: two real servers, started the documented way, detached from the terminal (o
                             systemd environment files mlflow.env / prefect.env (docs/OPERATIONS.md)
        mlflow/auth.ini      0600; MLflow's auth config (MLFLOW_AUTH_CONFIG_PATH): default READ, the admin
        logs/mlflow.log, logs/prefect.log
-     then, as the admin: the experiment `perception-factory` (artifacts on the server), the registered models
-     `<model>` (production) and `<model>-candidates`, and the global concurrency limit of training slots.
+     then, as the admin: the experiment `perception-factory` (artifacts on the server; READ for every user,
+     whose runs go to their own `perception-factory/<user>`, `pfactory.tracking.runs.own_experiment`), the
+     registered models `<model>` (production) and `<model>-candidates`, and the global concurrency limit of
+     training slots.
      `env_lines` are the shell `export NAME=VALUE` lines a user runs; secret values are read from their
      0600 files (`$(cat ...)`), so they are never shown either.
 

@@ -6,9 +6,14 @@ In:  an admin's credentials in the environment (`MLFLOW_TRACKING_USERNAME` / `ML
 Out: `add_user`: a new user in MLflow's user store (`mlflow.server.get_app_client("basic-auth").create_user`)
      and these grants (`grant_user_permission`), everything else staying at the server's default (READ);
      `set_role`: an existing user's grants for another role; `set_password`: an existing user's password.
-       role        experiment perception-factory   <model>-candidates   <model> (production)
-       engineer    EDIT (runs, models)             EDIT (register)      READ (default)
-       maintainer  EDIT                            MANAGE               MANAGE (copy versions in, move champion)
+       role        experiment perception-factory/<user>   <model>-candidates   <model> (production)
+       engineer    MANAGE (their runs)                    EDIT (register)      READ (default)
+       maintainer  MANAGE (their runs)                    MANAGE               MANAGE (copy versions in, move champion)
+     No role is granted anything on an experiment: a user's runs go to `perception-factory/<user>`, which
+     their first run creates (MLflow's auth app gives an experiment's creator MANAGE on it,
+     `pfactory.tracking.runs.experiment_id`); every other user's experiment and the shared `perception-factory`
+     stay READ for them, so nobody edits another user's runs, metrics or tags. A grant on the shared
+     experiment left from an earlier role is revoked.
      The role is also written on the production model as tags `pfactory.role.<name>` and the list
      `pfactory.maintainers`, which every user can read: a refused promotion says who may do it.
      Every refusal of the server's admin API -- a password the server's rule refuses (MLflow: at least 12
@@ -47,15 +52,14 @@ def _grant(admin: Any, user: str, kind: str, resource: str, permission: str) -> 
         admin.grant_user_permission(user, kind, resource, permission)
 
 
-def grants(role: str, experiment_id: str, model: str) -> list[tuple[str, str, str]]:
-    """(resource type, resource id, permission) of a role (module docstring)."""
+def grants(role: str, model: str) -> list[tuple[str, str, str]]:
+    """(resource type, resource id, permission) a role is granted for production model `model` (module
+    docstring): registered models only; a user's own experiment is theirs as its creator."""
     if role not in ROLES:
         raise TeamError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
-    out = [("experiment", experiment_id, "EDIT")]
     if role == "engineer":
-        return [*out, ("registered_model", candidates_name(model), "EDIT")]
+        return [("registered_model", candidates_name(model), "EDIT")]
     return [
-        *out,
         ("registered_model", candidates_name(model), "MANAGE"),
         ("registered_model", model, "MANAGE"),
     ]
@@ -103,14 +107,18 @@ def _apply_role(uri: str, admin: Any, name: str, role: str, model: str) -> list[
     exp = c.get_experiment_by_name(EXPERIMENT)
     if exp is None:
         raise TeamError(f"{uri} has no experiment {EXPERIMENT!r}: run `factory team up` first")
-    given = grants(role, exp.experiment_id, model)
+    given = grants(role, model)
+    # What no role holds: a grant on the shared experiment (an earlier one is revoked), and for an engineer
+    # the production model.
+    revoked = [("experiment", exp.experiment_id)]
     if role == "engineer":
-        for kind, resource in (("registered_model", model),):
-            try:
-                admin.revoke_user_permission(name, kind, resource)
-            except MlflowException as e:
-                if e.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-                    raise
+        revoked.append(("registered_model", model))
+    for kind, resource in revoked:
+        try:
+            admin.revoke_user_permission(name, kind, resource)
+        except MlflowException as e:
+            if e.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise
     for kind, resource, permission in given:
         _grant(admin, name, kind, resource, permission)
     tags = c.get_registered_model(model).tags or {}

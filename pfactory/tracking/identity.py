@@ -6,8 +6,9 @@ In:  the tracking/registry URI and MLflow's own credential and TLS variables (`M
 Out: `current()` -> `Identity(username, is_admin, uri)` when the server runs MLflow's basic-auth app
      (`GET /api/2.0/mlflow/users/current` answers 200), None for a sqlite store or a server without auth
      (the embedded default: one user, a maintainer); `NotAuthenticated` when the server answers 401.
-     `permission(identity, model)`: the effective permission name the server resolves for that user on a
-     registered model (`GET /api/3.0/mlflow/users/permissions/get`, which a user may ask about themselves),
+     `permission(identity, resource, resource_type)`: the effective permission name the server resolves for
+     that user on a registered model or an experiment (`GET /api/3.0/mlflow/users/permissions/get`, which a
+     user may ask about themselves),
      `user_name()`: the name every run, version, alias move and audit line records.
 
 Why ask the server instead of trusting a local setting: MLflow stores `user_id` "unknown" on runs and nothing
@@ -126,16 +127,16 @@ def user_name() -> str:
     return os.environ.get("MLFLOW_TRACKING_USERNAME") or os_user()
 
 
-def permission(ident: Identity, model: str) -> str:
-    """The effective permission the server resolves for `ident` on registered model `model` (MANAGE for an
-    admin: admins pass every check)."""
+def permission(ident: Identity, resource: str, resource_type: str = "registered_model") -> str:
+    """The effective permission the server resolves for `ident` on `resource`: a registered model's name, or
+    with `resource_type="experiment"` an experiment's id (MANAGE for an admin: admins pass every check)."""
     if ident.is_admin:
         return "MANAGE"
     import requests
 
     r = requests.get(
         ident.uri + USER_PERMISSION,
-        params={"username": ident.username, "resource_type": "registered_model", "resource_id": model},
+        params={"username": ident.username, "resource_type": resource_type, "resource_id": resource},
         auth=_auth(),
         timeout=TIMEOUT_S,
         verify=tls_verify(),

@@ -1,10 +1,17 @@
 """MLflow tracking with lineage: one run per stage, nested under the pipeline's run.
 
 `stage_run(stage, params)` opens one MLflow run per stage (nested under the pipeline's run when
-`PFACTORY_PARENT_RUN_ID` is set) tagged with the lineage of DESIGN.md §9 (`pfactory.runtime.lineage`) and the
-process that owns it; `reap_orphan_runs` ends the runs of processes that are gone; `check_tracking_server`
-refuses an unreachable or refusing server in one line. The environment (where the store is) comes from
-`pfactory.runtime.project.configure_environment`.
+`PFACTORY_PARENT_RUN_ID` is set, in that run's experiment) tagged with the lineage of DESIGN.md §9
+(`pfactory.runtime.lineage`) and the process that owns it; `reap_orphan_runs` ends the runs of processes that
+are gone; `check_tracking_server` refuses an unreachable or refusing server in one line. The environment
+(where the store is) comes from `pfactory.runtime.project.configure_environment`.
+
+Which experiment (`own_experiment`): `perception-factory`, except on a tracking server that authenticates
+users (a team's: `pfactory.tracking.identity.current`), where each user's runs go to their own experiment
+`perception-factory/<user>`, created by that user on first use. MLflow authorizes runs by their experiment,
+and its basic-auth app grants the creator of an experiment MANAGE on it while everyone else keeps the
+server's default (READ): so only its user (and the admin) may edit a run, its metrics or its tags.
+Readers across users search `experiment_ids`: the experiment and every `<name>/<user>`.
 """
 
 from __future__ import annotations
@@ -119,26 +126,90 @@ def runs_table_url(experiment: str, base: str = "http://127.0.0.1:5000") -> str:
     return f"{base}/#/experiments/{experiment}/runs?workflowType=machine_learning&viewStateShareKey={KPI_VIEW}"
 
 
-def experiment_id(root: Path, name: str = EXPERIMENT) -> str:
-    """The id of experiment `name`, created (artifacts under `root`, tagged a machine-learning experiment)
-    when missing; an existing one without the experiment-type tag gets it. Safe when two processes create it
-    at the same moment: the loser of the race reads the winner's experiment. A tracking server that does not
-    answer is a TrackingUnavailable in seconds (`check_tracking_server`)."""
+def user_experiment(user: str) -> str:
+    """The experiment of `user`'s runs on a team's server: `perception-factory/<user>`."""
+    return f"{EXPERIMENT}/{user}"
+
+
+def own_experiment(uri: str | None = None) -> str:
+    """The experiment this process's runs go to on tracking URI `uri` (default: mlflow's current one):
+    `user_experiment(<the authenticated user>)` when the server authenticates users (a team's), else
+    `EXPERIMENT`. `NotAuthenticated` when the server refuses the credentials."""
+    import mlflow
+
+    from pfactory.tracking.identity import current
+
+    ident = current(uri or mlflow.get_tracking_uri())
+    return EXPERIMENT if ident is None else user_experiment(ident.username)
+
+
+def experiment_ids(client: Any, name: str = EXPERIMENT) -> list[str]:
+    """The ids of experiment `name` and of every per-user experiment `name/<user>` (`user_experiment`) that
+    `client` may read (MLflow hides the others from a search), the shared one first; [] when none exists.
+    What a reader across users (`factory compare`, a report by run name) searches."""
+    exp = client.get_experiment_by_name(name)
+    ids = [exp.experiment_id] if exp is not None else []
+    if "'" in name:  # not expressible in MLflow's filter syntax; such a name has no per-user experiments
+        return ids
+    token = None
+    while True:
+        page = client.search_experiments(
+            filter_string=f"name LIKE '{name}/%'", max_results=1000, page_token=token
+        )
+        # LIKE's wildcards (`_`, `%`) may also sit in `name`: keep exactly the `name/` prefix
+        ids += [e.experiment_id for e in page if e.name.startswith(name + "/") and e.experiment_id not in ids]
+        token = page.token
+        if not token:
+            return ids
+
+
+def _refuse_foreign(exp: Any, uri: str) -> None:
+    """On a team's server, PermissionRefused unless the authenticated user holds MANAGE on `exp`, their own
+    experiment: one that another user created first (and so manages) is not written into."""
+    from pfactory.tracking.identity import PermissionRefused, current, permission
+
+    ident = current(uri)
+    if ident is None:
+        return
+    has = permission(ident, exp.experiment_id, "experiment")
+    if has != "MANAGE":
+        raise PermissionRefused(
+            f"experiment {exp.name!r}: user {ident.username!r} has {has} on it, not MANAGE (another user created "
+            "it first, so its runs would be theirs to edit); nothing was logged. An admin deletes it "
+            f"permanently or renames it; your next run creates it again",
+            user=ident.username, needed="MANAGE", has=has,
+        )  # fmt: skip
+
+
+def experiment_id(root: Path, name: str | None = None) -> str:
+    """The id of experiment `name` (default `own_experiment()`), created (tagged a machine-learning
+    experiment; artifacts under `root`, or on a team's server the server's own store) when missing; an
+    existing one without the experiment-type tag gets it. Safe when two processes create it at the same
+    moment: the loser of the race reads the winner's experiment. A tracking server that does not answer is
+    a TrackingUnavailable in seconds (`check_tracking_server`); a user's own experiment on a team's server
+    that another user created is a PermissionRefused (exit 77)."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
     check_tracking_server()
+    uri = mlflow.get_tracking_uri()
+    own = name is None
+    name = name or own_experiment(uri)
+    # A user's experiment on a team's server keeps its artifacts on the server (its proxied store), where the
+    # other users read them, never in this clone.
+    per_user = own and name != EXPERIMENT
     with sqlite_store_lock():
         exp = mlflow.get_experiment_by_name(name)
         if exp is None:
             try:
-                return mlflow.create_experiment(
-                    name, artifact_location=artifact_location(root), tags=EXPERIMENT_KIND
-                )
+                where = {} if per_user else {"artifact_location": artifact_location(root)}
+                return mlflow.create_experiment(name, tags=EXPERIMENT_KIND, **where)
             except MlflowException:
                 exp = mlflow.get_experiment_by_name(name)
                 if exp is None:
                     raise
+        if per_user:
+            _refuse_foreign(exp, uri)
         for k, v in EXPERIMENT_KIND.items():
             if (exp.tags or {}).get(k) != v:
                 mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, k, v)
@@ -228,16 +299,22 @@ def stage_run(
 ) -> Iterator[Any]:
     """An MLflow run for one stage, with its params (prefixed by the stage) and lineage tags.
 
-    Nested under `PFACTORY_PARENT_RUN_ID` when the pipeline flow set it. Yields the
+    Nested under `PFACTORY_PARENT_RUN_ID` (in its experiment) when the pipeline flow set it, else in
+    `experiment_id(root)`'s experiment (`own_experiment`). Yields the
     `mlflow.ActiveRun`; the run ends FAILED if the body raises.
     """
     import mlflow
 
     root = configure_environment(root)
     mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
-    exp_id = experiment_id(root)
-    reap_orphan_runs(exp_id)
     parent = os.environ.get(PARENT_ENV) or None
+    if parent is None:
+        exp_id = experiment_id(root)
+    else:  # a stage of a pipeline run: in its parent's experiment
+        check_tracking_server()
+        with sqlite_store_lock():  # this process's first opening of the store
+            exp_id = mlflow.MlflowClient().get_run(parent).info.experiment_id
+    reap_orphan_runs(exp_id)
     tags = {"stage": stage, **lineage_tags(root), **process_tags()}
     with mlflow.start_run(
         experiment_id=exp_id,

@@ -1,6 +1,6 @@
 """One real team per test session: `mlflow server --app-name basic-auth` and `prefect server start` on
-127.0.0.1 (free ports), started by `pfactory.team.services.up` exactly as `factory team up` does, with two
-users -- alice (engineer) and bob (maintainer) -- added through MLflow's auth API; stopped at the end.
+127.0.0.1 (free ports), started by `pfactory.team.services.up` exactly as `factory team up` does, with three
+users -- alice and eve (engineers), bob (maintainer) -- added through MLflow's auth API; stopped at the end.
 Start-up: ~12 s (MLflow) on a quiet 2-core box, over a minute under load."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from tests.local_services import as_admin, free_port
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the repo's `tasks`
     sys.path.insert(0, str(ROOT))
-PASSWORDS = {"alice": "alice-pw-0123456789", "bob": "bob-pw-0123456789"}
-ROLES = {"alice": "engineer", "bob": "maintainer"}
+PASSWORDS = {"alice": "alice-pw-0123456789", "bob": "bob-pw-0123456789", "eve": "eve-pw-0123456789"}
+ROLES = {"alice": "engineer", "bob": "maintainer", "eve": "engineer"}
 _VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_REGISTRY_URI",
          "PREFECT_API_URL", "PFACTORY_TRAIN_SLOT_LIMIT", "PFACTORY_TRAIN_SLOTS", "PFACTORY_PARENT_RUN_ID",
          "PREFECT_API_AUTH_STRING", "PREFECT_API_SSL_CERT_FILE", "MLFLOW_TRACKING_SERVER_CERT_PATH")  # fmt: skip

@@ -140,10 +140,11 @@ def test_team_state_is_owner_only_after_runs_and_slots(team, monkeypatch, tmp_pa
 
     from pfactory.team import slots
     from pfactory.team.services import up
+    from pfactory.tracking.runs import experiment_id
 
     team.become(monkeypatch, "alice")
     mlflow.set_tracking_uri(team.state.mlflow_url)
-    exp = MlflowClient().get_experiment_by_name("perception-factory").experiment_id
+    exp = experiment_id(tmp_path)  # hers, perception-factory/alice: its artifacts on the server
     run = MlflowClient().create_run(exp, tags={"stage": "train"}).info.run_id
     (tmp_path / "kpis.json").write_text('{"mAP": 0.5}')
     MlflowClient().log_artifact(run, str(tmp_path / "kpis.json"))
@@ -381,8 +382,21 @@ def test_user_add_and_password_from_file_stdin_and_environment(team, tmp_path: P
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert who("erin-3rd-pw-0123456789") == 200 and who("erin-new-pw-0123456789") == 401
-    res = _cli(env, "team", "user", "role", "erin", "--role", "maintainer")
-    assert res.returncode == 0 and "MANAGE on registered_model pfactory-detector" in res.stdout, res.stderr
+    # An EDIT on the shared experiment (granted by hand) is revoked by a role change: no role writes there.
+    from mlflow import MlflowClient
+    from mlflow.server import get_app_client
+
+    from tests.local_services import as_admin
+
+    with as_admin(team.state):
+        admin = get_app_client("basic-auth", tracking_uri=team.state.mlflow_url)
+        shared = MlflowClient(team.state.mlflow_url).get_experiment_by_name("perception-factory").experiment_id
+        admin.grant_user_permission("erin", "experiment", shared, "EDIT")
+        assert admin.get_user_permission("erin", "experiment", shared).permission == "EDIT"
+        res = _cli(env, "team", "user", "role", "erin", "--role", "maintainer")
+        assert res.returncode == 0 and "MANAGE on registered_model pfactory-detector" in res.stdout, res.stderr
+        assert "experiment" not in res.stdout, res.stdout
+        assert admin.get_user_permission("erin", "experiment", shared).permission == "READ"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -391,15 +405,18 @@ def test_user_add_and_password_from_file_stdin_and_environment(team, tmp_path: P
 
 def test_server_enforces_the_engineer_cells(team, monkeypatch, tmp_path) -> None:
     """An engineer (alice) gets 403 from the server for: moving an alias of the production model, registering
-    a version in it, deleting it, editing its tags (the role tags), deleting the experiment, creating a user,
-    granting herself a permission; an unauthenticated client gets 401. What she may do answers 200."""
+    a version in it, deleting it, editing its tags (the role tags), deleting the shared experiment, creating a
+    run in it, creating a user, granting herself a permission; an unauthenticated client gets 401. What she
+    may do answers 200."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
     from mlflow.server import get_app_client
 
+    from pfactory.tracking.runs import experiment_id
+
     team.become(monkeypatch, "bob")
+    bobs = MlflowClient().create_run(experiment_id(tmp_path), tags={"pfactory.user": "bob"}).info.run_id
     exp = MlflowClient().get_experiment_by_name("perception-factory").experiment_id
-    bobs = MlflowClient().create_run(exp, tags={"pfactory.user": "bob"}).info.run_id
     team.become(monkeypatch, "alice")
     c = MlflowClient()
     admin_api = get_app_client("basic-auth", tracking_uri=team.state.mlflow_url)
@@ -409,6 +426,7 @@ def test_server_enforces_the_engineer_cells(team, monkeypatch, tmp_path) -> None
         "delete production": lambda: c.delete_registered_model(MODEL),
         "role tag": lambda: c.set_registered_model_tag(MODEL, "pfactory.role.alice", "maintainer"),
         "delete experiment": lambda: c.delete_experiment(exp),
+        "run in the shared experiment": lambda: c.create_run(exp),
         "create user": lambda: admin_api.create_user("mallory", "mallory-pw-0123456789"),
         "grant herself": lambda: admin_api.update_user_admin("alice", True),
     }
@@ -416,8 +434,8 @@ def test_server_enforces_the_engineer_cells(team, monkeypatch, tmp_path) -> None
         with pytest.raises(MlflowException) as e:
             call()
         assert e.value.get_http_status_code() == 403, (what, e.value)
-    # allowed: her own run in the experiment, a candidate model's tag, reading production
-    mine = c.create_run(exp, tags={"pfactory.user": "alice"}).info.run_id
+    # allowed: her own run in her experiment, a candidate model's tag, reading production
+    mine = c.create_run(experiment_id(tmp_path), tags={"pfactory.user": "alice"}).info.run_id
     c.log_metric(mine, "eval/mAP", 0.4)
     c.set_registered_model_tag(f"{MODEL}-candidates", "note", "alice was here")
     assert c.get_registered_model(MODEL).name == MODEL
@@ -427,15 +445,116 @@ def test_server_enforces_the_engineer_cells(team, monkeypatch, tmp_path) -> None
     assert e.value.get_http_status_code() == 401
 
 
-def test_engineer_may_still_edit_another_users_run(team, monkeypatch) -> None:
-    """The gap docs/OPERATIONS.md states: MLflow 3.17 authorizes a run by its experiment (its run grants are
-    `RESOURCE_TYPE_RUN "*"`, no owner), and engineers have EDIT on the shared experiment, so the server lets
-    alice tag bob's run. This test turns red when that changes (then the table's cell says "403")."""
+def test_a_users_runs_are_in_their_own_experiment_and_theirs_alone_to_edit(team, monkeypatch, tmp_path) -> None:
+    """The runs of each user go to their experiment `perception-factory/<user>`, which their first stage run
+    creates (MLflow grants its creator MANAGE; everyone else keeps the server's default, READ). Another
+    engineer (eve) and a maintainer (bob) get 403 for editing alice's run -- a metric, a tag, `pfactory.user`,
+    a param, its status, deleting it -- and for adding a run to her experiment; both read it; alice edits her
+    own. A stage run nests in its pipeline run's experiment. On the shared experiment (the old behaviour)
+    eve's edit of alice's run answered 200."""
+    import mlflow
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from pfactory.tracking import identity
+    from pfactory.tracking.runs import EXPERIMENT, PARENT_ENV, experiment_id, stage_run, user_experiment
+
+    team.become(monkeypatch, "alice")
+    with stage_run("train", {"lr": 0.1}, root=tmp_path) as active:  # what every stage opens
+        mlflow.log_metric("eval/mAP", 0.5)
+    alices = active.info.run_id
+    c = MlflowClient()
+    hers = c.get_experiment_by_name(user_experiment("alice"))
+    assert hers is not None and active.info.experiment_id == hers.experiment_id
+    assert hers.artifact_location.startswith("mlflow-artifacts:"), hers.artifact_location  # on the server
+    assert experiment_id(tmp_path) == hers.experiment_id  # her next run finds it
+    me = identity.current()
+    shared = c.get_experiment_by_name(EXPERIMENT).experiment_id
+    assert identity.permission(me, hers.experiment_id, "experiment") == "MANAGE"
+    assert identity.permission(me, shared, "experiment") == "READ"
+    # a pipeline's stage run: in its parent's experiment
+    parent = c.create_run(hers.experiment_id, tags={"pipeline": "true"}).info.run_id
+    monkeypatch.setenv(PARENT_ENV, parent)
+    with stage_run("evaluate", {}, root=tmp_path) as stage:
+        pass
+    monkeypatch.delenv(PARENT_ENV)
+    child = c.get_run(stage.info.run_id)
+    assert child.info.experiment_id == hers.experiment_id and child.data.tags["mlflow.parentRunId"] == parent
+
+    for other in ("eve", "bob"):
+        team.become(monkeypatch, other)
+        c = MlflowClient()
+        refused = {
+            "metric": lambda c=c: c.log_metric(alices, "eval/mAP", 0.99),
+            "tag": lambda c=c: c.set_tag(alices, "note", "not hers"),
+            "pfactory.user": lambda c=c, other=other: c.set_tag(alices, "pfactory.user", other),
+            "delete tag": lambda c=c: c.delete_tag(alices, "pfactory.user"),
+            "param": lambda c=c: c.log_param(alices, "train.forged", "1"),
+            "status": lambda c=c: c.set_terminated(alices, "FAILED"),
+            "delete run": lambda c=c: c.delete_run(alices),
+            "run in her experiment": lambda c=c: c.create_run(hers.experiment_id),
+        }
+        for what, call in refused.items():
+            with pytest.raises(MlflowException) as e:
+                call()
+            assert e.value.get_http_status_code() == 403, (other, what, e.value)
+        run = c.get_run(alices)  # reading: yes
+        assert run.data.tags["pfactory.user"] == "alice" and run.data.metrics["eval/mAP"] == 0.5, other
+        assert run.info.status == "FINISHED"
+
+    team.become(monkeypatch, "alice")  # her own run: hers to edit
+    MlflowClient().set_tag(alices, "note", "mine")
+    MlflowClient().log_metric(alices, "eval/mAP", 0.55)
+    run = MlflowClient().get_run(alices)
+    assert run.data.tags["note"] == "mine" and run.data.metrics["eval/mAP"] == 0.55
+
+
+def test_an_experiment_named_for_another_user_is_refused(team, monkeypatch, tmp_path) -> None:
+    """eve creates `perception-factory/frank` before frank's first run (she then manages it): frank's run is
+    refused in one line (PermissionRefused, exit 77) instead of logging runs she could edit."""
     from mlflow import MlflowClient
 
+    from pfactory.team.users import add_user
+    from pfactory.tracking.identity import PermissionRefused
+    from pfactory.tracking.runs import experiment_id, user_experiment
+    from tests.local_services import as_admin
+
+    from .conftest import _VARS
+
+    team.become(monkeypatch, "eve")
+    MlflowClient().create_experiment(user_experiment("frank"))
+    with as_admin(team.state, also=_VARS):
+        add_user(team.state.mlflow_url, "frank", "engineer", "frank-pw-0123456789")
+    team.become(monkeypatch, None)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "frank")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "frank-pw-0123456789")
+    with pytest.raises(PermissionRefused) as refused:
+        experiment_id(tmp_path)
+    assert refused.value.exit_code == 77 and "\n" not in str(refused.value)
+    assert str(refused.value).startswith(
+        "experiment 'perception-factory/frank': user 'frank' has READ on it, not MANAGE"
+    ), refused.value
+
+
+def test_compare_reads_the_runs_of_every_user(team, monkeypatch, tmp_path) -> None:
+    """`factory compare` as bob (maintainer): alice's and eve's pipeline runs, each in their own experiment,
+    by default (the latest finished) and by name."""
+    from mlflow import MlflowClient
+
+    from pfactory.report.compare import compare_runs
+    from pfactory.tracking.runs import experiment_id
+
+    ids = {}
+    for user, m_ap in (("alice", 0.5), ("eve", 0.4)):
+        team.become(monkeypatch, user)
+        c = MlflowClient()
+        run = c.create_run(experiment_id(tmp_path), run_name=f"{user}-run", tags={"pipeline": "true"})
+        c.log_metric(run.info.run_id, "eval/mAP", m_ap)
+        c.set_terminated(run.info.run_id, "FINISHED")
+        ids[user] = run.info.run_id
     team.become(monkeypatch, "bob")
-    exp = MlflowClient().get_experiment_by_name("perception-factory").experiment_id
-    bobs = MlflowClient().create_run(exp, tags={"pfactory.user": "bob"}).info.run_id
-    team.become(monkeypatch, "alice")
-    MlflowClient().set_tag(bobs, "pfactory.user", "alice")
-    assert MlflowClient().get_run(bobs).data.tags["pfactory.user"] == "alice"
+    latest = compare_runs(tracking_uri=team.state.mlflow_url)
+    assert {r.run_id for r in latest.runs} >= set(ids.values()), latest.runs
+    named = compare_runs(["alice-run", "eve-run"], tracking_uri=team.state.mlflow_url)
+    assert [r.run_id for r in named.runs] == [ids["alice"], ids["eve"]]
+    assert named.row("eval/mAP").values == [0.5, 0.4]

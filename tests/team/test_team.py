@@ -106,6 +106,8 @@ def test_engineer_registers_maintainer_promotes_by_copy(team, tmp_path_factory, 
     assert mv.tags["pfactory.user"] == "alice" and mv.tags["promotion.decision"] == "awaiting-maintainer"
     run = client.get_run(out["mlflow_run_id"])
     assert run.data.tags["pfactory.user"] == "alice" and run.data.tags["mlflow.user"] == "alice"
+    # her run is in her own experiment: the maintainer below reads it (READ) and cannot edit it (403)
+    assert run.info.experiment_id == client.get_experiment_by_name("perception-factory/alice").experiment_id
     assert reg.champion(client, MODEL, "champion") is None
 
     # alice calls MLflow directly: the server refuses the alias move (403), not only the factory.
@@ -147,6 +149,10 @@ def test_engineer_registers_maintainer_promotes_by_copy(team, tmp_path_factory, 
     assert reg.audit_trail(client, MODEL)[-1]["by"].startswith("bob@")
     info = lineage(f"{MODEL}@champion", MODEL)
     assert info["candidate"] == {"model": CANDIDATES, "version": v} and info["run"]["id"] == mv.run_id
+    assert info["run"]["experiment_id"] == run.info.experiment_id  # lineage follows it into her experiment
+    with pytest.raises(MlflowException) as denied:
+        client.set_tag(mv.run_id, "pfactory.user", "bob")
+    assert denied.value.get_http_status_code() == 403
     assert (Path(mlflow.artifacts.download_artifacts(f"models:/{MODEL}@champion", dst_path=str(tmp_path / "dl")))
             / "optimized").is_dir()  # fmt: skip
 
@@ -298,9 +304,10 @@ def test_training_slot_waits_says_who_and_records_on_the_run(team, monkeypatch) 
     assert time.time() - t0 < 90
     assert got["after"] == [0, []]
 
+    from pfactory.tracking.runs import experiment_id
+
     mlflow.set_tracking_uri(team.state.mlflow_url)
-    exp = MlflowClient().get_experiment_by_name("perception-factory").experiment_id
-    run_id = MlflowClient().create_run(exp, tags={"stage": "train"}).info.run_id
+    run_id = MlflowClient().create_run(experiment_id(ROOT), tags={"stage": "train"}).info.run_id  # bob's
     slots.record_on_run(run_id, slot)
     run = MlflowClient().get_run(run_id)
     assert float(run.data.tags["pfactory.slot.acquired_at"]) == pytest.approx(slot.acquired_at, abs=1e-3)

@@ -84,3 +84,48 @@ def test_the_gpu_name_is_read_from_the_nvidia_drivers_information_file(tmp_path)
     (tmp_path / "0000:02:00.0").mkdir()
     (tmp_path / "0000:02:00.0" / "information").write_text("Model: \t\t NVIDIA L4\n")
     assert _nvidia_gpu(tmp_path) == "NVIDIA H200"  # the first GPU by bus id
+
+
+def test_without_a_team_runs_stay_in_the_shared_experiment(tmp_path, monkeypatch) -> None:
+    """A sqlite store (no authentication): a stage run goes to `perception-factory`, artifacts under the
+    project, as `factory run` always did; a nested stage run goes to its parent's experiment, whichever that
+    is; `experiment_ids` finds the shared experiment and the per-user ones `perception-factory/<user>`, not
+    another name that merely starts the same."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from pfactory.tracking.runs import (
+        EXPERIMENT,
+        PARENT_ENV,
+        artifact_location,
+        experiment_ids,
+        own_experiment,
+        stage_run,
+        user_experiment,
+    )
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv(PARENT_ENV, raising=False)
+    mlflow.set_tracking_uri(uri)
+    assert own_experiment() == EXPERIMENT
+    with stage_run("prepare", {"seed": 1}, root=tmp_path) as run:
+        pass
+    client = MlflowClient()
+    shared = client.get_experiment_by_name(EXPERIMENT)
+    assert run.info.experiment_id == shared.experiment_id
+    assert shared.artifact_location == artifact_location(tmp_path)
+
+    other = client.create_experiment("elsewhere")
+    parent = client.create_run(other).info.run_id
+    monkeypatch.setenv(PARENT_ENV, parent)
+    with stage_run("train", {"lr": 0.1}, root=tmp_path) as child:
+        pass
+    assert child.info.experiment_id == other  # with its parent, not in the shared experiment
+    assert client.get_run(child.info.run_id).data.tags["mlflow.parentRunId"] == parent
+
+    alice = client.create_experiment(user_experiment("alice"))
+    client.create_experiment(EXPERIMENT + "-old")
+    client.create_experiment("perception_factory/bob")  # `_` is LIKE's one-character wildcard
+    assert experiment_ids(client) == [shared.experiment_id, alice]
+    assert experiment_ids(client, "nothing-here") == []
