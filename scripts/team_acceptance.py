@@ -74,8 +74,8 @@ def main() -> None:
         codes = {u: p.wait(timeout=3600) for u, p in procs.items()}
         print(f"exit codes: {codes}; uptime: {os.popen('uptime').read().strip()}")
         c = MlflowClient(state.mlflow_url)
-        exp = c.get_experiment_by_name("perception-factory").experiment_id
-        runs = c.search_runs([exp], max_results=500)
+        exp = exp_of(state)  # the shared experiment and each user's own
+        runs = c.search_runs(exp, max_results=500)
         parents = {r.info.run_id: r for r in runs if r.data.tags.get("pipeline") == "true"}
         trains = []
         for r in runs:
@@ -120,13 +120,16 @@ def main() -> None:
         print(f"everything under {root}")
 
 
-def exp_of(state) -> str:
+def exp_of(state) -> list[str]:
+    """The ids of the team's experiments: the shared one and each user's (where their runs go)."""
     from mlflow import MlflowClient
 
-    return MlflowClient(state.mlflow_url).get_experiment_by_name("perception-factory").experiment_id
+    from pfactory.tracking.runs import experiment_ids
+
+    return experiment_ids(MlflowClient(state.mlflow_url))
 
 
-def sigkill(project: Path, team_env: dict[str, str], logs: Path, state, exp: str) -> None:
+def sigkill(project: Path, team_env: dict[str, str], logs: Path, state, exp: list[str]) -> None:
     """Part 2: the victim trains long (40 epochs) so that it surely holds the slot when it is killed."""
     from mlflow import MlflowClient
 
@@ -155,11 +158,11 @@ def sigkill(project: Path, team_env: dict[str, str], logs: Path, state, exp: str
           f"{slots.LEASE_S:g} s, repossessor loop {REPOSSESSOR_LOOP_S} s, retry cap {SLOT_WAIT_S} s, "
           f"poll of this script 0.5 s); uptime: {os.popen('uptime').read().strip()}")  # fmt: skip
     print(f"carol's run exit: {waiter.wait(timeout=3600)}")
-    reaped = reap_orphan_runs(exp)
-    running = c.search_runs([exp], "attributes.status = 'RUNNING'")
+    reaped = [r for e in exp for r in reap_orphan_runs(e)]
+    running = c.search_runs(exp, "attributes.status = 'RUNNING'")
     print(f"reaped {len(reaped)} runs of the killed process (here; carol's stages reap at their start); "
           f"RUNNING left: {[(r.info.run_name, r.data.tags.get('pfactory.pid')) for r in running]}")  # fmt: skip
-    killed_runs = c.search_runs([exp], "attributes.status = 'KILLED'")
+    killed_runs = c.search_runs(exp, "attributes.status = 'KILLED'")
     print(f"KILLED runs: {[(r.info.run_name, r.data.tags.get('pfactory.user'), r.data.tags.get('pfactory.ended_by')) for r in killed_runs]}")
     held = [r for r in slots.status(state.slot_limit)["holding"]]
     print(f"slot holders now: {held}")

@@ -9,11 +9,13 @@ Out: `add_user`: a new user in MLflow's user store (`mlflow.server.get_app_clien
        role        experiment perception-factory/<user>   <model>-candidates   <model> (production)
        engineer    MANAGE (their runs)                    EDIT (register)      READ (default)
        maintainer  MANAGE (their runs)                    MANAGE               MANAGE (copy versions in, move champion)
-     No role is granted anything on an experiment: a user's runs go to `perception-factory/<user>`, which
-     their first run creates (MLflow's auth app gives an experiment's creator MANAGE on it,
-     `pfactory.tracking.runs.experiment_id`); every other user's experiment and the shared `perception-factory`
-     stay READ for them, so nobody edits another user's runs, metrics or tags. A grant on the shared
-     experiment left from an earlier role is revoked.
+     A user's runs go to `perception-factory/<user>` (`pfactory.tracking.runs.experiment_id`), which the admin
+     creates when adding the user and on which the user alone is granted MANAGE (`_own_experiment`): created
+     here, before the user exists, nobody else can create it first and so manage it (MLflow's auth app gives
+     an experiment's creator MANAGE). `add_user` refuses a name whose experiment exists already (someone
+     made it before the user existed). Every other user's experiment and the shared `perception-factory` stay
+     READ for them, so nobody edits another user's runs, metrics or tags. A grant on the shared experiment
+     left from an earlier role is revoked.
      The role is also written on the production model as tags `pfactory.role.<name>` and the list
      `pfactory.maintainers`, which every user can read: a refused promotion says who may do it.
      Every refusal of the server's admin API -- a password the server's rule refuses (MLflow: at least 12
@@ -98,6 +100,45 @@ def check_role(role: str) -> None:
         raise TeamError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
 
 
+def _user_exists(admin: Any, name: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        admin.get_user(name)
+    except MlflowException as e:
+        if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return False
+        raise (_refusal(e, name) or e) from None
+    return True
+
+
+def _own_experiment(
+    uri: str, admin: Any, name: str, new_user: bool, check_only: bool = False
+) -> tuple[str, str, str]:
+    """User `name`'s experiment (`user_experiment`), created now with the admin's credentials when missing, and
+    MANAGE on it for `name`; returns that grant. For a `new_user` an existing one is a TeamError: it was made
+    before the user existed, by someone who then manages it (MLflow grants an experiment's creator MANAGE).
+    `check_only`: only that check, nothing created or granted."""
+    from mlflow import MlflowClient
+
+    from pfactory.tracking.runs import EXPERIMENT_KIND, user_experiment
+
+    c = MlflowClient(uri)
+    exp_name = user_experiment(name)
+    exp = c.get_experiment_by_name(exp_name)
+    if exp is not None and new_user:
+        raise TeamError(
+            f"experiment {exp_name!r} exists already, made before user {name!r} existed: whoever made it manages "
+            f"it, so the user's runs would not be theirs alone; an admin deletes it (`mlflow experiments delete "
+            f"--experiment-id {exp.experiment_id}`, then `mlflow gc`) and adds the user again"
+        )
+    if check_only:
+        return ("experiment", exp_name, "MANAGE")
+    exp_id = exp.experiment_id if exp is not None else c.create_experiment(exp_name, tags=EXPERIMENT_KIND)
+    _grant(admin, name, "experiment", exp_id, "MANAGE")
+    return ("experiment", exp_name, "MANAGE")
+
+
 def _apply_role(uri: str, admin: Any, name: str, role: str, model: str) -> list[tuple[str, str, str]]:
     """`role`'s grants for `name` (a demoted maintainer keeps nothing of the role) and the role tags."""
     from mlflow import MlflowClient
@@ -130,17 +171,20 @@ def _apply_role(uri: str, admin: Any, name: str, role: str, model: str) -> list[
 
 
 def add_user(uri: str, name: str, role: str, password: str, model: str = DEFAULT_MODEL) -> dict[str, Any]:
-    """Create user `name` with `role`'s grants; returns what was done. TeamError (one line, nothing changed)
-    for an unknown role, a user that exists, a password or name the server's rules refuse."""
+    """Create user `name` with their own experiment and `role`'s grants; returns what was done. TeamError (one
+    line, nothing changed) for an unknown role, a user that exists, an experiment of that name made before
+    the user (`_own_experiment`), a password or name the server's rules refuse."""
     from mlflow.exceptions import MlflowException
 
     check_role(role)
     admin = _admin(uri)
+    if not _user_exists(admin, name):  # (a user that exists is refused by create_user below)
+        _own_experiment(uri, admin, name, new_user=True, check_only=True)  # before anything is created
     try:
         admin.create_user(name, password)
     except MlflowException as e:
         raise (_refusal(e, name) or e) from None
-    given = _apply_role(uri, admin, name, role, model)
+    given = [_own_experiment(uri, admin, name, new_user=True), *_apply_role(uri, admin, name, role, model)]
     return {"user": name, "role": role, "created": True,
             "grants": [f"{p} on {k} {r}" for k, r, p in given]}  # fmt: skip
 
@@ -160,7 +204,7 @@ def set_role(uri: str, name: str, role: str, model: str = DEFAULT_MODEL) -> dict
     check_role(role)
     admin = _admin(uri)
     _existing(admin, name)
-    given = _apply_role(uri, admin, name, role, model)
+    given = [_own_experiment(uri, admin, name, new_user=False), *_apply_role(uri, admin, name, role, model)]
     return {"user": name, "role": role, "created": False,
             "grants": [f"{p} on {k} {r}" for k, r, p in given]}  # fmt: skip
 

@@ -8,9 +8,10 @@ are gone; `check_tracking_server` refuses an unreachable or refusing server in o
 
 Which experiment (`own_experiment`): `perception-factory`, except on a tracking server that authenticates
 users (a team's: `pfactory.tracking.identity.current`), where each user's runs go to their own experiment
-`perception-factory/<user>`, created by that user on first use. MLflow authorizes runs by their experiment,
-and its basic-auth app grants the creator of an experiment MANAGE on it while everyone else keeps the
-server's default (READ): so only its user (and the admin) may edit a run, its metrics or its tags.
+`perception-factory/<user>`, made by the admin with the user (`pfactory.team.users.add_user`: MANAGE for
+that user alone) or, for a user added without it, by that user on first use. MLflow authorizes runs by their
+experiment, and its basic-auth app grants the creator of an experiment MANAGE on it while everyone else
+keeps the server's default (READ): so only its user (and the admin) may edit a run, its metrics or its tags.
 Readers across users search `experiment_ids`: the experiment and every `<name>/<user>`.
 """
 

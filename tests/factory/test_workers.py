@@ -185,6 +185,8 @@ def test_two_workers_without_a_checkout_run_a_triggered_and_a_cron_run(team_serv
     from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
+    from pfactory.tracking.runs import experiment_ids
+
     alice = team_servers.env("alice")
     project, bare, commit = _alice_checkout(tmp_path, s3)
     hosts = {name: tmp_path / "hosts" / name / "worker" for name in ("host-a", "host-b")}
@@ -288,8 +290,7 @@ def test_two_workers_without_a_checkout_run_a_triggered_and_a_cron_run(team_serv
     os.environ.update({k: alice[k] for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")})
     try:
         ml = MlflowClient(tracking_uri=alice["MLFLOW_TRACKING_URI"])
-        exp = ml.get_experiment_by_name("perception-factory")
-        parents = ml.search_runs([exp.experiment_id], "tags.pipeline = 'true'")
+        parents = ml.search_runs(experiment_ids(ml), "tags.pipeline = 'true'")  # each user's own experiment
     finally:
         for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
             os.environ.pop(k, None)

@@ -395,7 +395,8 @@ def test_user_add_and_password_from_file_stdin_and_environment(team, tmp_path: P
         assert admin.get_user_permission("erin", "experiment", shared).permission == "EDIT"
         res = _cli(env, "team", "user", "role", "erin", "--role", "maintainer")
         assert res.returncode == 0 and "MANAGE on registered_model pfactory-detector" in res.stdout, res.stderr
-        assert "experiment" not in res.stdout, res.stdout
+        assert "experiment perception-factory " not in res.stdout + " ", res.stdout  # nothing on the shared one
+        assert "MANAGE on experiment perception-factory/erin" in res.stdout, res.stdout  # her own
         assert admin.get_user_permission("erin", "experiment", shared).permission == "READ"
 
 
@@ -510,21 +511,32 @@ def test_a_users_runs_are_in_their_own_experiment_and_theirs_alone_to_edit(team,
 
 
 def test_an_experiment_named_for_another_user_is_refused(team, monkeypatch, tmp_path) -> None:
-    """eve creates `perception-factory/frank` before frank's first run (she then manages it): frank's run is
-    refused in one line (PermissionRefused, exit 77) instead of logging runs she could edit."""
+    """eve creates `perception-factory/frank` before frank exists (she would then manage it). Adding frank is
+    refused in one line and creates nothing. A user added without their experiment (as before per-user
+    experiments) whose experiment eve made first: their run is refused in one line (PermissionRefused, exit
+    77) instead of logging runs she could edit. A user added now has it from the start (admin-made, MANAGE for
+    the user alone), so nobody can make it first."""
     from mlflow import MlflowClient
 
-    from pfactory.team.users import add_user
-    from pfactory.tracking.identity import PermissionRefused
+    from pfactory.team.errors import TeamError
+    from pfactory.team.users import _admin, _user_exists, add_user
+    from pfactory.tracking.identity import PermissionRefused, current, permission
     from pfactory.tracking.runs import experiment_id, user_experiment
     from tests.local_services import as_admin
 
     from .conftest import _VARS
 
+    uri = team.state.mlflow_url
     team.become(monkeypatch, "eve")
     MlflowClient().create_experiment(user_experiment("frank"))
     with as_admin(team.state, also=_VARS):
-        add_user(team.state.mlflow_url, "frank", "engineer", "frank-pw-0123456789")
+        with pytest.raises(TeamError) as e:
+            add_user(uri, "frank", "engineer", "frank-pw-0123456789")
+        assert "\n" not in str(e.value) and str(e.value).startswith(
+            "experiment 'perception-factory/frank' exists already, made before user 'frank' existed"
+        ), e.value
+        assert not _user_exists(_admin(uri), "frank")  # nothing was created
+        _admin(uri).create_user("frank", "frank-pw-0123456789")  # a user from before per-user experiments
     team.become(monkeypatch, None)
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "frank")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "frank-pw-0123456789")
@@ -534,6 +546,21 @@ def test_an_experiment_named_for_another_user_is_refused(team, monkeypatch, tmp_
     assert str(refused.value).startswith(
         "experiment 'perception-factory/frank': user 'frank' has READ on it, not MANAGE"
     ), refused.value
+
+    with as_admin(team.state, also=_VARS):
+        add_user(uri, "gina", "engineer", "gina-pw-0123456789")
+    gina_exp = MlflowClient(uri).get_experiment_by_name(user_experiment("gina"))
+    assert gina_exp is not None  # made by the admin with the user
+    team.become(monkeypatch, "eve")
+    with pytest.raises(Exception) as taken:  # eve cannot make it first any more: it exists
+        MlflowClient().create_experiment(user_experiment("gina"))
+    assert "RESOURCE_ALREADY_EXISTS" in str(taken.value)
+    assert permission(current(), gina_exp.experiment_id, "experiment") == "READ"  # eve reads it, no more
+    team.become(monkeypatch, None)
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "gina")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "gina-pw-0123456789")
+    assert experiment_id(tmp_path) == gina_exp.experiment_id  # gina manages it: her runs go there
+    assert permission(current(), gina_exp.experiment_id, "experiment") == "MANAGE"
 
 
 def test_compare_reads_the_runs_of_every_user(team, monkeypatch, tmp_path) -> None:
