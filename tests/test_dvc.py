@@ -134,3 +134,28 @@ def test_dvc_parses_yaml_with_the_c_parser() -> None:
     assert YAML(typ="safe").Parser is CParser
     text = (ROOT / "dvc.yaml").read_text()
     assert parse_yaml(text, "dvc.yaml")["stages"].keys() == DVC.keys()
+
+
+def test_each_stage_comes_after_the_stages_it_reads_from() -> None:
+    """dvc.yaml lists the stages in an order of the DAG: a stage reading another's output comes after it.
+    `flows.workspace.Workspace.repro` relies on it (`--single-item` once every earlier stage was reproduced)."""
+    import re
+
+    paths = yaml.safe_load((ROOT / "params.yaml").read_text())["paths"]
+
+    def resolved(entries: list) -> list[str]:
+        out = []
+        for e in entries or []:
+            e = next(iter(e)) if isinstance(e, dict) else e  # `- path: {cache: false}` form
+            out.append(re.sub(r"\$\{paths\.(\w+)\}", lambda m: str(paths[m.group(1)]), str(e)).rstrip("/"))
+        return out
+
+    order = list(DVC)
+    outs = {name: resolved(stage.get("outs")) for name, stage in DVC.items()}
+    for name, stage in DVC.items():
+        for dep in resolved(stage.get("deps")):
+            for producer, made in outs.items():
+                if producer != name and any(dep == o or dep.startswith(o + "/") for o in made):
+                    assert order.index(producer) < order.index(name), (
+                        f"dvc.yaml: stage {name} reads {dep} (an output of {producer}) but is listed before it"
+                    )

@@ -158,6 +158,9 @@ def test_factory_run_end_to_end(project: Path, first: dict) -> None:
     assert result["experiment"]["baseline"] == _git(project, "rev-parse", "HEAD").strip()
     lock = yaml.safe_load((ws / "dvc.lock").read_text())
     assert set(lock["stages"]) == set(stages)
+    # Each stage's upstream was reproduced by this run just before it: --single-item (Workspace.repro).
+    commands = [(ws / "logs" / f"{s}.log").read_text().splitlines()[0] for s in stages]
+    assert commands == [f"$ dvc repro --single-item {s}" for s in stages]
     # The workspace's params are the project's + the overrides.
     ws_params = yaml.safe_load((ws / "params.yaml").read_text())
     assert ws_params["synth"]["frames"] == 12 and ws_params["train"]["epochs"] == 1
@@ -250,7 +253,7 @@ def test_a_transient_stage_failure_is_retried(project: Path, runs: dict) -> None
     assert flaky_marker(project).exists()
     assert "train: transient failure (exit 75); retrying" in runs["lr-b"]["stderr"], runs["lr-b"]["stderr"]
     log = (Path(runs["lr-b"]["workspace"]) / "logs" / "train.log").read_text()
-    assert log.count("$ dvc repro train") == 2 and "simulated: connection reset by peer" in log
+    assert log.count("$ dvc repro --single-item train") == 2 and "simulated: connection reset by peer" in log
     assert "retrying" not in runs["again"]["stderr"] and "retrying" not in runs["first"]["stderr"]
 
 
@@ -465,7 +468,7 @@ def test_a_deterministic_stage_failure_is_one_screen_and_not_retried(project: Pa
     assert not Path(log).is_absolute() and (project / log).is_file(), log
     rejected = next(w for w in r.stderr.split() if w.endswith("rejected.jsonl"))
     assert (project / rejected).is_file(), rejected
-    assert (project / log).read_text().count("$ dvc repro prepare") == 1  # one attempt: not retried
+    assert (project / log).read_text().count("$ dvc repro --single-item prepare") == 1  # one attempt: not retried
     assert "[other dvc] " in (project / log).read_text()  # DVC's own lines were reworded
     prefect_log = (project / log).parent / "prefect.log"
     assert "Traceback" in prefect_log.read_text()  # Prefect's own output went to the file
