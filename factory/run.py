@@ -39,6 +39,9 @@ def run_command(
 
     t0 = started if started is not None else time.perf_counter()
     root = configure_environment()
+    from flows.startup import boot_prefect_early
+
+    boot_prefect_early()  # Prefect's API process boots on the other core while this one imports (flows.startup)
     # Import what configures logging (Prefect's console handler, MLflow's) before capturing it.
     import mlflow  # noqa: F401
 

@@ -5,7 +5,9 @@ its SQLite database (13 s on a quiet 2-core box, 42 s on a 2-3x slower one at lo
 its tables (a few seconds). Done here, explicitly, they are announced ("first run only"), timed, and a
 failure is one clear `ServiceFailed` (what failed, what to try) instead of a traceback from inside the
 flow. The ephemeral server is Prefect's own (`SubprocessASGIServer`, a process-wide singleton): the flow's
-client finds it running and reuses it. Its start-up timeout is Prefect's setting
+client finds it running and reuses it. `factory run` launches its process first thing
+(`boot_prefect_early`), so that it boots while the command imports MLflow and the flow, and hands it to
+that singleton once it answers (`prefect_starting`). Its start-up timeout is Prefect's setting
 `PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`, which `pfactory.runtime.project.configure_environment`
 defaults to `PREFECT_STARTUP_TIMEOUT_S` unless the user set it.
 
@@ -15,8 +17,13 @@ checked for an answer so that a wrong address fails in seconds, before any stage
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import random
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +44,109 @@ def _sqlite_file(url: str) -> Path | None:
 
 def _first_start(db: Path | None) -> bool:
     return db is not None and (not db.is_file() or db.stat().st_size == 0)
+
+
+_EARLY: dict[str, Any] = {}
+"""The ephemeral API process `boot_prefect_early` launched: `process` (until `prefect_starting` adopts it),
+`port`, `first` (its database did not exist then), `t0` (`time.perf_counter()` at the launch)."""
+
+
+def _free_port(ports: range = range(8000, 9000)) -> int:
+    """A port of 127.0.0.1 nothing listens on, drawn from Prefect's own ephemeral range."""
+    for _ in range(20):
+        port = random.choice(ports)
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port for the local Prefect API in {ports.start}-{ports.stop - 1}")
+
+
+def boot_prefect_early() -> bool:
+    """Launch Prefect's ephemeral API process now: `factory run` calls this first thing, so that the server
+    imports and migrates its database on the other core while the command imports MLflow and the flow. The
+    process is the one Prefect's `SubprocessASGIServer.start` would launch (the same uvicorn command,
+    environment and port range); `prefect_starting` hands it to Prefect's own singleton once it answers, and
+    the flow's client uses it. Nothing is launched when `PREFECT_API_URL` names a server or the ephemeral API
+    is disabled (`prefect_starting` deals with those). A process never handed over is stopped at exit.
+    Returns whether a process was launched."""
+    import prefect
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_DATABASE_CONNECTION_URL,
+        PREFECT_SERVER_EPHEMERAL_ENABLED,
+        get_current_settings,
+    )
+
+    if _EARLY or PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return False
+    first = _first_start(_sqlite_file(str(PREFECT_SERVER_DATABASE_CONNECTION_URL.value() or "")))
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+        **get_current_settings().to_environment_variables(exclude_unset=True),
+    }
+    args = [
+        sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+        "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+        "--log-level", "error", "--lifespan", "on",
+    ]  # fmt: skip
+    _EARLY.update(process=subprocess.Popen(args, env=env), port=port, first=first, t0=time.perf_counter())
+    atexit.register(_stop_early)
+    return True
+
+
+def _stop_early() -> None:
+    """Stop the early process unless it was handed over (then Prefect's own `stop` ends it at exit)."""
+    proc = _EARLY.pop("process", None)
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _adopt_early(timeout: float) -> bool:
+    """Wait for the early process (`boot_prefect_early`) to answer `GET /api/health`, then hand it to
+    Prefect's `SubprocessASGIServer` singleton as its own `start` would have set it (port, process, running;
+    stopped at exit by its `stop`). False when there is none or it exited first (exit 3: another process
+    took the port meanwhile): the caller starts Prefect's own. RuntimeError after `timeout` s from the launch."""
+    proc = _EARLY.get("process")
+    if proc is None:
+        return False
+    import httpx
+
+    url = f"http://127.0.0.1:{_EARLY['port']}/api/health"
+    with httpx.Client() as client:
+        while True:
+            if proc.poll() is not None:
+                _EARLY.pop("process", None)
+                return False
+            try:
+                if client.get(url).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.perf_counter() - _EARLY["t0"] > timeout:
+                _stop_early()
+                raise RuntimeError(f"Timed out while attempting to connect to the local Prefect API at {url}")
+            time.sleep(0.1)
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    if server.running:  # started meanwhile by another path: keep that one
+        _stop_early()
+        return True
+    server.port, server.server_process, server.running = _EARLY["port"], _EARLY.pop("process"), True
+    atexit.register(server.stop)
+    return True
 
 
 def start_prefect(console: RunConsole) -> dict[str, Any]:
@@ -90,10 +200,10 @@ def prefect_starting(console: RunConsole) -> Iterator[dict[str, Any]]:
             ],
             ["set PREFECT_API_URL to a running server, or PREFECT_SERVER_EPHEMERAL_ENABLED=true"],
         )
-    from prefect.server.api.server import SubprocessASGIServer
-
     db = _sqlite_file(str(PREFECT_SERVER_DATABASE_CONNECTION_URL.value() or ""))
-    first = _first_start(db)
+    early = "process" in _EARLY  # launched by boot_prefect_early: its state then, timed from its launch
+    first = _EARLY["first"] if early else _first_start(db)
+    t0 = _EARLY["t0"] if early else t0
     timeout = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
     shown = db if db is not None else Path(str(PREFECT_HOME.value()))
     what = (
@@ -106,7 +216,10 @@ def prefect_starting(console: RunConsole) -> Iterator[dict[str, Any]]:
 
     def boot() -> None:  # Prefect's own start-up: launch, then poll /health until it answers or times out
         try:
-            SubprocessASGIServer().start()
+            if not _adopt_early(timeout):
+                from prefect.server.api.server import SubprocessASGIServer
+
+                SubprocessASGIServer().start()
         except BaseException as e:  # RuntimeError on a timeout or a crashed server; httpx errors
             failed.append(e)
 

@@ -1,11 +1,19 @@
 """`flows.startup.probe_mlflow_server`: a tracking server's address is checked with one GET /health before
-anything starts, so that nothing answering fails in seconds; any HTTP answer counts."""
+anything starts, so that nothing answering fails in seconds; any HTTP answer counts. `boot_prefect_early`: the
+ephemeral Prefect API launched first thing is the one the flow's client uses (handed to Prefect's own
+singleton), Prefect's own start takes over when it died, and nothing is launched for a server of the user's."""
 
 from __future__ import annotations
 
 import http.server
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +60,76 @@ def test_any_http_answer_counts_and_the_path_is_kept(status: int) -> None:
 def test_stores_that_are_not_servers_are_not_probed() -> None:
     probe_mlflow_server("sqlite:////nonexistent/dir/mlflow.db")
     probe_mlflow_server("file:///nonexistent")
+
+
+EARLY_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import psutil
+    from flows.console import RunConsole
+    from flows.startup import _EARLY, boot_prefect_early, prefect_starting
+
+    launched = boot_prefect_early()
+    early = _EARLY.get("process")
+    if sys.argv[1] == "kill" and early is not None:
+        early.kill()
+        early.wait()
+    with prefect_starting(RunConsole()) as figures:
+        pass
+    from prefect import flow
+    from prefect.server.api.server import SubprocessASGIServer
+
+    @flow
+    def hello() -> int:
+        return 42
+
+    server = SubprocessASGIServer()
+    print(json.dumps({
+        "launched": launched, "figures": figures, "answer": hello(),
+        "early_pid": early.pid if early is not None else None,
+        "early_port": _EARLY.get("port"), "server_port": server.port,
+        "server_pid": server.server_process.pid if server.server_process else None,
+    }))
+""")
+
+
+def _early(tmp_path: Path, mode: str, **env: str) -> dict:
+    home = tmp_path / "prefect"
+    home.mkdir()
+    run_env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "WARNING", **env}  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", EARLY_SCRIPT, mode], env=run_env, capture_output=True, text=True,
+                       timeout=240, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _gone(pid: int | None) -> bool:
+    import psutil
+
+    return pid is None or not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_early_prefect_process_is_the_one_the_flow_uses(tmp_path: Path) -> None:
+    out = _early(tmp_path, "keep")
+    assert out["launched"] and out["answer"] == 42
+    assert out["server_pid"] == out["early_pid"] and out["server_port"] == out["early_port"], out
+    assert out["figures"]["prefect"] == "ephemeral" and out["figures"]["prefect_first_start"] is True
+    assert _gone(out["early_pid"]), "the server outlived the command"
+
+
+def test_prefect_starts_its_own_when_the_early_process_died(tmp_path: Path) -> None:
+    out = _early(tmp_path, "kill")
+    assert out["launched"] and out["answer"] == 42
+    assert out["server_pid"] != out["early_pid"], out  # Prefect's own start launched another
+    assert _gone(out["server_pid"])
+
+
+def test_nothing_is_launched_for_a_server_of_the_users(tmp_path: Path) -> None:
+    from flows.startup import _EARLY, boot_prefect_early
+
+    before = dict(_EARLY)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        assert boot_prefect_early() is False
+    assert before == _EARLY
