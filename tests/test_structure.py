@@ -69,3 +69,19 @@ def test_the_graph_sees_imports() -> None:
     assert "tasks.train" in imports_of("factory.stage_cli")
     assert "benchmarks.raw_datasets" in imports_of("benchmarks.prepare_scaleout")  # a sibling, by bare name
     assert "benchmarks.prepare_scaleout" in imports_of("benchmarks.bench_prepare")  # lazy, inside main
+
+
+def test_every_test_of_every_tier_finds_its_fixtures() -> None:
+    """`pytest --full --setup-plan`: the fixtures of every test, the full tier's included (CI runs only the
+    default tier), resolve -- a test moved to another folder once lost the conftest fixture it needs
+    (`fixture 'team_servers' not found`) and nothing ran it to notice."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "--full", "--setup-plan", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+         "tests"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    errors = [ln for ln in r.stdout.splitlines() if ln.startswith("ERROR ") or "not found" in ln]
+    assert r.returncode in (0, 5) and not errors, "\n".join(errors[:20]) or r.stdout[-3000:]

@@ -37,6 +37,7 @@ from typer.testing import CliRunner
 from factory.cli import app
 from factory.worker import WorkerError, prepare_dir, worker_env
 from flows.deploy import DeployError, git_source
+from tests.flows.conftest import team_servers  # noqa: F401 - the team's servers fixture (module scope)
 from tests.flows.pipeline_project import clean_env, factory, make_project, tiny_args
 from tests.prepare.test_storage import BUCKET, s3  # noqa: F401 - the moto S3 server fixture (module scope)
 
