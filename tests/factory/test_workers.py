@@ -44,7 +44,7 @@ from tests.prepare.test_storage import BUCKET, s3  # noqa: F401 - the moto S3 se
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "pf-workers-test"
 REMOTE_PREFIX = "workers-dvc"
-RUN_TIMEOUT_S = 900  # a synth-only pipeline run on a loaded 2-core box, plus worker polling
+RUN_TIMEOUT_S = 900  # a tiny pipeline run on a loaded 2-core box, plus worker polling
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -177,6 +177,23 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+def _uncached_outs() -> set[str]:
+    """The outputs dvc.yaml declares `cache: false` (metrics, a plot, promotion.json: they travel in the
+    experiment's git commit, not through the DVC cache or its remote), as paths."""
+    import re
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    paths = yaml.safe_load((root / "params.yaml").read_text())["paths"]
+    out = set()
+    for stage in yaml.safe_load((root / "dvc.yaml").read_text())["stages"].values():
+        for o in [o for kind in ("outs", "metrics", "plots") for o in stage.get(kind, [])]:
+            if isinstance(o, dict) and next(iter(o.values())).get("cache") is False:
+                out.add(re.sub(r"\$\{paths\.(\w+)\}", lambda m: str(paths[m.group(1)]), next(iter(o))))
+    return out
+
+
 @pytest.mark.full
 def test_two_workers_without_a_checkout_run_a_triggered_and_a_cron_run(team_servers, s3, tmp_path):  # noqa: F811
     import fsspec
@@ -220,7 +237,7 @@ def test_two_workers_without_a_checkout_run_a_triggered_and_a_cron_run(team_serv
             def deploy(*args: str) -> dict:
                 res = factory(
                     project, "deploy", "--pool", POOL, "--name", "on-workers", *args, *tiny_args(),
-                    "--parameters", json.dumps({"stages": ["synth"], "checkout": False}), env=alice, timeout=600,
+                    "--parameters", json.dumps({"checkout": False}), env=alice, timeout=600,
                 )  # fmt: skip
                 assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
                 return json.loads(res.stdout[res.stdout.index("{") :])
@@ -309,9 +326,30 @@ def test_two_workers_without_a_checkout_run_a_triggered_and_a_cron_run(team_serv
         assert p.data.tags.get("dvc.push") == "ok", p.data.tags.get("dvc.push")
         hashes = {k: v for k, v in p.data.tags.items() if k.startswith("data.") and k.endswith(".md5")}
         assert hashes, p.data.tags
+        hashes = {k: v for k, v in hashes.items() if k[len("data.") : -len(".md5")] not in _uncached_outs()}
         fs = fsspec.filesystem("s3", client_kwargs={"endpoint_url": s3})
         for key, md5 in hashes.items():
             assert fs.exists(f"{BUCKET}/{REMOTE_PREFIX}/files/md5/{md5[:2]}/{md5[2:]}"), (key, md5)
+    # The whole pipeline ran on the workers: the stage runs of both parents (synth logs none; a stage the second
+    # run restored from the remote's run-cache logs none either) cover every other stage, train held a training
+    # slot (the team's concurrency limit), each run decided its promotion and the candidate was registered.
+    os.environ.update({k: alice[k] for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")})
+    try:
+        stage_runs = [r for p in parents for r in
+                      ml.search_runs([p.info.experiment_id], f"tags.`mlflow.parentRunId` = '{p.info.run_id}'")]  # fmt: skip
+        by_stage = {r.data.tags.get("stage"): r for r in stage_runs}
+        assert set(by_stage) == {"prepare", "train", "optimize", "evaluate", "promote"}, set(by_stage)
+        assert all(r.info.status == "FINISHED" for r in stage_runs), [(r.data.tags.get("stage"), r.info.status)
+                                                                        for r in stage_runs]  # fmt: skip
+        train_tags = by_stage["train"].data.tags
+        assert float(train_tags["pfactory.slot.acquired_at"]) <= float(train_tags["pfactory.slot.released_at"])
+        assert all(p.data.tags.get("promotion.decision") for p in parents), [p.data.tags for p in parents]
+        versions = ml.search_model_versions("name = 'pfactory-detector-candidates'")
+        ours = {r.info.run_id for r in [*parents, *stage_runs]}
+        assert {v.run_id for v in versions} & ours, [(v.version, v.run_id) for v in versions]
+    finally:
+        for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            os.environ.pop(k, None)
     assert sorted(owners_all) == sorted(v[0] for v in ran_on.values())  # the logs and the workspaces agree
     assert ran_on[triggered_id] == stopped and ran_on[cron_id] != stopped, (ran_on, stopped)  # both workers ran one
     for d in hosts.values():  # the per-run clones are gone: no checkout stays on a worker
