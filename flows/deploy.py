@@ -14,7 +14,8 @@ a URL with a password in it are refused in one line naming the remote), so a wor
 (`factory worker start --pool NAME`, factory/worker.py) runs the code of that commit, with its own environment's
 packages (the clone is first on PYTHONPATH). The pipeline in the clone reads and writes data through the DVC
 remote the commit's `.dvc/config` names (`repro --pull`, `dvc push --run-cache`: flows/pipeline.py). `--run-now`
-also creates one flow run right away (tagged `pfactory.triggered-by:<user>`); a cron schedule makes the others.
+also creates one flow run right away (tagged `pfactory.triggered-by:<user>`, with a record in the user's own MLflow
+experiment that the worker verifies: `pfactory.tracking.trigger`); a cron schedule makes the others.
 `prefect.yaml` at the repo root (`prefect deploy --all`) describes the same for Prefect's own CLI.
 
 Everything here but `is_pipeline` / `deployment_parameters` (which say how the pipeline takes its
@@ -367,8 +368,9 @@ def pull_steps(source: GitSource) -> list[dict[str, Any]]:
 def triggered_by_tag() -> str:
     """`pfactory.triggered-by:<user>`: who created a run (the authenticated MLflow user, else the OS user)."""
     from pfactory.tracking.identity import user_name
+    from pfactory.tracking.trigger import CLAIM_PREFIX
 
-    return f"pfactory.triggered-by:{user_name()}"
+    return f"{CLAIM_PREFIX}{user_name()}"
 
 
 def deploy_to_pool(spec: DeploymentSpec, source: GitSource, pool: str, run_now: bool = False) -> dict[str, Any]:
@@ -403,9 +405,15 @@ def deploy_to_pool(spec: DeploymentSpec, source: GitSource, pool: str, run_now: 
         parameters=spec.parameters, version=source.commit[:12], print_next_steps=False, ignore_warnings=True,
     )  # fmt: skip
     run_id = None
-    if run_now:
-        run = run_deployment(deployment_id, timeout=0, tags=[triggered_by_tag()], as_subflow=False)
+    if run_now:  # who triggers: a claim on the Prefect run, backed by a record in their own MLflow experiment
+        from pfactory.tracking.trigger import RECORD_PREFIX, bind_trigger, record_trigger
+
+        record = record_trigger(str(deployment_id))
+        tags = [triggered_by_tag(), *([RECORD_PREFIX + record] if record else [])]
+        run = run_deployment(deployment_id, timeout=0, tags=tags, as_subflow=False)
         run_id = str(run.id)
+        if record:
+            bind_trigger(record, run_id)
     return {
         "deployment_id": str(deployment_id),
         "full_name": spec.full_name,

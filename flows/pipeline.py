@@ -316,21 +316,22 @@ def _reopened(root: Path, resume: str | None) -> Path | None:
     return mine[0] if mine else None
 
 
-TRIGGER_PREFIX = "pfactory.triggered-by:"  # a flow run's Prefect tag: flows/deploy.py triggered_by_tag
 
 
 def _triggered_by() -> dict[str, str]:
-    """{"pfactory.triggered_by": user} when this flow run carries the Prefect tag `pfactory.triggered-by:<user>`
-    (`factory deploy --run-now` on a worker: the person who triggered it, as their client said; the MLflow
-    user of the run stays the worker's account, `pfactory.user`); {} otherwise."""
+    """The parent run's tags saying who triggered this flow run (`factory deploy --run-now` on a worker): the
+    claimed user and whether the MLflow server backs the claim (`pfactory.tracking.trigger.verify_trigger`);
+    the MLflow user of the run stays the worker's account (`pfactory.user`). {} when nothing is claimed."""
     from prefect.runtime import flow_run
 
+    from pfactory.tracking.trigger import claims, verify_trigger
+
     try:
-        tags = flow_run.get_tags() or []
+        tags, flow_run_id = flow_run.get_tags() or [], flow_run.get_id()
     except Exception:  # no flow run context
         return {}
-    users = [t.removeprefix(TRIGGER_PREFIX) for t in tags if t.startswith(TRIGGER_PREFIX)]
-    return {"pfactory.triggered_by": users[0]} if users else {}
+    user, record = claims(tags)
+    return verify_trigger(user, record, str(flow_run_id)) if flow_run_id else {}
 
 
 @contextlib.contextmanager

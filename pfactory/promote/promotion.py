@@ -23,7 +23,9 @@ caller's permission on `<model>` is checked before anything starts (`access.requ
 refusal audited on the candidates model) -- or, for the pipeline's promote stage (`require_permission=False`),
 a candidate that passes is left "awaiting-maintainer" and the result says who may promote it; step 5 copies
 the candidate into `<model>` (`copy_model_version`, its tags with it, `candidate.model` / `candidate.version`
-pointing back) and moves the alias to the copy. Every version records `pfactory.user`, the authenticated user.
+pointing back) and moves the alias to the copy. Every version records `pfactory.user`, the authenticated user,
+and for a run a person triggered on a worker, `pfactory.triggered_by` and whether the MLflow server backed that
+claim (`pfactory.triggered_by.verified`: `pfactory.tracking.trigger`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from pfactory.promote.params import PromoteParams
 from pfactory.promote.release import fill_release
 from pfactory.storage import artifacts as af
 from pfactory.storage.fsutil import atomic_directory
+from pfactory.tracking.trigger import parent_trigger_tags
 
 EvaluateFn = Callable[[Path, Path], dict]
 REEVAL_TAG = "kpis.reeval."  # + data_key: a champion's KPI summary re-computed on other evaluation data
@@ -389,6 +392,7 @@ def _register(p: _Promotion) -> int:
             "git.dirty": str(lineage["git_dirty"]),
             reg.STATUS_TAG: "registered",
             access.USER_TAG: reg.actor().rsplit("@", 1)[0],
+            **parent_trigger_tags(c),  # who triggered the run on a worker, and whether the server backed it
         }
         version = reg.register_version(
             c, p.reg_name, source, candidate.run_id, tags,

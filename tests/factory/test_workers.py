@@ -316,6 +316,9 @@ def test_two_workers_without_a_checkout_run_a_triggered_and_a_cron_run(team_serv
     # Who triggered the run now (--run-now by alice) is on its parent run; the cron run has no trigger.
     triggers = [p.data.tags.get("pfactory.triggered_by") for p in parents]
     assert sorted(triggers, key=str) == [None, "alice"], triggers  # str(None) sorts first
+    # ... and the MLflow server backs the claim: alice's record in her own experiment names this flow run.
+    triggered = next(p for p in parents if p.data.tags.get("pfactory.triggered_by") == "alice")
+    assert triggered.data.tags["pfactory.triggered_by.verified"].startswith("yes: record"), triggered.data.tags
     owners_all = []
     for p in parents:
         assert p.info.status == "FINISHED" and p.data.tags["git.commit"] == commit, p.data.tags
@@ -347,6 +350,12 @@ def test_two_workers_without_a_checkout_run_a_triggered_and_a_cron_run(team_serv
         versions = ml.search_model_versions("name = 'pfactory-detector-candidates'")
         ours = {r.info.run_id for r in [*parents, *stage_runs]}
         assert {v.run_id for v in versions} & ours, [(v.version, v.run_id) for v in versions]
+        for v in versions:  # the candidate of alice's run names her, as verified (the cron run's: nobody)
+            by_alice = v.run_id in {triggered.info.run_id} | {r.info.run_id for r in stage_runs
+                                                               if r.data.tags.get("mlflow.parentRunId") == triggered.info.run_id}  # fmt: skip
+            assert v.tags.get("pfactory.triggered_by") == ("alice" if by_alice else None), (v.run_id, v.tags)
+            if by_alice:
+                assert v.tags["pfactory.triggered_by.verified"].startswith("yes: record"), v.tags
     finally:
         for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
             os.environ.pop(k, None)
