@@ -316,8 +316,6 @@ def _reopened(root: Path, resume: str | None) -> Path | None:
     return mine[0] if mine else None
 
 
-
-
 def _triggered_by() -> dict[str, str]:
     """The parent run's tags saying who triggered this flow run (`factory deploy --run-now` on a worker): the
     claimed user and whether the MLflow server backs the claim (`pfactory.tracking.trigger.verify_trigger`);

@@ -52,7 +52,9 @@ _EARLY: dict[str, Any] = {}
 
 
 def _free_port(ports: range = range(8000, 9000)) -> int:
-    """A port of 127.0.0.1 nothing listens on, drawn from Prefect's own ephemeral range."""
+    """A port of 127.0.0.1 nothing listens on, drawn from Prefect's own ephemeral range (as its
+    `SubprocessASGIServer.find_available_port` does: that lives in the server module, whose import is what
+    `boot_prefect_early` runs before)."""
     for _ in range(20):
         port = random.choice(ports)
         with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:

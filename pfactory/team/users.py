@@ -56,7 +56,7 @@ def _grant(admin: Any, user: str, kind: str, resource: str, permission: str) -> 
 
 def grants(role: str, model: str) -> list[tuple[str, str, str]]:
     """(resource type, resource id, permission) a role is granted for production model `model` (module
-    docstring): registered models only; a user's own experiment is theirs as its creator."""
+    docstring): registered models only; a user's own experiment is granted apart (`_own_experiment`)."""
     if role not in ROLES:
         raise TeamError(f"--role {role!r}: expected one of {', '.join(ROLES)}")
     if role == "engineer":
@@ -65,6 +65,12 @@ def grants(role: str, model: str) -> list[tuple[str, str, str]]:
         ("registered_model", candidates_name(model), "MANAGE"),
         ("registered_model", model, "MANAGE"),
     ]
+
+
+def _no_such_user(name: str) -> TeamError:
+    return TeamError(
+        f"user {name!r}: no such user on the team's server (add it: factory team user add {name} --role R)"
+    )
 
 
 def _refusal(e: Any, name: str) -> TeamError | None:
@@ -79,9 +85,7 @@ def _refusal(e: Any, name: str) -> TeamError | None:
             f"{name} --role R`, its password with `factory team user password {name}`"
         )
     if code == "RESOURCE_DOES_NOT_EXIST":
-        return TeamError(
-            f"user {name!r}: no such user on the team's server (add it: factory team user add {name} --role R)"
-        )
+        return _no_such_user(name)
     if code == "INVALID_PARAMETER_VALUE":
         field = "password" if "password" in msg.lower() else "user name"
         return TeamError(f"{field} of user {name!r}: {msg} (the MLflow server's rule); nothing was changed")
@@ -112,13 +116,26 @@ def _user_exists(admin: Any, name: str) -> bool:
     return True
 
 
-def _own_experiment(
-    uri: str, admin: Any, name: str, new_user: bool, check_only: bool = False
-) -> tuple[str, str, str]:
+def _refuse_made_before(uri: str, name: str) -> None:
+    """TeamError when user `name`'s experiment (`user_experiment`) exists before the user does: whoever made it
+    manages it (MLflow grants an experiment's creator MANAGE), so the user's runs would not be theirs alone."""
+    from mlflow import MlflowClient
+
+    from pfactory.tracking.runs import user_experiment
+
+    exp_name = user_experiment(name)
+    exp = MlflowClient(uri).get_experiment_by_name(exp_name)
+    if exp is not None:
+        raise TeamError(
+            f"experiment {exp_name!r} exists already, made before user {name!r} existed: whoever made it manages "
+            f"it, so the user's runs would not be theirs alone; an admin deletes it (`mlflow experiments delete "
+            f"--experiment-id {exp.experiment_id}`, then `mlflow gc`) and adds the user again"
+        )
+
+
+def _own_experiment(uri: str, admin: Any, name: str) -> tuple[str, str, str]:
     """User `name`'s experiment (`user_experiment`), created now with the admin's credentials when missing, and
-    MANAGE on it for `name`; returns that grant. For a `new_user` an existing one is a TeamError: it was made
-    before the user existed, by someone who then manages it (MLflow grants an experiment's creator MANAGE).
-    `check_only`: only that check, nothing created or granted."""
+    MANAGE on it for `name`; returns that grant."""
     from mlflow import MlflowClient
 
     from pfactory.tracking.runs import EXPERIMENT_KIND, user_experiment
@@ -126,14 +143,6 @@ def _own_experiment(
     c = MlflowClient(uri)
     exp_name = user_experiment(name)
     exp = c.get_experiment_by_name(exp_name)
-    if exp is not None and new_user:
-        raise TeamError(
-            f"experiment {exp_name!r} exists already, made before user {name!r} existed: whoever made it manages "
-            f"it, so the user's runs would not be theirs alone; an admin deletes it (`mlflow experiments delete "
-            f"--experiment-id {exp.experiment_id}`, then `mlflow gc`) and adds the user again"
-        )
-    if check_only:
-        return ("experiment", exp_name, "MANAGE")
     exp_id = exp.experiment_id if exp is not None else c.create_experiment(exp_name, tags=EXPERIMENT_KIND)
     _grant(admin, name, "experiment", exp_id, "MANAGE")
     return ("experiment", exp_name, "MANAGE")
@@ -173,29 +182,26 @@ def _apply_role(uri: str, admin: Any, name: str, role: str, model: str) -> list[
 def add_user(uri: str, name: str, role: str, password: str, model: str = DEFAULT_MODEL) -> dict[str, Any]:
     """Create user `name` with their own experiment and `role`'s grants; returns what was done. TeamError (one
     line, nothing changed) for an unknown role, a user that exists, an experiment of that name made before
-    the user (`_own_experiment`), a password or name the server's rules refuse."""
+    the user (`_refuse_made_before`), a password or name the server's rules refuse."""
     from mlflow.exceptions import MlflowException
 
     check_role(role)
     admin = _admin(uri)
     if not _user_exists(admin, name):  # (a user that exists is refused by create_user below)
-        _own_experiment(uri, admin, name, new_user=True, check_only=True)  # before anything is created
+        _refuse_made_before(uri, name)  # before anything is created
     try:
         admin.create_user(name, password)
     except MlflowException as e:
         raise (_refusal(e, name) or e) from None
-    given = [_own_experiment(uri, admin, name, new_user=True), *_apply_role(uri, admin, name, role, model)]
+    given = [_own_experiment(uri, admin, name), *_apply_role(uri, admin, name, role, model)]
     return {"user": name, "role": role, "created": True,
             "grants": [f"{p} on {k} {r}" for k, r, p in given]}  # fmt: skip
 
 
 def _existing(admin: Any, name: str) -> None:
-    from mlflow.exceptions import MlflowException
-
-    try:
-        admin.get_user(name)
-    except MlflowException as e:
-        raise (_refusal(e, name) or e) from None
+    """TeamError (one line) unless user `name` exists."""
+    if not _user_exists(admin, name):
+        raise _no_such_user(name)
 
 
 def set_role(uri: str, name: str, role: str, model: str = DEFAULT_MODEL) -> dict[str, Any]:
@@ -204,7 +210,7 @@ def set_role(uri: str, name: str, role: str, model: str = DEFAULT_MODEL) -> dict
     check_role(role)
     admin = _admin(uri)
     _existing(admin, name)
-    given = [_own_experiment(uri, admin, name, new_user=False), *_apply_role(uri, admin, name, role, model)]
+    given = [_own_experiment(uri, admin, name), *_apply_role(uri, admin, name, role, model)]
     return {"user": name, "role": role, "created": False,
             "grants": [f"{p} on {k} {r}" for k, r, p in given]}  # fmt: skip
 

@@ -39,19 +39,15 @@ VERIFIED = "pfactory.triggered_by.verified"
 def record_trigger(deployment_id: str) -> str | None:
     """An MLflow run in the current user's own experiment saying they trigger a run of `deployment_id`; its
     run id, or None when the tracking server has no per-user experiments (no team)."""
-    import mlflow
-
-    from pfactory.tracking.runs import EXPERIMENT, own_experiment
-
-    name = own_experiment()
-    if name == EXPERIMENT:
-        return None
     from pathlib import Path
 
-    from pfactory.tracking.runs import experiment_id
+    import mlflow
 
-    client = mlflow.MlflowClient()
-    run = client.create_run(
+    from pfactory.tracking.runs import EXPERIMENT, experiment_id, own_experiment
+
+    if own_experiment() == EXPERIMENT:
+        return None
+    run = mlflow.MlflowClient().create_run(
         experiment_id(Path.cwd()), run_name="trigger", tags={DEPLOYMENT_TAG: deployment_id, "trigger": "true"}
     )
     return run.info.run_id
