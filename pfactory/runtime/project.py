@@ -73,6 +73,11 @@ def configure_environment(root: str | Path | None = None) -> Path:
         "PFK_NATIVE_CACHE_DIR": str(state / "native"),  # the C kernels' builds (kernels/native.py)
         "PFACTORY_EXPORT_CACHE_DIR": str(state / "onnx-export"),  # traced graphs (inference/export_cache.py)
         "MPLCONFIGDIR": str(state / "matplotlib"),
+        # NumPy's OpenBLAS starts a thread per core and keeps them spinning after each call. The stages
+        # parallelise with processes (synth's pool, Dask workers, DDP) and PyTorch / ONNX Runtime bring
+        # their own thread pools, so those threads only take cores from the workers: synth on 2 workers
+        # spent 0.28 instead of 0.22 CPU-s per frame (benchmarks/RESULTS.md, 2026-12-05).
+        "OPENBLAS_NUM_THREADS": "1",
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)

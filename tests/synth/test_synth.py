@@ -8,6 +8,7 @@ file runs in ~10 s on 2 cores.
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from pfactory.sensors.nuscenes import CAMERA_CHANNELS, NuScenesDataset
 from pfactory.storage.fsutil import sha256_file
 from pfactory.synth.dataset import (
     KITTI_TO_NUSCENES,
+    _map,
     camera_rig,
     generate_dataset,
     generate_frame,
@@ -167,6 +169,20 @@ def test_same_seed_is_byte_identical_with_any_worker_count(kitti_ds, tmp_path):
     summary = generate_dataset(again, frames=FRAMES, seed=SEED, image_size=SMALL, workers=2)
     assert summary["workers"] == 2
     assert _hashes(again) == _hashes(kitti_ds[0])
+
+
+def _blas_threads(_: int) -> int:
+    from threadpoolctl import threadpool_info
+
+    return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenBLAS starts one thread on a 1-core machine anyway")
+def test_pool_workers_use_one_blas_thread(monkeypatch):
+    # OpenBLAS's own default (a thread per core) in the workers' environment: the pool must still limit it,
+    # or each worker's spinning BLAS threads take the other workers' cores.
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    assert list(_map(_blas_threads, [0, 1], workers=2)) == [1, 1]
 
 
 def test_different_seeds_differ(kitti_ds, tmp_path):
