@@ -5,9 +5,11 @@ singleton), Prefect's own start takes over when it died, and nothing is launched
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from flows.failure import ServiceFailed
-from flows.startup import probe_mlflow_server
+from flows.startup import _schema_snapshot, migrated_schema_dump, probe_mlflow_server, seed_prefect_database
 from tests.flows.conftest import free_port
 
 
@@ -84,7 +86,7 @@ EARLY_SCRIPT = textwrap.dedent("""
 
     server = SubprocessASGIServer()
     print(json.dumps({
-        "launched": launched, "figures": figures, "answer": hello(),
+        "launched": launched, "figures": figures, "answer": hello(), "seeded": _EARLY.get("seeded"),
         "early_pid": early.pid if early is not None else None,
         "early_port": _EARLY.get("port"), "server_port": server.port,
         "server_pid": server.server_process.pid if server.server_process else None,
@@ -114,7 +116,60 @@ def test_the_early_prefect_process_is_the_one_the_flow_uses(tmp_path: Path) -> N
     assert out["launched"] and out["answer"] == 42
     assert out["server_pid"] == out["early_pid"] and out["server_port"] == out["early_port"], out
     assert out["figures"]["prefect"] == "ephemeral" and out["figures"]["prefect_first_start"] is True
+    # The database came from the schema snapshot (this Prefect version has one) and the flow ran on it.
+    assert out["seeded"] is (_schema_snapshot() is not None)
     assert _gone(out["early_pid"]), "the server outlived the command"
+
+
+def _schema(db: Path) -> dict:
+    """What a SQLite database's schema means, whatever the text of its DDL: per table its columns, foreign keys
+    (without SQLite's numbering of them) and indexes (with their columns and order), and the alembic revision."""
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        q = lambda sql: con.execute(sql).fetchall()  # noqa: E731
+        tables = [n for (n,) in q("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        out: dict = {"revision": q("SELECT version_num FROM alembic_version")}
+        for t in tables:
+            indexes = sorted(
+                (i[1], i[2], i[3], i[4], q(f'PRAGMA index_xinfo("{i[1]}")'))
+                for i in q(f'PRAGMA index_list("{t}")')
+            )
+            out[t] = (
+                q(f'PRAGMA table_info("{t}")'),
+                sorted(fk[2:] for fk in q(f'PRAGMA foreign_key_list("{t}")')),
+                indexes,
+            )
+        return out
+
+
+def _seeded(tmp_path: Path) -> Path:
+    db = tmp_path / "seeded" / "prefect.db"
+    assert seed_prefect_database(db) is True
+    return db
+
+
+def test_the_schema_snapshot_is_what_prefects_migrations_create(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    if _schema_snapshot() is None:
+        pytest.skip(f"Prefect {version('prefect')} has no schema snapshot: its first start migrates (write one: "
+                    "python scripts/prefect_schema.py)")  # fmt: skip
+    migrated = tmp_path / "migrated"
+    migrated.mkdir()
+    migrated_schema_dump(migrated)
+    want, got = _schema(migrated / "prefect.db"), _schema(_seeded(tmp_path))
+    assert got.keys() == want.keys()
+    assert [t for t in want if got[t] != want[t]] == []
+
+
+def test_seeding_never_replaces_a_database_and_needs_a_snapshot(tmp_path: Path, monkeypatch) -> None:
+    import flows.startup as startup
+
+    db = tmp_path / "prefect.db"
+    db.write_bytes(b"somebody's database")
+    assert seed_prefect_database(db) is False and db.read_bytes() == b"somebody's database"
+    monkeypatch.setattr(startup, "PREFECT_SCHEMA_DIR", tmp_path / "no-snapshots")
+    fresh = tmp_path / "fresh" / "prefect.db"
+    assert seed_prefect_database(fresh) is False and not fresh.parent.exists()
 
 
 def test_prefect_starts_its_own_when_the_early_process_died(tmp_path: Path) -> None:
