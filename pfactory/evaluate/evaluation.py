@@ -2,9 +2,10 @@
 
 `evaluate(ev, optimized, model, data, out, address, progress, active)` plans the work
 (`inputs.resolve_inputs`), runs it on Dask (`distributed.run_units`: one task per unit of row groups,
-models loaded once per worker), writes each unit's predictions as it arrives, then scores
-(`scoring.score`) and writes the reports (`report.write_reports`), all inside `out` built in a
-temporary sibling and renamed into place on success. Files identical whatever the completion order
+models loaded once per worker), writes each unit's predictions as it arrives and keeps none of them
+(`UnitRecord`), then scores (`scoring.score`, reading the boxes back from the parts) and writes the
+reports (`report.write_reports`), all inside `out` built in a temporary sibling and renamed into place
+on success. Files identical whatever the completion order
 or a worker's death. The files are listed in `tasks/evaluate.py` (the stage) and docs/EVALUATE.md.
 Metrics back: flat dict with mAP, NDS, reference_mAP, delta_mAP, frames, data_hash, kpis_path,
 throughput and the MLflow scalars (`eval/...`, `time/...`).
@@ -113,23 +114,27 @@ def _run_models(
 ) -> str:
     """Run the optimized model, then the reference (when `inputs` has one), over every unit on Dask.
     Each unit's predictions (and, once, the ground truth) are written under `report` and added to
-    `parts` as it lands; `results[kind][unit]` keeps what the scoring needs, `runs[kind]` each model's
-    run figures, `timings` `cluster_s` and `<kind>_s`. Returns where the cluster came from."""
+    `parts` as it lands, then dropped: `results[kind][unit]` keeps the unit's frame ids, timings and
+    worker (`UnitRecord`; the scoring reads the boxes back from `parts`), `runs[kind]` each model's run
+    figures, `timings` `cluster_s` and `<kind>_s`. Returns where the cluster came from."""
     from pfactory.evaluate.distributed import dask_client, run_units
     from pfactory.evaluate.predictions import write_kitti
 
+    done = dict.fromkeys(results, 0)
     with _progress(progress, inputs.frames) as advance:
 
         def on_result(res: Any) -> None:
-            # Streamed: each unit's files are written as it lands (names depend only on frame ids).
-            results[res.kind][res.unit] = _Slim(res)
+            # Streamed: each unit's files are written as it lands (names depend only on frame ids); the
+            # driver keeps no boxes (the parts hold them until scoring reads them back).
+            results[res.kind][res.unit] = UnitRecord(res)
             write_kitti(report / "kitti" / res.kind, res.pred)
             parts.add(res.kind, res.unit, res.pred)
             if res.kind == "optimized":
                 write_kitti(report / "kitti" / "ground_truth", res.gt)
                 parts.add("ground_truth", res.unit, res.gt)
             advance(res.kind, len(res.frame_ids))
-            emit_progress("evaluate", kind=res.kind, done=sum(len(r.frame_ids) for r in results[res.kind].values()), total=inputs.frames)  # fmt: skip
+            done[res.kind] += len(res.frame_ids)
+            emit_progress("evaluate", kind=res.kind, done=done[res.kind], total=inputs.frames)
 
         t0 = time.perf_counter()
         with dask_client(address, ev.workers, ev.threads_per_worker) as (client, where):
@@ -162,7 +167,7 @@ def _score_and_report(
 
     report = tmp / "report"
     t0 = time.perf_counter()
-    doc, kpis, ref_kpis, gt, preds = score(ev, inputs, results)
+    doc, kpis, ref_kpis, gt, preds = score(ev, inputs, results, parts)
     if benchmark is not None:
         doc.update(benchmark.write(tmp, preds["optimized"]))
     if not (tmp / RESULTS_DIR).is_dir():  # the stage's declared DVC outputs exist for every dataset
@@ -290,10 +295,11 @@ def results_writer(data: Path, split: str, raw: Path | Literal[False] | None) ->
     return None if writer is None else writer(dataset, Path(data), split)
 
 
-class _Slim:
-    """What the driver keeps of a `UnitResult` (files are already written)."""
+class UnitRecord:
+    """What the driver keeps of a `UnitResult` once its files are written: unit, kind, frame ids, timings,
+    worker and pid (report/timings.json, the frame checks of the scoring); no boxes."""
 
-    __slots__ = ("frame_ids", "gt", "kind", "pid", "pred", "timings", "unit", "worker")
+    __slots__ = ("frame_ids", "kind", "pid", "timings", "unit", "worker")
 
     def __init__(self, res: Any) -> None:
         for k in self.__slots__:

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pfactory.metrics.detection import FrameDetections
@@ -113,6 +115,11 @@ class PartWriter:
         pq.write_table(frames_table(kind, frames), tmp)
         tmp.replace(self.parts / f"{kind}-{unit:06d}.parquet")
 
+    def tables(self, kind: str) -> Iterator[pa.Table]:
+        """The parts of `kind` (rows of `SCHEMA`), one table per unit in unit order, read one at a time."""
+        for p in sorted(self.parts.glob(f"{kind}-*.parquet")):
+            yield pq.read_table(p, schema=SCHEMA)
+
     def finish(self, out: Path) -> pa.Table:
         """Merge every part into `out`, sorted by (kind order, frame_id, rank); removes the parts."""
         files = sorted(self.parts.glob("*.parquet"))
@@ -121,10 +128,10 @@ class PartWriter:
             if files
             else SCHEMA.empty_table()
         )
-        order = {k: i for i, k in enumerate(KINDS)}
-        kind_idx = np.array([order[k] for k in table.column("kind").to_pylist()], dtype=np.int64)
+        # The kind's position in KINDS, computed in Arrow (no Python string per row).
+        kind_idx = pc.index_in(table.column("kind"), value_set=pa.array(KINDS, pa.string())).cast(pa.int64())
         table = (
-            table.append_column("_k", pa.array(kind_idx))
+            table.append_column("_k", kind_idx)
             .sort_by([("_k", "ascending"), ("frame_id", "ascending"), ("rank", "ascending")])
             .drop_columns(["_k"])
         )

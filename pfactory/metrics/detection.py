@@ -24,7 +24,7 @@ prediction rank at a time (`matching.greedy_match`); tests/metrics/test_devkit_a
 number against the devkit itself. docs/KPIS.md has the definitions.
 
 Run: `factory kpi --gt LABEL_DIR --pred RESULT_DIR` (KITTI files, `pfactory.metrics.kpi_cli`),
-or `evaluate_detections(gt_frames, pred_frames, KpiParams())` from Python.
+or `evaluate_detections(gt_frames, pred_frames, KpiParams())` from Python (`evaluate_flat` from flat arrays).
 """
 
 from __future__ import annotations
@@ -309,6 +309,15 @@ def evaluate_detections(
     params = params or KpiParams()
     gt = flatten_frames(gt_frames, params.classes, is_pred=False)
     pred = flatten_frames(pred_frames, params.classes, is_pred=True, frame_index=gt.frame_index)
+    return evaluate_flat(gt, pred, params, latency)
+
+
+def evaluate_flat(
+    gt: FlatBoxes, pred: FlatBoxes, params: KpiParams, latency: Mapping[str, Any] | None = None
+) -> DetectionKpis:
+    """`evaluate_detections` of frames already flattened (`matching.flatten_frames`: ground truth first,
+    then the predictions with `frame_index=gt.frame_index`; or columns built the same way, as the evaluate
+    stage reads them back from its files). The order of `pred`'s rows breaks score ties."""
     frame_ids = list(pred.frame_index)  # GT frames first, then prediction-only frames
 
     if params.class_range_m is not None:
