@@ -98,6 +98,24 @@ class PrimitiveBuilder:
         )
 
 
+# --- gathers and scatters of rows -------------------------------------------------------------
+
+
+def rows_of(a: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """`a[idx]`: the rows `idx [n]` of `a [N, ...]` (`np.take`: the same values, ~4x faster than fancy indexing
+    for rows of a few floats, which the renderer gathers a dozen times per frame)."""
+    return np.take(a, idx, axis=0)
+
+
+def put_rows(out: np.ndarray, idx: np.ndarray, values: np.ndarray) -> None:
+    """`out[idx] = values` for the rows `idx [n]` of a C-contiguous `out [N, k]`, `values [n, k]` of its dtype
+    (each row moved as one k-element item: the same bytes, ~4x faster than fancy-index assignment)."""
+    row = np.dtype((np.void, out.dtype.itemsize * out.shape[1]))
+    np.put(
+        out.view(row).reshape(-1), idx, np.ascontiguousarray(values, dtype=out.dtype).view(row).reshape(-1)
+    )
+
+
 # --- ray / primitive intersection --------------------------------------------------------------
 # Each takes the shared origin `o [3]`, direction components `dx, dy, dz` (same shape, any) and
 # one primitive's shape params [9] (`Primitives.shape_params`: params [7], taper [2]); returns
@@ -214,7 +232,7 @@ def surface_normals(
     f32 = np.float32
     cos_p, sin_p = np.cos(prims.params[:, 6]).astype(f32), np.sin(prims.params[:, 6]).astype(f32)
     c, s = cos_p[prim_idx], sin_p[prim_idx]
-    prm = prims.params.astype(f32)[prim_idx]  # [N, 7]
+    prm = rows_of(prims.params.astype(f32), prim_idx)  # [N, 7]
     pts = points.astype(f32, copy=False)
     dx, dy, dz = pts[:, 0] - prm[:, 0], pts[:, 1] - prm[:, 1], pts[:, 2] - prm[:, 2]
     lx, ly = c * dx + s * dy, -s * dx + c * dy

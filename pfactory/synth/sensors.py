@@ -42,6 +42,8 @@ from pfactory.synth.raycast import (
     camera_windows,
     cast,
     lidar_windows,
+    put_rows,
+    rows_of,
     surface_normals,
 )
 from pfactory.synth.scene import Scene
@@ -119,11 +121,11 @@ def surface(scene: Scene, points: np.ndarray, prim: np.ndarray):
     o = np.flatnonzero(prim != HIT_GROUND)
     if len(o):
         p = prim[o]
-        nrm, top = surface_normals(scene.prims, points[o], p)
+        nrm, top = surface_normals(scene.prims, rows_of(points, o), p)
         flat = 2 * p + top  # (primitive, sides/top) flattened: one gather instead of two
-        normals[o] = nrm
+        put_rows(normals, o, nrm)
         mat[o] = scene.prims.material.reshape(-1)[flat]
-        rgb[o] = scene.prims.color.reshape(-1, 3)[flat]
+        put_rows(rgb, o, rows_of(scene.prims.color.reshape(-1, 3), flat))
         refl[o] = scene.prims.reflectance.reshape(-1)[flat]
         _facade_windows(scene, points, prim, o, mat, rgb, refl, normals)
     return normals, mat, rgb, refl
@@ -350,18 +352,18 @@ def _shade(scene: Scene, grid: CameraGrid, t, prim, rng, shadowing: np.ndarray) 
     prim_f, t_f = prim.ravel(), t.ravel()
     out = np.empty((height * width, 3), dtype=np.float32)
     sky = np.flatnonzero(prim_f == HIT_NONE)
-    w_sky = grid.w_sky[sky][:, None]
-    out[sky] = light.horizon * (1 - w_sky) + light.zenith * w_sky
+    w_sky = np.take(grid.w_sky, sky)[:, None]
+    put_rows(out, sky, (light.horizon * (1 - w_sky) + light.zenith * w_sky).astype(np.float32))
     hit = np.flatnonzero(prim_f != HIT_NONE)
     p_idx = prim_f[hit]
     f32 = np.float32
     # float32 from here on: colours need no more, and it halves the memory traffic.
-    d = grid.d32[hit]  # [Nh, 3]
+    d = rows_of(grid.d32, hit)  # [Nh, 3]
     th = t_f[hit].astype(f32)
     pts = grid.origin.astype(f32) + d * th[:, None]
     normals, mat, rgb, _refl = surface(scene, pts, p_idx)
-    d_len = grid.d_len[hit]
-    view = grid.view[hit]
+    d_len = np.take(grid.d_len, hit)
+    view = rows_of(grid.view, hit)
     n_dot_v = np.einsum("ij,ij->i", normals, view)
     normals[n_dot_v < 0] *= -1  # seen from behind (thin parts): light the visible side
     # Texture: value noise on a per-material cell grid, so asphalt, grass and leaves look grainy.
@@ -377,16 +379,16 @@ def _shade(scene: Scene, grid: CameraGrid, t, prim, rng, shadowing: np.ndarray) 
     shiny = np.flatnonzero(spec_k > 0)
     spec = np.zeros(len(hit), dtype=f32)
     if len(shiny):
-        half = sun + view[shiny]
+        half = sun + rows_of(view, shiny)
         half /= np.sqrt(np.einsum("ij,ij->i", half, half))[:, None]
-        n_dot_h = np.clip(np.einsum("ij,ij->i", normals[shiny], half), 0, 1)
+        n_dot_h = np.clip(np.einsum("ij,ij->i", rows_of(normals, shiny), half), 0, 1)
         spec[shiny] = spec_k[shiny] * n_dot_h**40 * f32(light.sun_strength)
     col = rgb * (tex * shade + MATERIAL_EMISSION.astype(f32)[mat])[:, None] + spec[:, None]
     g = np.flatnonzero(p_idx == HIT_GROUND)
     if len(g) and shadowing.any():
         col[g] *= _contact_shadow(scene.boxes[shadowing], pts[g])[:, None]
     haze = (f32(1.0) - np.exp(-(th * d_len) * f32(1.0 / light.haze_m)))[:, None]
-    out[hit] = col * (f32(1.0) - haze) + light.horizon.astype(f32) * haze
+    put_rows(out, hit, col * (f32(1.0) - haze) + light.horizon.astype(f32) * haze)
     img = np.clip(out.reshape(height, width, 3) * (255.0 * light.exposure) + 0.5, 0, 255).astype(np.uint8)
     from PIL import Image, ImageFilter
 
