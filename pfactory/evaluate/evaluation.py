@@ -224,15 +224,16 @@ def open_raw(data: Path, raw: Path | Literal[False] | None) -> tuple[Any, str | 
 
     `raw` None: the root its manifest names (`source.root`, relative to the working directory as prepare was
     given it); when that data is gone, cannot be opened, is on object storage, or its content hash differs
-    from `source.sha256` (recomputed: every file is read once), the note says so and the result is None
-    (the evaluation itself needs only the shards). An explicit `raw` (`--raw`) must open as the manifest's
-    layout (`EvaluateInputError` otherwise, before any work); a content hash that differs is noted, and the
-    files are still written from it."""
+    from `source.sha256`, the note says so and the result is None (the evaluation itself needs only the shards).
+    The content hash is `checked_source_digest`'s: every file is read again unless the listing (names, sizes,
+    modification times) is one whose digest prepare or an earlier check remembered. An explicit `raw` (`--raw`)
+    must open as the manifest's layout (`EvaluateInputError` otherwise, before any work); a content hash that
+    differs is noted, and the files are still written from it."""
     from pfactory.config import plugins
     from pfactory.evaluate.inputs import EvaluateInputError
     from pfactory.prepare.shards import open_prepared
     from pfactory.sensors.datasets import open_dataset, reader_class
-    from pfactory.sensors.digest import source_digest
+    from pfactory.sensors.digest import checked_source_digest
     from pfactory.sensors.errors import DatasetError
     from pfactory.storage.objects import is_url
 
@@ -251,7 +252,7 @@ def open_raw(data: Path, raw: Path | Literal[False] | None) -> tuple[Any, str | 
                 f"{raw}: the raw {title} dataset the data was prepared from ({where}: source.layout {layout!r}), "
                 f"to write the benchmark's result files (--raw): {e}"
             ) from None
-        got = source_digest(dataset)
+        got, _ = checked_source_digest(dataset)
         note = (
             None
             if got == want
@@ -275,7 +276,7 @@ def open_raw(data: Path, raw: Path | Literal[False] | None) -> tuple[Any, str | 
         dataset = open_dataset(Path(root), layout=layout)
     except (DatasetError, plugins.PluginError) as e:
         return None, f"the raw data {root} named by {where} cannot be opened ({e}): no benchmark result files"
-    got = source_digest(dataset)
+    got, _ = checked_source_digest(dataset)
     if got != want:
         return None, (
             f"the raw data {root} has changed since {where} was prepared (content sha256 {got[:12]}, recorded "

@@ -72,6 +72,7 @@ def configure_environment(root: str | Path | None = None) -> Path:
         "TORCHINDUCTOR_CACHE_DIR": str(state / "inductor"),
         "PFK_NATIVE_CACHE_DIR": str(state / "native"),  # the C kernels' builds (kernels/native.py)
         "PFACTORY_EXPORT_CACHE_DIR": str(state / "onnx-export"),  # traced graphs (inference/export_cache.py)
+        "PFACTORY_DIGEST_CACHE_DIR": str(state / "digests"),  # raw data's content digests (sensors/digest.py)
         "MPLCONFIGDIR": str(state / "matplotlib"),
         # NumPy's OpenBLAS starts a thread per core and keeps them spinning after each call. The stages
         # parallelise with processes (synth's pool, Dask workers, DDP) and PyTorch / ONNX Runtime bring

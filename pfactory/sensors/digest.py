@@ -6,15 +6,28 @@ sorted by name); `tables_digest(dataset)`: the same over the files every frame d
 `frame_id \t hash_frame` line, in check order, then `tables \t <tables_digest>` -- what prepare computes while it
 reads, recomputed (evaluate's check that the raw data a manifest names is unchanged). Names are the dataset's own
 (KITTI `velodyne/000001.bin`), so the hash does not depend on where the dataset lives or on symlinks.
+
+`checked_source_digest(dataset)`: `source_digest` without reading the files again when nothing changed, DVC's
+own trust model: a digest cache (`$PFACTORY_DIGEST_CACHE_DIR`, the project's `artifacts/.state/digests/`) maps a
+listing fingerprint (`listing_fingerprint`: the dataset's folder and, for every file the digest reads, its name,
+size and modification time, from `stat` alone) to the content digest computed from exactly those files -- by
+prepare as it read them (`remember_digest`) or by an earlier full recompute. Rewriting, adding, removing or
+renaming a file changes the fingerprint and the files are read again; a rewrite that keeps a file's size and
+modification time (`touch -r`, a clock set back) goes unnoticed, as in DVC.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pfactory.storage.fsutil import sha256_bytes, sha256_file
+from pfactory.storage.fsutil import atomic_write_text, sha256_bytes, sha256_file
+
+DIGEST_CACHE_ENV = "PFACTORY_DIGEST_CACHE_DIR"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def hash_frame(files: list[tuple[str, Path]], known: dict[Path, bytes] | None = None) -> str:
@@ -46,3 +59,71 @@ def source_digest(dataset: Any, progress: Callable[[int, int], None] | None = No
         if progress is not None:
             progress(i + 1, len(ids))
     return sha256_bytes(("\n".join(digests) + f"\ntables\t{tables_digest(dataset)}").encode())
+
+
+def listing_fingerprint(dataset: Any) -> str | None:
+    """sha256 over `dataset.root` (resolved) and `frame id \t name \t size \t mtime_ns` of every file
+    `source_digest` reads, in its order, then the shared files: `stat` only, no content. None when a file
+    cannot be stat'ed (gone meanwhile): nothing is trusted then."""
+    lines = [str(Path(dataset.root).resolve())]
+    try:
+        for fid in dataset.check_ids():
+            for name, p in sorted(dataset.frame_files(fid)):
+                st = os.stat(p)
+                lines.append(f"{fid}\t{name}\t{st.st_size}\t{st.st_mtime_ns}")
+        for name, p in sorted(dataset.shared_files()):
+            st = os.stat(p)
+            lines.append(f"tables\t{name}\t{st.st_size}\t{st.st_mtime_ns}")
+    except OSError:
+        return None
+    return sha256_bytes("\n".join(lines).encode())
+
+
+def _cache_dir(cache_dir: str | os.PathLike[str] | None) -> Path | None:
+    folder = cache_dir if cache_dir is not None else os.environ.get(DIGEST_CACHE_ENV)
+    return Path(folder) if folder else None
+
+
+def remembered_digest(fingerprint: str, cache_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """The content digest remembered for `fingerprint` (`listing_fingerprint`), None when there is none (or no
+    cache: `cache_dir` None and `$PFACTORY_DIGEST_CACHE_DIR` unset)."""
+    folder = _cache_dir(cache_dir)
+    if folder is None:
+        return None
+    try:
+        digest = (folder / fingerprint).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return digest if _SHA256.fullmatch(digest) else None
+
+
+def remember_digest(fingerprint: str, digest: str, cache_dir: str | os.PathLike[str] | None = None) -> bool:
+    """Remember that the files listed by `fingerprint` have content digest `digest` (atomic write); False when
+    there is no cache or it cannot be written (nothing breaks: the next check reads the files)."""
+    folder = _cache_dir(cache_dir)
+    if folder is None or not _SHA256.fullmatch(digest):
+        return False
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(folder / fingerprint, digest + "\n")
+    except OSError:
+        return False
+    return True
+
+
+def checked_source_digest(
+    dataset: Any,
+    progress: Callable[[int, int], None] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> tuple[str, bool]:
+    """`(source_digest(dataset), read)`: the digest remembered for the dataset's current listing (`read` False),
+    else recomputed from every file (`read` True) and remembered when the listing did not change meanwhile."""
+    before = listing_fingerprint(dataset) if _cache_dir(cache_dir) is not None else None
+    if before is not None:
+        known = remembered_digest(before, cache_dir)
+        if known is not None:
+            return known, False
+    digest = source_digest(dataset, progress)
+    if before is not None and listing_fingerprint(dataset) == before:
+        remember_digest(before, digest, cache_dir)
+    return digest, True
