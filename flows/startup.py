@@ -74,11 +74,14 @@ def seed_prefect_database(db: Path) -> bool:
     when `db` exists or this Prefect version has no snapshot: Prefect then migrates as usual. The database is
     built beside `db` and linked into place only while `db` is still absent (another process creating it first
     wins)."""
+    from pfactory.storage.fsutil import remove_stale_temps, temp_sibling
+
     snap = _schema_snapshot()
     if snap is None or db.exists():
         return False
     db.parent.mkdir(parents=True, exist_ok=True)
-    tmp = db.with_name(f".{db.name}.{os.getpid()}.seed")
+    remove_stale_temps(db)  # a seed killed mid-way
+    tmp = temp_sibling(db)
     try:
         with contextlib.closing(sqlite3.connect(tmp)) as con:
             con.executescript(snap.read_text(encoding="utf-8"))

@@ -161,6 +161,17 @@ def test_the_schema_snapshot_is_what_prefects_migrations_create(tmp_path: Path) 
     assert [t for t in want if got[t] != want[t]] == []
 
 
+@pytest.mark.skipif(_schema_snapshot() is None, reason="this Prefect version has no schema snapshot")
+def test_seeding_leaves_no_temporary_file_and_clears_a_killed_seeds(tmp_path: Path) -> None:
+    folder = tmp_path / "seeded"
+    folder.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that is gone: its temporary file is debris
+    (folder / f".prefect.db.{dead.pid}-0badf00d.tmp").write_text("half a database")
+    db = _seeded(tmp_path)
+    assert sorted(p.name for p in folder.iterdir()) == [db.name]
+
+
 def test_seeding_never_replaces_a_database_and_needs_a_snapshot(tmp_path: Path, monkeypatch) -> None:
     import flows.startup as startup
 
