@@ -24,7 +24,7 @@ from typing import Any, overload
 import numpy as np
 
 from pfactory.metrics.detection import FrameDetections
-from pfactory.metrics.matching import FlatBoxes
+from pfactory.metrics.matching import FlatBoxes, flat_rows
 
 BOX_COLUMNS = ("x", "y", "z", "l", "w", "h", "yaw")
 
@@ -98,12 +98,8 @@ class SplitBoxes:
         lookup = np.array([list(classes).index(v) if v in classes else -1 for v in self.vocab], np.int64)
         counts = self.counts
         cls = lookup[self.codes] if len(self.codes) else np.zeros(0, np.int64)
-        keep = cls >= 0
-        box = np.arange(len(self.codes), dtype=np.int64) - np.repeat(self.starts[:-1], counts)
         score = self.scores if self.scores is not None else np.zeros(len(self.codes))
-        return FlatBoxes(
-            np.repeat(fmap, counts)[keep], cls[keep], self.boxes[keep], score[keep], box[keep], index
-        )
+        return flat_rows(np.repeat(fmap, counts), cls, self.boxes, score, counts, index)
 
     def frame(self, i: int) -> FrameDetections:
         """Frame `i` as a `FrameDetections` (boxes and scores are views of the columns)."""
