@@ -21,7 +21,10 @@ A built detector offers (checked by `check_detector` when it is built, one line 
                    ops from padded sensor inputs to decoded boxes, what the optimize stage exports
 `deploy_inputs` is a prefix of `DEPLOY_INPUTS`: (points, num_points) for a lidar-only model, all four for a
 camera model. Optional hooks: `for_export()` -> a copy in the export's formulation (default: the detector
-itself), `for_compile()` -> converts in place for torch.compile (default: nothing). Custom ops a detector
+itself), `for_compile()` -> converts in place for torch.compile (default: nothing), `int8_float_modules`
+-> a tuple of module paths (fnmatch patterns; a module covers its children) that INT8 never quantizes,
+for layers whose inputs are too fine for 8 bits (centimetre-scale point moments), added to
+`optimize.int8.exclude_nodes` (`int8_float_modules(model)`; default: none). Custom ops a detector
 brings are registered by its own modules when `build` imports them (`torch.library`); under ONNX export
 they must decompose to standard ops, as the factory's kernels do (DESIGN.md §6).
 
@@ -156,6 +159,7 @@ def check_detector(model: Any) -> None:
     for method in ("forward", "loss", "decode", "forward_export"):
         if not callable(getattr(model, method)):
             raise ContractError(f"{type(model).__name__}.{method} is not callable")
+    int8_float_modules(model)
 
 
 def for_export(model: nn.Module) -> nn.Module:
@@ -170,6 +174,16 @@ def for_compile(model: nn.Module) -> nn.Module:
     if callable(hook):
         hook()
     return model
+
+
+def int8_float_modules(model: Any) -> tuple[str, ...]:
+    """The detector's `int8_float_modules` (module docstring); ContractError when it is not strings."""
+    value = getattr(model, "int8_float_modules", ())
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise ContractError(
+            f"{type(model).__name__}.int8_float_modules must be a tuple of module paths, got {value!r}"
+        )
+    return tuple(value)
 
 
 def batch_inputs(model: Any, batch: Mapping[str, Any]) -> list[Any]:

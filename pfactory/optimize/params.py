@@ -59,6 +59,10 @@ class ParityTolerance(Section):
     scores_p99_atol: OptionalTol = None
     """Largest 99th percentile of |score diff| over matched confident detections (a percentile: one
     near-tied peak is not a defect, a shifted score distribution is)."""
+    min_heading_agreement: Fraction | None = None
+    """Smallest share of matched confident detections whose heading stayed within 0.5 rad
+    (`parity.HEADING_TURNED_RAD`): an artifact that turns headings keeps its boxes and scores, and only
+    this (and the evaluate stage's AOE) sees it. Judged with its support, like the match rates."""
 
 
 def _fp32_tolerance() -> ParityTolerance:
@@ -103,7 +107,9 @@ def _int8_tolerance() -> ParityTolerance:
     # widened twice to let runs pass (scores atol 0.1 -> 0.25, match 0.8 -> 0.75), which made them
     # machine-dependent noise detectors. INT8's accuracy gate is the KPI delta vs PyTorch from the
     # evaluate stage (promote.parity_*). Measured values: docs/OPTIMIZE.md, "INT8".
-    return ParityTolerance(min_agreement=0.95, scores_p99_atol=0.06, repeat_atol=0.0)
+    # Headings: a quantized heading head (centerpoint_lidar's point heading, 2026-12-05) turned a third of
+    # the pedestrians' headings while every box and score gate passed (AOE 0.59 -> 1.35).
+    return ParityTolerance(min_agreement=0.95, scores_p99_atol=0.06, repeat_atol=0.0, min_heading_agreement=0.95)
 
 
 class ParityParams(Section):

@@ -28,7 +28,9 @@ How outputs are compared (docs/OPTIMIZE.md, "Parity"):
   even when one run happens to land close to PyTorch;
 - agreement (`detection_agreement`, the robust view INT8 is gated on): the same matching restricted to
   confident detections (score >= `agreement_score_threshold`, 0.3), their match rate, and quantiles of
-  the matched-score |diff| and BEV centre distance (p50/p95/p99/max). A percentile, not the worst
+  the matched-score |diff|, BEV centre distance and |yaw diff| (p50/p95/p99/max); the heading agreement:
+  the share of matched confident detections whose heading stayed within `HEADING_TURNED_RAD` (a layer
+  that turns headings keeps every box and score, and only this sees it). A percentile, not the worst
   element: one near-threshold peak that INT8 moves by 0.2 is noise, many are a defect.
 
 Rates are judged with their support (`judge_rate`): a match rate k/n (n = max(#reference, #candidate)) is
@@ -127,6 +129,10 @@ def _quantiles(x: list[float] | np.ndarray) -> dict[str, float | None]:
     return {"p50": p50, "p95": p95, "p99": p99, "max": float(a.max())}
 
 
+HEADING_TURNED_RAD = 0.5
+"""A matched detection whose |yaw diff| (wrapped) exceeds this (~29 degrees) has its heading turned."""
+
+
 def detection_agreement(
     reference: Sequence[Outputs],
     candidate: Sequence[Outputs],
@@ -137,7 +143,9 @@ def detection_agreement(
 
     Out: {"score_threshold", "frames", "reference_detections", "candidate_detections", "matched",
     "match_rate" (matched / max(#ref, #cand): a missed or an extra confident detection both count),
-    "scores_abs_diff" {p50, p95, p99, max} over matched pairs, "centre_distance_m" {p50, p95, p99, max}}.
+    "scores_abs_diff" {p50, p95, p99, max} over matched pairs, "centre_distance_m" and "yaw_abs_diff" (rad,
+    wrapped) likewise, "headings_kept" (matched pairs with |yaw diff| <= `HEADING_TURNED_RAD`) and
+    "heading_agreement" (headings_kept / matched; 1.0 when nothing matched)}.
     Matching as `match_detections` (same label, BEV centre within `match_distance_m`), so two
     runtimes that swap the rank of near-tied peaks agree.
     """
@@ -146,6 +154,7 @@ def detection_agreement(
     n_ref = n_cand = n_matched = frames = 0
     sdiff: list[float] = []
     dist: list[float] = []
+    ydiff: list[float] = []
     for r, c in zip(reference, candidate):
         for b in range(r["scores"].shape[0]):
             frames += 1
@@ -158,6 +167,8 @@ def detection_agreement(
             for i, j in pairs:
                 sdiff.append(abs(float(cs[j]) - float(rs[i])))
                 dist.append(float(np.hypot(*(cb[j, :2].astype(np.float64) - rb[i, :2]))))
+                ydiff.append(abs(math.remainder(float(cb[j, 6]) - float(rb[i, 6]), 2 * math.pi)))
+    kept = sum(d <= HEADING_TURNED_RAD for d in ydiff)
     return {
         "score_threshold": score_threshold,
         "frames": frames,
@@ -167,6 +178,9 @@ def detection_agreement(
         "match_rate": 1.0 if max(n_ref, n_cand) == 0 else n_matched / max(n_ref, n_cand),
         "scores_abs_diff": _quantiles(sdiff),
         "centre_distance_m": _quantiles(dist),
+        "yaw_abs_diff": _quantiles(ydiff),
+        "headings_kept": kept,
+        "heading_agreement": 1.0 if not ydiff else kept / len(ydiff),
     }
 
 
@@ -502,6 +516,10 @@ def rate_verdicts(
         n = max(int(agree["reference_detections"]), int(agree["candidate_detections"]))
         name = f"agreement.match_rate (score >= {agree['score_threshold']:g})"
         out.append(judge_rate(name, int(agree["matched"]), n, tol.min_agreement, ms, cf))
+    if agree is not None and tol.min_heading_agreement is not None and "headings_kept" in agree:
+        name = f"agreement.heading (|yaw diff| <= {HEADING_TURNED_RAD:g} rad, score >= {agree['score_threshold']:g})"
+        kept, n = int(agree["headings_kept"]), int(agree["matched"])
+        out.append(judge_rate(name, kept, n, tol.min_heading_agreement, ms, cf))
     if tol.min_match_rate is not None:
         n = max(int(metrics["reference_detections"]), int(metrics["candidate_detections"]))
         out.append(judge_rate("match_rate", int(metrics["matched"]), n, tol.min_match_rate, ms, cf))

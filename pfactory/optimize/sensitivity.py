@@ -14,7 +14,10 @@ Error of a candidate (`error_of`): on the calibration frames, against the same f
 Runtime FP32, the confident-detection agreement (`parity.detection_agreement`): (1 - match rate) + 99th
 percentile of |score diff| over matched detections. Two numbers a user of the detections sees, on the
 scale the parity gate uses, summed so a layer that drops detections and one that shifts scores rank on
-one axis. A dense output error (logit RMSE) was tried first and missed what matters: quantizing the
+one axis. Each trial also records the heading agreement (matched detections whose heading stayed within
+0.5 rad): reported, not selected on. Layers whose inputs are too fine for 8 bits are the architecture's to
+name (`int8_float_modules` of the detector contract, joined to `exclude_nodes`), and the held-out parity
+gate (`min_heading_agreement`) and promote's AOE-delta gate refuse an artifact that turns headings. A dense output error (logit RMSE) was tried first and missed what matters: quantizing the
 heatmap conv alone moved the logits least of all layers (RMSE 0.013) yet cost Car AP@2m 0.9 points, by
 coarsening the logits into ties that the max-pool peak extraction turns into duplicate detections --
 which the match rate counts (docs/OPTIMIZE.md, "Sensitivity").
@@ -59,7 +62,7 @@ from pfactory.optimize.ort_backend import (
     quantizable_layers,
     quantize_layers,
 )
-from pfactory.optimize.params import Int8Params
+from pfactory.optimize.params import Int8Params, SensitivityParams
 from pfactory.optimize.parity import detection_agreement
 
 Outputs = dict[str, np.ndarray]
@@ -78,16 +81,17 @@ def _summary(agreement: dict[str, Any]) -> dict[str, Any]:
         "match_rate": round(float(agreement["match_rate"]), 6),
         "scores_p99": agreement["scores_abs_diff"]["p99"],
         "scores_max": agreement["scores_abs_diff"]["max"],
+        "heading_agreement": round(float(agreement.get("heading_agreement", 1.0)), 6),
         "matched": agreement["matched"],
         "reference_detections": agreement["reference_detections"],
         "candidate_detections": agreement["candidate_detections"],
     }
 
 
-def meets(summary: dict[str, Any], target_agreement: float, target_scores_p99: float) -> bool:
-    """True when a trial's summary meets the sensitivity targets."""
+def meets(summary: dict[str, Any], sp: SensitivityParams) -> bool:
+    """True when a trial's summary meets the sensitivity targets of `sp`."""
     p99 = summary["scores_p99"] if summary["scores_p99"] is not None else 0.0
-    return summary["match_rate"] >= target_agreement and p99 <= target_scores_p99
+    return summary["match_rate"] >= sp.target_agreement and p99 <= sp.target_scores_p99
 
 
 def greedy_select(
@@ -109,7 +113,7 @@ def greedy_select(
     """
     sp = params.sensitivity
     names = [layer.name for layer in layers]
-    if all_quantized is not None and meets(all_quantized, sp.target_agreement, sp.target_scores_p99):
+    if all_quantized is not None and meets(all_quantized, sp):
         return {
             "layers": [layer.to_json() for layer in layers],
             "greedy": [{"kept_float": [], **all_quantized, "met": True}],
@@ -135,7 +139,7 @@ def greedy_select(
     while True:
         quantized = [n for n in names if n not in kept]
         s = all_quantized if (not kept and all_quantized is not None) else trial(quantized)
-        ok = meets(s, sp.target_agreement, sp.target_scores_p99)
+        ok = meets(s, sp)
         steps.append({"kept_float": list(kept), **s, "met": ok})
         if ok or len(kept) >= cap:
             break
@@ -407,7 +411,7 @@ def _select(layers: Sequence[Layer], trials: _Trials, all_quantized: dict[str, A
                 return trials(quantized, sp.profile_frames)
 
         return greedy_select(layers, trials, params, all_quantized=all_quantized, profile_trial=profile_trial)
-    ok = meets(all_quantized, sp.target_agreement, sp.target_scores_p99)
+    ok = meets(all_quantized, sp)
     return {
         "layers": [layer.to_json() for layer in layers],
         "greedy": [{"kept_float": [], **all_quantized, "met": ok}],

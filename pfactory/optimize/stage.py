@@ -187,15 +187,30 @@ def _plan(
     )  # fmt: skip
 
 
+def with_float_modules(opt: OptimizeParams, model: Any) -> OptimizeParams:
+    """`opt` with the detector's `int8_float_modules` (the contract's hook) added to `int8.exclude_nodes`
+    after the user's own patterns (every INT8 build, ORT and TensorRT, reads `opt.int8`); `opt` itself as it
+    is when the detector names none."""
+    from pfactory.detectors.contract import int8_float_modules
+
+    keep = [m for m in int8_float_modules(model) if m not in opt.int8.exclude_nodes]
+    if not keep:
+        return opt
+    int8 = opt.int8.model_copy(update={"exclude_nodes": [*opt.int8.exclude_nodes, *keep]})
+    return opt.model_copy(update={"int8": int8})
+
+
 def _load(b: Build) -> None:
     """The trained model, the held-out (parity) frames, their camera count checked against the model's, and
-    the previous output's TensorRT timing cache (if any) into `b`."""
+    the previous output's TensorRT timing cache (if any) into `b`; the detector's `int8_float_modules`
+    joined to `b.opt.int8.exclude_nodes` (the detector contract's hook)."""
     from pfactory.detectors.io import load_model
     from pfactory.optimize import manifest as mf
     from pfactory.optimize.calibration import load_feeds
 
     opt = b.opt
     b.model, b.model_config = load_model(b.model_dir, map_location="cpu")
+    b.opt = opt = with_float_modules(opt, b.model)
     b.held = load_feeds(b.data, opt.parity.split, opt.parity.batch_size, opt.parity.frames, opt.num_threads)
     b.cameras = int(b.held.feeds[0]["images"].shape[1])
     if b.model_config.get("cameras") and len(b.model_config["cameras"]) != b.cameras:

@@ -167,13 +167,18 @@ def parity_summary(parity: Mapping[str, Any], source: str) -> dict[str, Any]:
 
 def delta_summary(delta: Any, source: str) -> dict[str, Any] | None:
     """kpis.json "delta" (optimized - PyTorch on the same frames) condensed: {"mAP", "classes": {C: {th:
-    AP delta}}, "by_range": {bucket: mAP delta}, "by_range_classes": {bucket: {C: mean AP delta}}}; None
+    AP delta}}, "aoe": {C: AOE delta, rad}, "by_range": {bucket: mAP delta}, "by_range_classes": {bucket:
+    {C: mean AP delta}}}; None
     when evaluate ran without the reference. A null delta (a class or bucket without ground truth in the
     evaluated frames) is left out."""
     if not isinstance(delta, Mapping) or "mAP" not in delta:
         return None
-    out: dict[str, Any] = {"mAP": _number(delta, "mAP", source, "delta."), "classes": {}, "by_range": {}}
+    out: dict[str, Any] = {
+        "mAP": _number(delta, "mAP", source, "delta."), "classes": {}, "aoe": {}, "by_range": {}
+    }  # fmt: skip
     for name, c in (delta.get("classes") or {}).items():
+        if isinstance(c, Mapping) and c.get("aoe") is not None:
+            out["aoe"][str(name)] = _number(c, "aoe", source, f"delta.classes.{name}.")
         ap = c.get("ap") if isinstance(c, Mapping) else None
         if not isinstance(ap, Mapping):
             raise EvidenceError(

@@ -15,6 +15,9 @@ Gates (params.promote):
 - `parity_map_delta`          |mAP(optimized) - mAP(PyTorch)| <= parity_map_tolerance (absolute)
 - `parity_class_ap_delta/<C>` per class, |AP@parity_class_ap_distance_m(optimized) - AP(PyTorch)|
                               <= parity_class_ap_tolerance (absolute)
+- `parity_class_aoe_delta/<C>` per class, AOE(optimized) - AOE(PyTorch) <= parity_class_aoe_tolerance
+                              + pi / (the class's ground-truth count): one turned heading (absolute,
+                              one-sided: worse headings; a class without a true positive has no AOE, no gate)
 - `parity_range_map_delta/<B>` per range bucket, |mAP(optimized) - mAP(PyTorch)| <= parity_range_map_tolerance
 - `parity_agreement`          confident-detection match rate k/n of the primary artifact vs PyTorch
                               (parity.json) >= min_parity_agreement (absolute), judged with its support:
@@ -43,6 +46,7 @@ fraction of the tolerance, and a loss spread over several objects or classes is 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -245,6 +249,14 @@ def _parity_gates(params: PromoteParams, candidate: Evidence) -> list[Gate]:
         else:
             allowance = _allowance({name: value}, counts, 1)
             gates.append(_delta_gate(gname, abs(value), params.parity_class_ap_tolerance, allowance, what))
+    for name, value in (delta or {}).get("aoe", {}).items():
+        n = counts.get(name, 0)
+        worse = max(value, 0.0)
+        allowance = (min(math.pi / n, worse), f"one {name} heading of {n}") if n else (0.0, "")
+        what = f"{name} AOE(optimized) - AOE(PyTorch) (rad)"
+        gates.append(
+            _delta_gate(f"parity_class_aoe_delta/{name}", value, params.parity_class_aoe_tolerance, allowance, what)
+        )
     support = candidate.kpis.get("by_range_num_gt") or {}
     for bucket, value in (delta or {}).get("by_range", {}).items():
         bucket_counts = support.get(bucket) or {}

@@ -111,6 +111,24 @@ def test_check_detector_names_the_missing_part() -> None:
     Half.inputs = ("points", "lidar_bev")
     with pytest.raises(ContractError, match=r"inputs = .*lidar_bev"):
         check_detector(Half())
+    Half.inputs = ("points", "num_points")
+    Half.int8_float_modules = "head"  # a string, not a tuple of module paths
+    with pytest.raises(ContractError, match="int8_float_modules must be a tuple of module paths"):
+        check_detector(Half())
+
+
+def test_an_architectures_int8_float_modules_join_the_excluded_nodes() -> None:
+    """centerpoint_lidar names its point heading (centimetre-scale moments), a module it has; a detector
+    without the hook names nothing."""
+    from pfactory.archs.centerpoint_lidar.params import CenterPointLidarParams
+    from pfactory.detectors.contract import DataSpec, int8_float_modules
+    from pfactory.detectors.registry import build
+
+    spec = DataSpec(("Car", "Pedestrian"), (0.0, -8.0, -3.0, 16.0, 8.0, 1.0))
+    model = build("centerpoint_lidar", CenterPointLidarParams(), spec)
+    assert int8_float_modules(model) == ("point_heading",)
+    assert any(name.startswith("point_heading.") for name, _ in model.named_modules())
+    assert int8_float_modules(object()) == ()
 
 
 def test_architecture_params_may_not_declare_data_facts() -> None:

@@ -19,6 +19,30 @@ def test_wilson_interval_matches_the_textbook_values() -> None:
     assert wilson_interval(0, 0, 0.95) == (0.0, 1.0)
 
 
+def test_turned_headings_are_refused_with_their_support() -> None:
+    """Every box and score the same, but the heading of 20 of 60 confident detections turned by pi (what a
+    quantized heading head did): the INT8 gate refuses it, naming the heading agreement; 1 of 60 turned
+    passes, and 2 of 3 is too few to judge."""
+    params, tol = ParityParams(), ParityParams().int8
+    ref = _frames(60, 60)
+    for turned, refused in ((20, True), (1, False)):
+        cand = [{k: v.copy() for k, v in o.items()} for o in ref]
+        for o in cand[:turned]:
+            o["boxes"][0, 0, 6] += np.pi
+        failures = gate(compare_outputs(ref, cand, params, tol), tol)
+        if refused:
+            assert failures == [
+                "agreement.heading (|yaw diff| <= 0.5 rad, score >= 0.3) = 40/60 = 0.6667: Wilson 95% upper "
+                "bound 0.7727 < 0.95 (n=60)"
+            ]
+        else:
+            assert failures == []
+    few = _frames(3, 3)
+    cand = [{k: v.copy() for k, v in o.items()} for o in few]
+    cand[0]["boxes"][0, 0, 6] += 1.0
+    assert gate(compare_outputs(few, cand, params, tol), tol) == []
+
+
 def _frames(confident: int, frames: int) -> list[dict[str, np.ndarray]]:
     """`frames` frames of one confident detection each up to `confident`, spread 5 m apart; clutter below 0.3."""
     out = []
@@ -49,7 +73,8 @@ def test_two_of_three_confident_detections_are_too_few_to_judge_forty_of_sixty_f
     assert (a["matched"], max(a["reference_detections"], a["candidate_detections"])) == (2, 3)
     assert gate(m, tol) == []
     report = parity_report({"onnxruntime/int8": {"precision": "int8", "metrics": m}}, params, ["f"] * 16, "t")
-    (rate,) = report["artifacts"]["onnxruntime/int8"]["rates"]
+    rate, heading = report["artifacts"]["onnxruntime/int8"]["rates"]
+    assert heading["text"].startswith("agreement.heading") and heading["passed"]  # 2 of 2 matched kept
     assert rate["text"] == "agreement.match_rate (score >= 0.3) = 2/3 = 0.6667, n=3 < 10: too few to judge"
     assert not rate["judged"] and rate["passed"] and report["passed"]
     assert "Wilson score interval" in report["rate_rule"] and "n >= 10" in report["rate_rule"]
@@ -89,6 +114,25 @@ def test_a_wrong_scale_int8_artifact_is_still_refused(int8_bench, tmp_path) -> N
     m = compare_outputs(reference, out, params, tol, repeat=[runner.run(f) for f in tiny["held_out"]])
     failures = gate(m, tol)
     report = parity_report({"onnxruntime/int8": {"precision": "int8", "metrics": m}}, params, ["f"], "t")
-    (rate,) = report["artifacts"]["onnxruntime/int8"]["rates"]
+    rate = report["artifacts"]["onnxruntime/int8"]["rates"][0]
     assert rate["judged"] and rate["n"] >= 30, rate  # enough support: judged, not waved through
     assert failures and any(f.startswith("agreement.") for f in failures), (weight, failures, m["agreement"])
+
+
+def test_the_architectures_float_modules_join_the_int8_exclusions() -> None:
+    """The optimize stage reads a detector's `int8_float_modules` (centerpoint_lidar: its point heading)
+    into `int8.exclude_nodes` before any INT8 build (`_load`), after the user's own patterns."""
+    from pfactory.archs.centerpoint_lidar.params import CenterPointLidarParams
+    from pfactory.detectors.contract import DataSpec
+    from pfactory.detectors.registry import build
+    from pfactory.optimize.params import OptimizeParams
+    from pfactory.optimize.stage import with_float_modules
+
+    spec = DataSpec(("Car", "Pedestrian"), (0.0, -8.0, -3.0, 16.0, 8.0, 1.0))
+    model = build("centerpoint_lidar", CenterPointLidarParams(), spec)
+    opt = OptimizeParams(int8={"exclude_nodes": ["heads.0.*"]})
+    assert with_float_modules(opt, model).int8.exclude_nodes == ["heads.0.*", "point_heading"]
+    assert opt.int8.exclude_nodes == ["heads.0.*"]  # the params object itself is untouched
+    off = build("centerpoint_lidar", CenterPointLidarParams(refine_point_heading=False), spec)
+    assert with_float_modules(OptimizeParams(), object()) == OptimizeParams()
+    assert with_float_modules(opt, off).int8.exclude_nodes == ["heads.0.*", "point_heading"]  # declared by the class: an unmatched pattern then (sensitivity.json records it)

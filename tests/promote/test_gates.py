@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -31,6 +32,7 @@ def test_absolute_gates_pass_and_report_margins(evidence_dirs) -> None:
     assert set(gates) == {
         "min_map", "p99_latency_ms", "optimize_parity", "parity_map_delta", "parity_agreement",
         "parity_scores_p99", *(f"parity_class_ap_delta/{c}" for c in classes),
+        *(f"parity_class_aoe_delta/{c}" for c in classes if kpis["delta"]["classes"][c].get("aoe") is not None),
         *(f"parity_range_map_delta/{b}" for b in buckets),
     }  # fmt: skip
     assert not failed(gates.values())
@@ -225,3 +227,26 @@ def test_kitti_metrics_gate_promotion(evidence_dirs) -> None:
     assert "FAILED by 0.1" in gates["kitti/Pedestrian/aos/easy"].detail
     with pytest.raises(ValueError, match="kitti/Car/3d/moderate"):
         promote_params(min_kitti={"kitti/Truck/3d/moderate": 0.5})
+
+
+def test_a_turned_heading_fails_the_aoe_delta_gate(evidence_dirs) -> None:
+    """The INT8 artifact that turned a third of the pedestrians' headings (AOE 0.59 -> 1.35, every box and
+    score gate passing) is refused by its class's AOE delta; within the tolerance it passes, better headings
+    pass (one-sided: the chance -0.096 of a class whose heading is not learned), and a class of few objects
+    gets one turned heading's worth (pi / N) on top."""
+    optimized, kpis_file, _ = evidence_dirs
+    doc = json.loads(kpis_file.read_text())
+    n = doc["classes"]["Pedestrian"]["num_gt"] = 142  # the default data's val pedestrians
+    for aoe, passed in ((0.76, False), (0.2, True), (-0.4, True)):
+        doc["delta"]["classes"]["Pedestrian"]["aoe"] = aoe
+        kpis_file.write_text(json.dumps(doc))
+        gates = {g.name: g for g in apply_gates(promote_params(), read_evidence(optimized, kpis_file), None)}
+        g = gates["parity_class_aoe_delta/Pedestrian"]
+        assert g.value == pytest.approx(aoe) and g.passed is passed, g.detail
+        assert g.threshold == pytest.approx(0.25 + min(max(aoe, 0.0), math.pi / n))
+    assert "Pedestrian AOE(optimized) - AOE(PyTorch) (rad)" in gates["parity_class_aoe_delta/Pedestrian"].detail
+    doc["classes"]["Pedestrian"]["num_gt"] = 2  # a quick look: one turned heading of two is worth pi / 2
+    doc["delta"]["classes"]["Pedestrian"]["aoe"] = 0.76
+    kpis_file.write_text(json.dumps(doc))
+    gates = {g.name: g for g in apply_gates(promote_params(), read_evidence(optimized, kpis_file), None)}
+    assert gates["parity_class_aoe_delta/Pedestrian"].passed
