@@ -115,6 +115,19 @@ def _scene(rng: np.random.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor
     return pts, torch.full((n,), pts.shape[1]), torch.tensor(boxes, dtype=torch.float32)[:, None]
 
 
+def _mirrored(points: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_scene`'s frames with every point mirrored along its box's heading as well (u -> -u: a face on both
+    sides): front and back look alike. -> (points [N, 2P, 4], num_points [N])."""
+    yaw = boxes[:, 0, 6]
+    c, s = torch.cos(yaw)[:, None], torch.sin(yaw)[:, None]
+    u = (points[..., 0] - boxes[..., 0]) * c + (points[..., 1] - boxes[..., 1]) * s
+    back = points.clone()
+    back[..., 0] -= 2 * u * c
+    back[..., 1] -= 2 * u * s
+    both = torch.cat([points, back], dim=1)
+    return both, torch.full((len(both),), both.shape[1])
+
+
 def test_the_refiner_learns_front_from_back_below_a_pillar() -> None:
     """Trained on 64 frames, the refiner tells front from back (the turn 0 versus pi) for >= 90 % of the
     held-out views; with the points mirrored front to back it cannot (<= 65 %, chance 50 %)."""
@@ -145,12 +158,5 @@ def test_the_refiner_learns_front_from_back_below_a_pillar() -> None:
     assert front_back_accuracy(vp, vn) >= 0.9
     # The same frames with every point mirrored along the heading too (u -> -u, a face on both sides):
     # front and back look alike, and the refiner does no better than chance (it may always pick one turn).
-    yaw = vb[:, 0, 6]
-    u = (vp[..., 0] - vb[..., 0]) * torch.cos(yaw)[:, None] + (vp[..., 1] - vb[..., 1]) * torch.sin(yaw)[
-        :, None
-    ]
-    back = vp.clone()
-    back[..., 0] -= 2 * u * torch.cos(yaw)[:, None]
-    back[..., 1] -= 2 * u * torch.sin(yaw)[:, None]
-    mirrored = torch.cat([vp, back], dim=1)
-    assert front_back_accuracy(mirrored, torch.full((32,), mirrored.shape[1])) <= 0.65
+    mirrored, num = _mirrored(vp, vb)
+    assert front_back_accuracy(mirrored, num) <= 0.65

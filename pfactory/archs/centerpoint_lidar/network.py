@@ -25,6 +25,13 @@ from torch import Tensor, nn
 from pfactory.archs.centerpoint_lidar.decode import decode
 from pfactory.archs.centerpoint_lidar.loss import detection_loss
 from pfactory.archs.centerpoint_lidar.params import CenterPointLidarParams, Geometry
+from pfactory.archs.centerpoint_lidar.point_heading import (
+    PointHeading,
+    heading_from_logits,
+    near_square,
+    point_heading_loss,
+    turn_by,
+)
 from pfactory.archs.centerpoint_lidar.refine import (
     TURNS,
     HeadingRefiner,
@@ -114,6 +121,7 @@ class CenterPointLidar(nn.Module):
 
     inputs = ("points", "num_points")
     deploy_inputs = ("points", "num_points")
+    int8_float_modules = ("point_heading",)  # centimetre-scale moments: 8 bits turn a third of the headings
 
     def __init__(self, p: CenterPointLidarParams, spec: DataSpec) -> None:
         super().__init__()
@@ -125,6 +133,7 @@ class CenterPointLidar(nn.Module):
         self.shared = conv_norm_act(self.backbone.out_channels, p.head_channels, p.norm_groups)
         self.heads = nn.ModuleList(GroupHead(p.head_channels, len(g), p) for g in self.geo.groups)
         self.refiner = HeadingRefiner(p, len(spec.classes), spec.pc_range) if p.refine else None
+        self.point_heading = PointHeading(p) if p.refine and p.refine_point_heading else None
 
     @property
     def max_detections(self) -> int:
@@ -133,7 +142,8 @@ class CenterPointLidar(nn.Module):
 
     def forward(self, points: Tensor, num_points: Tensor) -> dict[str, Tensor]:
         """points [B, P, 4], num_points [B] -> {"heatmap": [B, K, Ho, Wo], "reg": [B, G, R, Ho, Wo]} and, with
-        the refiner, "fine": [B, 2S, Hf, Wf] (`refine.fine_canvas`: no parameters, no gradient)."""
+        the refiner, "fine": [B, 2S, Hf, Wf] (`refine.fine_canvas`: no parameters, no gradient); with the
+        point heading, the inputs again ("points", "num_points": its decode reads the points)."""
         point_feats, cell = self.pillars(points, num_points, None)  # [B*P, C0], [B*P]
         x = self.shared(self.backbone(point_feats, cell, points.shape[0]))  # [B, Ch, Ho, Wo]
         outs = [head(x) for head in self.heads]
@@ -142,7 +152,10 @@ class CenterPointLidar(nn.Module):
         if self.refiner is None:
             return {"heatmap": heatmap, "reg": reg}
         fine = fine_canvas(points, num_points, self.geo.pc_range, self.params)  # [B, 2S, Hf, Wf]
-        return {"heatmap": heatmap, "reg": reg, "fine": fine}
+        out = {"heatmap": heatmap, "reg": reg, "fine": fine}
+        if self.point_heading is not None:
+            out.update(points=points, num_points=num_points)
+        return out
 
     def forward_export(self, points: Tensor, num_points: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Padded points -> (boxes [B, D, 7], scores [B, D], labels [B, D] int64); no value-dependent control
@@ -153,9 +166,12 @@ class CenterPointLidar(nn.Module):
         """Focal heatmap + L1 box + direction-bin CE + residual L1 of `forward`'s outputs on a batch slice
         (`loss.detection_loss`); targets in fp32, their counts summed over DDP processes."""
         boxes = batch["boxes"]  # [B, M, 7]
+        p = self.params
         with torch.autocast(boxes.device.type, enabled=False):
-            t = build_targets(boxes, batch["labels"], self.params, self.geo, batch.get("num_boxes"))
-            counts = ctx.all_reduce_sum(torch.stack([t.num_peaks, t.num_objects]).to(torch.float64))
+            t = build_targets(boxes, batch["labels"], p, self.geo, batch.get("num_boxes"))
+            square = (t.mask & near_square(boxes, p.refine_square_aspect)).sum() * p.refine_point_views
+            square = square.to(t.num_objects.dtype)
+            counts = ctx.all_reduce_sum(torch.stack([t.num_peaks, t.num_objects, square]).to(torch.float64))
             terms = detection_loss(
                 out, t, self.params, num_peaks=counts[0], num_objects=counts[1], world_size=ctx.world_size
             )
@@ -164,19 +180,33 @@ class CenterPointLidar(nn.Module):
             ce_sum, _ = refine_loss(self.refiner, out["fine"], boxes, batch["labels"], t.mask, self.params)
             refine = ce_sum / (TURNS * counts[1].clamp(min=1)).to(ce_sum.dtype) * ctx.world_size
             terms["refine"] = refine
-            terms["loss"] = terms["loss"] + self.params.refine_weight * refine
+            terms["loss"] = terms["loss"] + p.refine_weight * refine
+            if self.point_heading is not None:
+                ce_sum, _ = point_heading_loss(
+                    self.point_heading, batch["points"], batch["num_points"], boxes, t.mask, p
+                )
+                heading = ce_sum / counts[2].clamp(min=1).to(ce_sum.dtype) * ctx.world_size
+                terms["point_heading"] = heading
+                terms["loss"] = terms["loss"] + p.refine_point_weight * heading
             return terms
 
     def decode(self, out: dict[str, Tensor]) -> Detections:
         """`forward`'s outputs -> boxes [B, D, 7], scores [B, D], labels [B, D] (`decode.decode`), each
-        heading turned by the refiner's quarter turn when the section enables it (`refine.turn`)."""
+        heading turned by the refiner's quarter turn when the section enables it (`refine.turn`), and a
+        near-square box's heading from its points when the point heading is on (`point_heading`)."""
         boxes, scores, labels, bins = decode(
             out["heatmap"], out["reg"], self.geo, self.params.nms_kernel, self.max_detections
         )
-        if self.refiner is not None:
-            logits = self.refiner(out["fine"], boxes, labels)  # [B, D, 4]
-            boxes = turn(boxes, logits + first_stage_turn_logp(boxes, bins))
-        return Detections(boxes, scores, labels)
+        if self.refiner is None:
+            return Detections(boxes, scores, labels)
+        logits = self.refiner(out["fine"], boxes, labels)  # [B, D, 4]
+        turned = turn(boxes, logits + first_stage_turn_logp(boxes, bins))
+        if self.point_heading is None:
+            return Detections(turned, scores, labels)
+        candidates = self.point_heading(out["points"], out["num_points"], boxes)  # [B, D, N]
+        from_points = turn_by(boxes, heading_from_logits(boxes[..., 6], candidates))
+        square = near_square(boxes, self.params.refine_square_aspect)[..., None]  # [B, D, 1]
+        return Detections(torch.where(square, from_points, turned), scores, labels)
 
     def for_export(self) -> nn.Module:
         """A copy in the ONNX export's formulation (`pfactory.archs.painted_pillars.variants.for_export`: plain Conv,

@@ -86,6 +86,25 @@ class CenterPointLidarParams(Section):
     """Training views: standard deviation of the centre jitter, metres (the first stage's centre error)."""
     refine_jitter_rad: NonNegFloat = 0.08
     """Training views: standard deviation of the yaw jitter, rad."""
+    refine_point_heading: bool = True
+    """With `refine`: near-square boxes (people) take their heading from the moments of their own points
+    (`point_heading.py`) instead of a quarter turn of the first stage's. false: every box as the rest."""
+    refine_square_aspect: Annotated[float, Field(ge=1.0)] = 1.5
+    """A box is near square when max(l, w) / min(l, w) <= this (pedestrians ~1.1; cyclists, cars > 2)."""
+    refine_point_bins: Annotated[int, Field(ge=4, le=64)] = 16
+    """Candidate headings of the point heading, every 2 pi / n; the result is their softmax-weighted
+    circular mean."""
+    refine_points: Annotated[int, Field(ge=8, le=1024)] = 256
+    """Points gathered per detection (the nearest to its BEV centre; those beyond max(l, w) / 2 +
+    refine_margin_m are dropped)."""
+    refine_point_slices: Annotated[int, Field(ge=1, le=16)] = 6
+    """Height slices of the box the point moments are taken over (feet ... head)."""
+    refine_point_hidden: PositiveInt = 128
+    """Width of the point heading's MLP (two hidden layers)."""
+    refine_point_views: Annotated[int, Field(ge=1, le=16)] = 4
+    """Training views per near-square ground-truth box per step, each from a random heading."""
+    refine_point_weight: NonNegFloat = 0.5
+    """Weight of the point heading's cross-entropy over the candidates."""
     norm_groups: PositiveInt = 8
     """GroupNorm groups (every channel count must be divisible): batch-independent, export-friendly."""
     gaussian_overlap: Annotated[float, Field(gt=0, lt=1)] = 0.1

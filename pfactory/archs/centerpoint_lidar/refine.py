@@ -169,7 +169,7 @@ def turn(boxes: Tensor, logits: Tensor) -> Tensor:
     return torch.cat([boxes[..., :3], lw, boxes[..., 5:6], yaw[..., None]], dim=-1)
 
 
-def _hash_uniform(v: Tensor, salt: float) -> Tensor:
+def hash_uniform(v: Tensor, salt: float) -> Tensor:
     """A deterministic pseudo-random number in [0, 1) per row of v [..., 3] (a shader hash of the values)."""
     dot = v[..., 0] * 12.9898 + v[..., 1] * 78.233 + v[..., 2] * 37.719 + salt
     return torch.frac(torch.sin(dot).abs() * 43758.5453)
@@ -179,13 +179,13 @@ def training_views(boxes: Tensor, p: CenterPointLidarParams) -> tuple[Tensor, Te
     """Ground-truth boxes [B, M, 7] -> (the four turned and jittered views [B, 4M, 7], the target turn of
     each [B, 4M] int64): view k has yaw - k * pi/2 (l, w swapped for odd k) and target k, the turn that
     brings it back. Jitter: centre N(0, jitter_m) per axis, yaw N(0, jitter_rad), size x N(1, 0.05), from
-    `_hash_uniform` of the box and the view (Irwin-Hall of 3 uniforms ~ a normal)."""
+    `hash_uniform` of the box and the view (Irwin-Hall of 3 uniforms ~ a normal)."""
     b, m = boxes.shape[:2]
     views, targets = [], []
     for k in range(TURNS):
 
         def noise(salt: float, k: int = k) -> Tensor:
-            u = sum(_hash_uniform(boxes[..., :3], 7.0 * k + salt + 0.37 * j) for j in range(3))
+            u = sum(hash_uniform(boxes[..., :3], 7.0 * k + salt + 0.37 * j) for j in range(3))
             return (u - 1.5) * 2.0  # mean 0, variance 1
 
         yaw = boxes[..., 6] - k * (math.pi / 2) + p.refine_jitter_rad * noise(1.0)
