@@ -75,8 +75,10 @@ def test_first_promotion_registers_tags_and_writes_the_release(bench, tmp_path, 
     assert classes == ["Car", "Cyclist", "Pedestrian"] and buckets  # the evidence the parity gates read
     assert names[:4] == ["min_map", "p99_latency_ms", "optimize_parity", "parity_map_delta"]
     assert names[-2:] == ["parity_agreement", "parity_scores_p99"]
+    aoe = sorted(c for c, d in cand["kpis"]["delta"]["classes"].items() if d.get("aoe") is not None)
     assert sorted(names[4:-2]) == sorted(
-        [*(f"parity_class_ap_delta/{c}" for c in classes), *(f"parity_range_map_delta/{b}" for b in buckets)]
+        [*(f"parity_class_ap_delta/{c}" for c in classes), *(f"parity_class_aoe_delta/{c}" for c in aoe),
+         *(f"parity_range_map_delta/{b}" for b in buckets)]
     )  # absolute gates only: no champion yet, so no regression gate
     assert all(
         g["passed"] and set(g) >= {"name", "value", "threshold", "passed", "margin"} for g in result["gates"]
