@@ -66,7 +66,7 @@ from pfactory.prepare.shards import (
 )
 from pfactory.sensors.checks import rel_path
 from pfactory.sensors.datasets import open_dataset
-from pfactory.sensors.digest import hash_frame, listing_fingerprint, remember_digest, tables_digest
+from pfactory.sensors.digest import cached_listing, hash_frame, remember_if_unchanged, tables_digest
 from pfactory.sensors.errors import DatasetError
 from pfactory.sensors.frame import Frame
 from pfactory.storage.fsutil import atomic_directory, sha256_bytes, sha256_file
@@ -558,7 +558,7 @@ def prepare_dataset(
         raise DatasetError(raw, "frames", "at least one frame, found none")
     W, H = params.image_size
     schema = arrow_schema((3, H, W))
-    listing = listing_fingerprint(dataset)  # the files as they are before reading: what the digest will cover
+    listing = cached_listing(dataset)  # the files as they are before reading (None: no digest cache, no stat)
     with atomic_directory(out, stage=STAGE, inputs=[raw]) as tmp:
         writers = {s: SplitWriter(tmp, s, schema, params.shard_max_frames, params.batch_size) for s in SPLITS}
         run = new_run(dataset, params, tmp, writers, params.num_threads)
@@ -584,8 +584,7 @@ def prepare_dataset(
         )
         run.seconds["hash"] += time.perf_counter() - t0
     # The files unchanged while read: evaluate's check of these files then needs no second read of them.
-    if listing is not None and listing_fingerprint(dataset) == listing:
-        remember_digest(listing, manifest["source"]["sha256"])
+    remember_if_unchanged(dataset, listing, manifest["source"]["sha256"])
     counts = {"images": run.images, "points_in": run.points_in, "points_out": run.points_out}
     return finish(out, manifest, rejected, ids, params, counts, run.seconds, time.perf_counter() - t_start)
 

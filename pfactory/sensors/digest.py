@@ -111,6 +111,22 @@ def remember_digest(fingerprint: str, digest: str, cache_dir: str | os.PathLike[
     return True
 
 
+def cached_listing(dataset: Any, cache_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """`listing_fingerprint(dataset)` when there is a digest cache to use it with; None (no `stat` at all)
+    when there is none."""
+    return listing_fingerprint(dataset) if _cache_dir(cache_dir) is not None else None
+
+
+def remember_if_unchanged(
+    dataset: Any, before: str | None, digest: str, cache_dir: str | os.PathLike[str] | None = None
+) -> bool:
+    """Remember `digest` for the listing `before` (`cached_listing`, taken before the files were read) when
+    the dataset's listing is still the same: the digest then covers exactly those files. False otherwise."""
+    if before is None or listing_fingerprint(dataset) != before:
+        return False
+    return remember_digest(before, digest, cache_dir)
+
+
 def checked_source_digest(
     dataset: Any,
     progress: Callable[[int, int], None] | None = None,
@@ -118,12 +134,11 @@ def checked_source_digest(
 ) -> tuple[str, bool]:
     """`(source_digest(dataset), read)`: the digest remembered for the dataset's current listing (`read` False),
     else recomputed from every file (`read` True) and remembered when the listing did not change meanwhile."""
-    before = listing_fingerprint(dataset) if _cache_dir(cache_dir) is not None else None
+    before = cached_listing(dataset, cache_dir)
     if before is not None:
         known = remembered_digest(before, cache_dir)
         if known is not None:
             return known, False
     digest = source_digest(dataset, progress)
-    if before is not None and listing_fingerprint(dataset) == before:
-        remember_digest(before, digest, cache_dir)
+    remember_if_unchanged(dataset, before, digest, cache_dir)
     return digest, True

@@ -30,6 +30,7 @@ from pfactory.archs.centerpoint_lidar.point_heading import (
     heading_from_logits,
     near_square,
     point_heading_loss,
+    trained_views,
     turn_by,
 )
 from pfactory.archs.centerpoint_lidar.refine import (
@@ -169,8 +170,7 @@ class CenterPointLidar(nn.Module):
         p = self.params
         with torch.autocast(boxes.device.type, enabled=False):
             t = build_targets(boxes, batch["labels"], p, self.geo, batch.get("num_boxes"))
-            square = (t.mask & near_square(boxes, p.refine_square_aspect)).sum() * p.refine_point_views
-            square = square.to(t.num_objects.dtype)
+            square = trained_views(t.mask, boxes, p).sum().to(t.num_objects.dtype)
             counts = ctx.all_reduce_sum(torch.stack([t.num_peaks, t.num_objects, square]).to(torch.float64))
             terms = detection_loss(
                 out, t, self.params, num_peaks=counts[0], num_objects=counts[1], world_size=ctx.world_size

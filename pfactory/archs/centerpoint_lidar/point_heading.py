@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pfactory.archs.centerpoint_lidar.params import CenterPointLidarParams
-from pfactory.archs.centerpoint_lidar.refine import hash_uniform
+from pfactory.archs.centerpoint_lidar.refine import hash_normal, hash_uniform
 
 MOMENTS = ("x", "y", "xx", "yy", "xy", "i", "ix", "iy")
 _FAR = 1.0e9  # squared distance of padding rows: never within any box's radius
@@ -194,8 +194,7 @@ def training_views(boxes: Tensor, p: CenterPointLidarParams) -> tuple[Tensor, Te
     for v in range(p.refine_point_views):
 
         def noise(salt: float, v: int = v) -> Tensor:
-            u = sum(hash_uniform(boxes[..., :3], 11.0 * v + salt + 0.41 * j) for j in range(3))
-            return (u - 1.5) * 2.0  # mean 0, variance 1
+            return hash_normal(boxes[..., :3], 11.0 * v + salt, 0.41)
 
         off = 2.0 * math.pi * hash_uniform(boxes[..., :3], 11.0 * v + 0.5)  # [B, M]
         xy = boxes[..., :2] + p.refine_jitter_m * torch.stack([noise(1.0), noise(2.0)], dim=-1)
@@ -204,6 +203,12 @@ def training_views(boxes: Tensor, p: CenterPointLidarParams) -> tuple[Tensor, Te
         views.append(torch.cat([xy, boxes[..., 2:3], boxes[..., 3:6] * scale, yaw[..., None]], dim=-1))
         targets.append(torch.round(off * (n / (2.0 * math.pi))).long().remainder(n))
     return torch.cat(views, dim=1), torch.cat(targets, dim=1)
+
+
+def trained_views(mask: Tensor, boxes: Tensor, p: CenterPointLidarParams) -> Tensor:
+    """[B, V*M] bool, in `training_views`' order: the views the loss trains on (objects in `mask` [B, M]
+    whose ground-truth box [B, M, 7] is near square). Their global count normalizes the loss."""
+    return (mask & near_square(boxes, p.refine_square_aspect)).repeat(1, p.refine_point_views)
 
 
 def point_heading_loss(
@@ -218,7 +223,6 @@ def point_heading_loss(
     ground-truth boxes [B, M, 7] and mask [B, M] (the objects trained on)."""
     views, target = training_views(boxes.float(), p)  # [B, V*M, 7], [B, V*M]
     logits = head(points, num_points, views)  # [B, V*M, N]
-    use = (mask & near_square(boxes, p.refine_square_aspect)).repeat(1, p.refine_point_views)
-    weight = use.to(logits.dtype).reshape(-1)
+    weight = trained_views(mask, boxes, p).to(logits.dtype).reshape(-1)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
     return (ce * weight).sum(), weight.sum().detach()

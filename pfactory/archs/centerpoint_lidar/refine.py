@@ -175,6 +175,13 @@ def hash_uniform(v: Tensor, salt: float) -> Tensor:
     return torch.frac(torch.sin(dot).abs() * 43758.5453)
 
 
+def hash_normal(v: Tensor, salt: float, step: float) -> Tensor:
+    """A deterministic number of mean 0 and variance 1 per row of v [..., 3]: the Irwin-Hall sum of the
+    `hash_uniform`s at salts salt, salt + step, salt + 2 step, centred and scaled (~ a normal)."""
+    u = sum(hash_uniform(v, salt + step * j) for j in range(3))
+    return (u - 1.5) * 2.0
+
+
 def training_views(boxes: Tensor, p: CenterPointLidarParams) -> tuple[Tensor, Tensor]:
     """Ground-truth boxes [B, M, 7] -> (the four turned and jittered views [B, 4M, 7], the target turn of
     each [B, 4M] int64): view k has yaw - k * pi/2 (l, w swapped for odd k) and target k, the turn that
@@ -185,8 +192,7 @@ def training_views(boxes: Tensor, p: CenterPointLidarParams) -> tuple[Tensor, Te
     for k in range(TURNS):
 
         def noise(salt: float, k: int = k) -> Tensor:
-            u = sum(hash_uniform(boxes[..., :3], 7.0 * k + salt + 0.37 * j) for j in range(3))
-            return (u - 1.5) * 2.0  # mean 0, variance 1
+            return hash_normal(boxes[..., :3], 7.0 * k + salt, 0.37)
 
         yaw = boxes[..., 6] - k * (math.pi / 2) + p.refine_jitter_rad * noise(1.0)
         lw = boxes[..., [4, 3]] if k % 2 else boxes[..., 3:5]
