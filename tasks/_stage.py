@@ -15,6 +15,7 @@ its own code (`pfactory.runtime.failures.UserError.exit_code`); the stage's verd
 When `PFACTORY_TIMINGS_DIR` is set (the pipeline flow sets it), the stage also writes
 `<dir>/<stage>.json`: `{"stage", "body_s", "process_s"}` = seconds inside the stage body and since the
 process started, so the flow can split a run's wall time into stage work and orchestration overhead.
+A finished stage process skips the interpreter's teardown after its atexit handlers (runtime.quick_exit).
 """
 
 from __future__ import annotations
@@ -101,9 +102,15 @@ def parser(command: Command) -> argparse.ArgumentParser:
 
 
 def stage_main(command: Command, argv: list[str] | None) -> None:
-    """`python -m tasks.<stage>`: parse `argv` (`parser(command)`), then `run_stage`."""
+    """`python -m tasks.<stage>`: parse `argv` (`parser(command)`), then `run_stage`; as the process's own entry
+    (its main module holds `command`), a stage that finished skips the teardown (module docstring)."""
+    from pfactory.runtime.quick_exit import for_program
+
     values = vars(parser(command).parse_args(argv))
+    quick = for_program(command)  # first: its handler runs after those of whatever the stage imports
     run_stage(command, values.pop("params"), values.pop("set_param"), **values)
+    if quick is not None:
+        quick.finished()
 
 
 def run_stage(command: Command, params_file: Path | None, overrides: list[str] | None, **options: Any) -> None:
