@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import random
+import select
 import socket
 import sqlite3
 import subprocess
@@ -131,44 +133,76 @@ def _free_port(ports: range = range(8000, 9000)) -> int:
 
 
 def boot_prefect_early() -> bool:
-    """Launch Prefect's ephemeral API process now: `factory run` calls this first thing, so that the server
-    imports and migrates its database on the other core while the command imports MLflow and the flow. The
-    process is the one Prefect's `SubprocessASGIServer.start` would launch (the same uvicorn command,
-    environment and port range); `prefect_starting` hands it to Prefect's own singleton once it answers, and
-    the flow's client uses it. Nothing is launched when `PREFECT_API_URL` names a server or the ephemeral API
-    is disabled (`prefect_starting` deals with those). A process never handed over is stopped at exit.
+    """Launch Prefect's ephemeral API process now (`python -m flows.startup PORT`, `_serve`): `factory run` calls
+    this first thing, before it imports Prefect itself, so that the server imports Prefect and opens (or seeds)
+    its database on the other core while the command imports MLflow, Prefect and the flow. It is the server
+    Prefect's `SubprocessASGIServer.start` would run (its app factory under uvicorn, its settings from this
+    environment); `prefect_starting` hands it to Prefect's own singleton once it answers, and the flow's client
+    uses it. Nothing is launched when `PREFECT_API_URL` names a server or the ephemeral API is disabled: in
+    Prefect's settings when Prefect is imported already, else in the environment (a profile's setting is found
+    by the process itself, which then exits without serving). A process never handed over is stopped at exit.
     Returns whether a process was launched."""
-    import prefect
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_SERVER_DATABASE_CONNECTION_URL,
-        PREFECT_SERVER_EPHEMERAL_ENABLED,
-        get_current_settings,
-    )
-
-    if _EARLY or PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+    if _EARLY or not _may_serve():
         return False
-    db = _sqlite_file(str(PREFECT_SERVER_DATABASE_CONNECTION_URL.value() or ""))
-    first = _first_start(db)
-    seeded = first and db is not None and seed_prefect_database(db)
     port = _free_port()
-    env = {
-        **os.environ,
-        "PREFECT_UI_ENABLED": "0",
-        "PREFECT__SERVER_EPHEMERAL": "1",
-        "PREFECT__SERVER_FINAL": "1",
-        **get_current_settings().to_environment_variables(exclude_unset=True),
-    }
-    args = [
-        sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
-        "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
-        "--log-level", "error", "--lifespan", "on",
-    ]  # fmt: skip
-    _EARLY.update(
-        process=subprocess.Popen(args, env=env), port=port, first=first, seeded=seeded, t0=time.perf_counter()
-    )
+    process = subprocess.Popen([sys.executable, "-m", "flows.startup", str(port)], stdout=subprocess.PIPE, text=True)
+    _EARLY.update(process=process, port=port, t0=time.perf_counter())
     atexit.register(_stop_early)
     return True
+
+
+_FALSE = ("0", "false", "f", "no", "n", "off")
+
+
+def _may_serve() -> bool:
+    """Whether the ephemeral API may be wanted (`boot_prefect_early`), without importing Prefect."""
+    if "prefect.settings" in sys.modules:
+        from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+        return not PREFECT_API_URL.value() and bool(PREFECT_SERVER_EPHEMERAL_ENABLED.value())
+    enabled = os.environ.get("PREFECT_SERVER_EPHEMERAL_ENABLED", "true").strip().lower() not in _FALSE
+    return not os.environ.get("PREFECT_API_URL") and enabled
+
+
+def _serve(port: int) -> int:
+    """The early process (`boot_prefect_early`): one JSON line on stdout, `{"serving": false}` when Prefect's
+    settings name a server or disable the ephemeral API (then exit 0), else `{"serving": true, "first",
+    "seeded"}` (`first`: its database did not exist; `seeded`: created from the schema snapshot,
+    `seed_prefect_database`); then Prefect's API on 127.0.0.1:`port` until terminated, as Prefect's own
+    `SubprocessASGIServer` runs it (the UI off; exit 3 when the port was taken meanwhile)."""
+    os.environ.update(PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
+    from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL
+
+    status: dict[str, Any] = {"serving": _may_serve()}
+    if status["serving"]:
+        db = _sqlite_file(str(PREFECT_SERVER_DATABASE_CONNECTION_URL.value() or ""))
+        first = _first_start(db)
+        status.update(first=first, seeded=first and db is not None and seed_prefect_database(db))
+    sys.stdout.write(json.dumps(status) + "\n")
+    sys.stdout.flush()
+    os.dup2(2, 1)  # the launcher reads one line: anything the server prints goes where its errors go
+    if not status["serving"]:
+        return 0
+    import uvicorn
+
+    uvicorn.run("prefect.server.api.server:create_app", factory=True, host="127.0.0.1", port=port,
+                log_level="error", lifespan="on")  # fmt: skip
+    return 0
+
+
+def _early_status(timeout: float) -> dict[str, Any]:
+    """The early process's line (`_serve`), read once and kept in `_EARLY["status"]` (with `first` and
+    `seeded`); `{}` when it exited or said nothing within `timeout` s of its launch."""
+    if "status" not in _EARLY:
+        status: dict[str, Any] = {}
+        proc = _EARLY.get("process")
+        if proc is not None and proc.stdout is not None:
+            wait = max(0.0, timeout - (time.perf_counter() - _EARLY["t0"]))
+            if select.select([proc.stdout], [], [], wait)[0]:
+                with contextlib.suppress(ValueError):
+                    status = json.loads(proc.stdout.readline() or "{}")
+        _EARLY.update(status=status, first=status.get("first"), seeded=status.get("seeded"))
+    return _EARLY["status"]
 
 
 def _stop_early() -> None:
@@ -271,10 +305,13 @@ def prefect_starting(console: RunConsole) -> Iterator[dict[str, Any]]:
             ["set PREFECT_API_URL to a running server, or PREFECT_SERVER_EPHEMERAL_ENABLED=true"],
         )
     db = _sqlite_file(str(PREFECT_SERVER_DATABASE_CONNECTION_URL.value() or ""))
-    early = "process" in _EARLY  # launched by boot_prefect_early: its state then, timed from its launch
-    first = _EARLY["first"] if early else _first_start(db)
-    t0 = _EARLY["t0"] if early else t0
     timeout = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+    # Launched by boot_prefect_early and serving: its database's state then, its start timed from its launch.
+    early = "process" in _EARLY and bool(_early_status(timeout).get("serving"))
+    if not early:
+        _stop_early()  # said it would not serve, or nothing: Prefect's own start below
+    first = bool(_EARLY["first"]) if early else _first_start(db)
+    t0 = _EARLY["t0"] if early else t0
     shown = db if db is not None else Path(str(PREFECT_HOME.value()))
     what = (
         f"first run only: creating the local Prefect database ({_rel(shown)}) and starting its API "
@@ -412,3 +449,7 @@ def start_services(console: RunConsole, root: Path) -> dict[str, Any]:
     with prefect_starting(console) as prefect:
         mlflow = start_mlflow(console, root)
     return {**prefect, **mlflow}
+
+
+if __name__ == "__main__":  # the early Prefect API process (`boot_prefect_early`)
+    sys.exit(_serve(int(sys.argv[1])))

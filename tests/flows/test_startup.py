@@ -199,3 +199,20 @@ def test_nothing_is_launched_for_a_server_of_the_users(tmp_path: Path) -> None:
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:9/api"}):
         assert boot_prefect_early() is False
     assert before == _EARLY
+
+
+def test_the_early_process_exits_for_a_server_named_in_a_profile(tmp_path: Path) -> None:
+    """`boot_prefect_early` decides from the environment alone (it runs before Prefect is imported); a server named
+    only in the active Prefect profile is found by the process itself, which says so and serves nothing."""
+    home = tmp_path / "prefect"
+    home.mkdir()
+    (home / "profiles.toml").write_text(
+        'active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://127.0.0.1:9/api"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_PROFILES_PATH=str(home / "profiles.toml"))
+    r = subprocess.run([sys.executable, "-m", "flows.startup", "1"], env=env, capture_output=True, text=True,
+                       timeout=120, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.splitlines()[0]) == {"serving": False}
+    assert not (home / "prefect.db").exists()  # no database created for a server that is not this one
