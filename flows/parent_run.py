@@ -186,13 +186,18 @@ def description(exp_id: str, results: dict[str, Any], lineage: dict[str, dict]) 
     return "\n".join(lines)
 
 
-def decorate(client: Any, exp_id: str, parent_id: str, ws: Any, results: dict[str, Any]) -> dict[str, dict]:
-    """Stage lineage tags, the description and the report on parent run `parent_id`; returns the lineage."""
+def record_lineage(client: Any, exp_id: str, parent_id: str, ws: Any, results: dict[str, Any]) -> dict[str, dict]:
+    """Stage lineage tags, the run report and lineage.json on parent run `parent_id` (all but the description,
+    `describe`, which names the DVC experiment: this part runs while `dvc exp save` does); returns the lineage."""
     lineage = stage_lineage(client, exp_id, parent_id, ws, results.get("stages", {}))
-    client.set_tag(parent_id, "mlflow.note.content", description(exp_id, results, lineage))
     from pfactory.report.run import log_report
 
     report = results.get("report") or ws.abs(ws.params.paths.eval) / af.REPORT_DIR
     log_report(Path(report), parent_id, client)
     client.log_text(parent_id, json.dumps(lineage, indent=2, sort_keys=True), "lineage.json")
     return lineage
+
+
+def describe(client: Any, exp_id: str, parent_id: str, results: dict[str, Any], lineage: dict[str, dict]) -> None:
+    """The parent run's description (`description`), once `results` names its DVC experiment."""
+    client.set_tag(parent_id, "mlflow.note.content", description(exp_id, results, lineage))

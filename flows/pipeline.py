@@ -43,10 +43,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pfactory.runtime.failures import chain
 from pfactory.runtime.project import configure_environment
@@ -75,6 +75,7 @@ from flows.workspace import (  # noqa: E402
 from pfactory.team import slots  # noqa: E402
 
 STAGES = stage_names()  # declared once, in dvc.yaml
+T = TypeVar("T")
 # Attempts after the first, per stage: only ever for a transient failure (`_transient_only`), so a
 # deterministic stage error (a gate, bad data, a bug, bad params) fails once. evaluate and promote talk
 # to a Dask cluster and the registry (servers that hiccup): one more try than the pure-compute stages.
@@ -533,24 +534,28 @@ def _save_run(
     name: str | None,
     checkout: bool,
     results: dict[str, Any],
-) -> None:
+    meanwhile: Callable[[], T],
+) -> T:
     """The finished run as DVC sees it: an experiment of the project (`results["experiment"]`), its outputs
     at the root's paths (`results["checked_out"]`), pushed to a DVC remote when there is one
-    (`results["pushed"]`); `results["cache"]`: the DVC cache the workspace used and how it linked."""
+    (`results["pushed"]`); `results["cache"]`: the DVC cache the workspace used and how it linked. Returns what
+    `meanwhile()` returned, called while the experiment is saved (what does not name it)."""
     import mlflow
 
     partial = selected != list(declared_stages(root_path))
-    # `dvc exp save` (a git commit of the workspace, ~2 s) runs beside the checkout to the project's paths:
-    # they write different trees; the experiment is waited for before the tags and the lineage name it.
+    # `dvc exp save` (a git commit of the workspace, ~2 s) runs beside the checkout to the project's paths
+    # (they write different trees) and `meanwhile`; the experiment is waited for before the tags name it.
     with ThreadPoolExecutor(1, thread_name_prefix="exp-save") as pool:
         saving = pool.submit(save_experiment, ws, name, selected if partial else None)
         results["checked_out"] = checkout_outputs(ws) if checkout else None
+        done = meanwhile()
         results["experiment"] = saving.result()
     mlflow.set_tags(experiment_tags(ws, results["experiment"]))
     if ws.remote:  # machines that share no disk: this run's outputs and run-cache to the remote
         results["pushed"] = ws.push()
         mlflow.set_tag("dvc.push", "ok" if results["pushed"]["ok"] else results["pushed"]["detail"][:250])
     results["cache"] = {"dir": ws.cache_dir, "link_types": ws.link_types, "how": ws.links_how}
+    return done
 
 
 def _orchestration(ws: Workspace, t_start: float) -> tuple[dict[str, Any], dict[str, float]]:
@@ -579,10 +584,11 @@ def _orchestration(ws: Workspace, t_start: float) -> tuple[dict[str, Any], dict[
 
 
 def _summarize(
-    ws: Workspace, exp_id: str, parent_run_id: str, t_start: float, results: dict[str, Any]
+    ws: Workspace, exp_id: str, parent_run_id: str, t_start: float, results: dict[str, Any], lineage: dict[str, dict]
 ) -> None:
-    """The parent run's metrics (the stages' KPIs and latency, the timings), lineage, promotion decision and
-    summary.json; `results` gets the summary blocks, "orchestration" and "lineage"."""
+    """The parent run's metrics (the stages' KPIs and latency, the timings), description (`lineage`: from
+    `parent_run.record_lineage`), promotion decision and summary.json; `results` gets the summary blocks,
+    "orchestration" and "lineage"."""
     import mlflow
 
     metrics, summary = collect_metrics(ws)
@@ -590,7 +596,8 @@ def _summarize(
     results["orchestration"], timing = _orchestration(ws, t_start)
     metrics.update(timing)
     mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
-    results["lineage"] = parent_run.decorate(mlflow.MlflowClient(), exp_id, parent_run_id, ws, results)
+    parent_run.describe(mlflow.MlflowClient(), exp_id, parent_run_id, results, lineage)
+    results["lineage"] = lineage
     decision = (results.get("promotion") or {}).get("decision")
     if decision:
         mlflow.set_tag("promotion.decision", decision)
@@ -640,6 +647,9 @@ def _run_in(
         finally:
             _restore_env(env_before)
             _log_lock(ws)
-        _save_run(ws, root_path, selected, name, checkout, results)
-        _summarize(ws, exp_id, run.info.run_id, t_start, results)
+        lineage = _save_run(
+            ws, root_path, selected, name, checkout, results,
+            meanwhile=lambda: parent_run.record_lineage(mlflow.MlflowClient(), exp_id, run.info.run_id, ws, results),
+        )  # fmt: skip
+        _summarize(ws, exp_id, run.info.run_id, t_start, results, lineage)
     return results
