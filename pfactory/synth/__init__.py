@@ -12,6 +12,8 @@ One module per job, bottom up:
 - `scene`: `sample_scene` (layout + clutter + road users + light) -> `Scene`;
 - `raycast`: analytic primitives and the ray caster both sensors share;
 - `sensors`: the spinning multi-beam lidar and the pinhole camera render;
+- `native`: the camera's shading and the lidar's `surface()` in C (`_shade.c`), byte-identical to
+  `sensors`' NumPy reference, which stays the fallback;
 - `dataset`: frames (labels, occlusion, truncation), encoders and `generate_dataset`;
 - `params`: the `synth:` section of params.yaml.
 

@@ -43,7 +43,8 @@ centre. KITTI camera: fx = fy = 721.54, cx = 609.56, cy = 172.85 at 1242x375 (sc
 Determinism: frame i uses `np.random.default_rng([seed, i])` (split into scene, lidar and
 camera streams), and nothing else is random, so any frame can be generated alone, in any
 order, by any worker: the same seed gives byte-identical files for workers=1 or N (PNG/JPEG
-encoders carry no timestamps; tables are sorted; `synth.json` holds no timings). Bytes can
+encoders carry no timestamps; tables are sorted; `synth.json` holds no timings), and whether the
+camera's shading runs in C or in NumPy (`native`: the same operations in the same order). Bytes can
 differ across NumPy/Pillow builds (SIMD transcendental functions may round differently);
 points are quantised to 1 mm and intensities to 0.01, which hides almost all of that.
 """
@@ -66,6 +67,7 @@ import numpy as np
 from pfactory.sensors.geometry import box_corners, make_transform, points_in_boxes, project_to_image
 from pfactory.sensors.kitti import KittiCalib, kitti_difficulty, lidar_boxes_to_objects, write_kitti_frame
 from pfactory.storage.fsutil import atomic_directory, atomic_write_json
+from pfactory.synth import native
 from pfactory.synth.layout import LIDAR_HEIGHT_M
 from pfactory.synth.scene import Scene, sample_scene
 from pfactory.synth.sensors import CameraSpec, hdl64, render_camera, simulate_lidar
@@ -451,6 +453,7 @@ def generate_dataset(
         )
     size = tuple(image_size) if image_size else (KITTI_IMAGE_SIZE if cameras == 1 else NUSCENES_IMAGE_SIZE)
     t0 = time.perf_counter()
+    native.available()  # build the C kernel once here (or say why not), before the workers load it
     stats: list[dict] = []
     with atomic_directory(out, stage="synth") as tmp:
         if cameras == 1:

@@ -17,6 +17,10 @@ Camera: per-pixel ray cast (exact z-buffer, no painter's-algorithm errors), Lamb
 windows, dark contact patches under vehicles, a sky gradient, distance haze, exposure, a
 slight optical blur and sensor noise. An object-id buffer and each labelled object's
 unoccluded silhouette come back too (for KITTI's occlusion levels).
+
+The per-pixel shading and `surface()` have a C twin (`native`, `_shade.c`) used where a compiler
+is available; the NumPy functions here (`_shade_numpy`, `_blur_noise_numpy`, `_surface_numpy`)
+are the reference it must match byte for byte, and the fallback.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pfactory.synth import native
 from pfactory.synth.layout import GROUND_REFLECTANCE, GROUND_Z
 from pfactory.synth.materials import (
     MATERIAL_DROPOUT,
@@ -104,8 +109,20 @@ def _ground_tables(scene: Scene) -> tuple[np.ndarray, np.ndarray]:
 def surface(scene: Scene, points: np.ndarray, prim: np.ndarray):
     """Surface properties at hit points `points [N, 3]` on `prim [N]` (>= 0, or HIT_GROUND).
 
-    Returns `normals [N, 3]`, `material [N]` int16, `rgb [N, 3]` float32 albedo and
-    `reflectance [N]` float32 (lidar, 905 nm).
+    Returns `normals [N, 3]` float32, `material [N]` int16, `rgb [N, 3]` float32 albedo and
+    `reflectance [N]` float32 (lidar, 905 nm). In C (`pfactory.synth.native`) for float64 points
+    (the lidar's) where a compiler is available, else `_surface_numpy`: the same bytes either way.
+    """
+    if points.dtype == np.float64 and native.available():
+        return native.surface(scene, points, prim)
+    return _surface_numpy(scene, points, prim)
+
+
+def _surface_numpy(scene: Scene, points: np.ndarray, prim: np.ndarray):
+    """`surface`'s NumPy reference (`pfactory/synth/_shade.c` repeats it operation by operation).
+
+    Ground rows read `points` as they come (float64 promoted from float32 ones), primitive rows
+    their float32 rounding.
     """
     n = len(points)
     normals = np.zeros((n, 3), dtype=np.float32)
@@ -139,8 +156,12 @@ def _facade_windows(scene, points, prim, rows, mat, rgb, refl, normals) -> None:
     f = rows[(mat[rows] == Mat.FACADE) & (np.abs(normals[rows, 2]) < 0.5)]
     if len(f) == 0:
         return
-    p = scene.prims.params.astype(np.float32)[prim[f]]  # [F, 7]
-    cw, sw = np.cos(p[:, 6]), np.sin(p[:, 6])
+    params32 = scene.prims.params.astype(np.float32)
+    pf = prim[f]
+    p = params32[pf]  # [F, 7]
+    # float32 cos/sin of each primitive's yaw, computed per primitive then gathered (the C kernel takes the
+    # same per-primitive table: NumPy's SIMD cos is not libm's)
+    cw, sw = np.cos(params32[:, 6])[pf], np.sin(params32[:, 6])[pf]
     d = points[f].astype(np.float32) - p[:, :3]
     lx, ly = cw * d[:, 0] + sw * d[:, 1], -sw * d[:, 0] + cw * d[:, 1]
     along = np.where(np.abs(lx) / p[:, 3] > np.abs(ly) / p[:, 4], ly, lx)  # coordinate in the face
@@ -346,6 +367,65 @@ def _shade(scene: Scene, grid: CameraGrid, t, prim, rng, shadowing: np.ndarray) 
 
     `shadowing [M]` bool: labelled objects that darken the ground under them (the visible
     ones; a hidden object's patch would be hidden too, and it may be dropped from the labels).
+    The shading runs in C (`pfactory.synth.native`) where a compiler is available, else in NumPy
+    (`_shade_numpy`): the same bytes either way. Then an optical blur and sensor noise.
+    """
+    # The haze's exponential, in NumPy for both paths (NumPy's SIMD exp is not libm's): float32
+    # `exp(-(t * |d|) / haze_m)` per pixel [H*W] (0 for sky pixels, whose t is inf).
+    ehaze = np.exp(-(t.astype(np.float32).reshape(-1) * grid.d_len) * np.float32(1.0 / scene.light.haze_m))
+    # Sensor noise: the sum of two uniform 0..3 draws minus 3 (triangular, sigma 1.6 DN) from one
+    # random byte per value: 1 ms instead of 28 ms for Gaussian draws, and visually the same.
+    height, width = t.shape
+    noise = np.frombuffer(rng.bytes(height * width * 3), dtype=np.uint8).reshape(height, width, 3)
+    if native.available():
+        return native.blur_noise(native.shade(scene, grid, t, prim, ehaze, shadowing), noise)
+    return _blur_noise_numpy(_shade_numpy(scene, grid, t, prim, ehaze, shadowing), noise)
+
+
+def _blur_noise_numpy(img: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """Optical blur and sensor noise on `img [H, W, 3]` uint8 -> `[H, W, 3]` uint8; `noise [H, W, 3]`
+    uint8 random bytes, one per value.
+
+    Optics: no real lens is pixel-sharp. A 3x3 binomial kernel (~Gaussian sigma 0.7 px), rounded half
+    up, `(S + 8) >> 4`, on interior pixels; border rows and columns stay as they are. These are the
+    bytes of Pillow's `ImageFilter.Kernel((3, 3), (1, 2, 1, 2, 4, 2, 1, 2, 1))` (its float sums of
+    multiples of 1/16 are exact), in integers here and in `pfactory/synth/_shade.c`.
+    Noise: `(b & 3) + ((b >> 2) & 3) - 3` per value (triangular, sigma 1.6 DN), clipped to 0..255.
+    """
+    out = img.astype(np.int16)
+    height, width, _ = img.shape
+    if height >= 3 and width >= 3:
+        a = img.astype(np.uint16)
+        rows = a[:-2] + 2 * a[1:-1] + a[2:]  # [H-2, W, 3] vertical (1, 2, 1)
+        s = rows[:, :-2] + 2 * rows[:, 1:-1] + rows[:, 2:]  # [H-2, W-2, 3] horizontal (1, 2, 1)
+        out[1:-1, 1:-1] = (s + 8) >> 4
+    out += (noise & 3).astype(np.int16) + ((noise >> 2) & 3) - 3
+    return np.clip(out, 0, 255).astype(np.uint8)
+
+
+def _dot3(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise dot products `[N]` of `a [N, 3]` and `b [N, 3]` (or `[3]`) as `(a0*b0 + a1*b1) + a2*b2`:
+    the rounding the C kernel reproduces (einsum and BLAS may sum in another order or fuse)."""
+    b0, b1, b2 = (b[..., k] for k in range(3))
+    return a[:, 0] * b0 + a[:, 1] * b1 + a[:, 2] * b2
+
+
+def _pow40(x: np.ndarray) -> np.ndarray:
+    """`x**40` by repeated squaring (`x^32 * x^8`), which C reproduces exactly (libm's powf may not)."""
+    x2 = x * x
+    x4 = x2 * x2
+    x8 = x4 * x4
+    x16 = x8 * x8
+    return (x16 * x16) * x8
+
+
+def _shade_numpy(
+    scene: Scene, grid: CameraGrid, t, prim, ehaze: np.ndarray, shadowing: np.ndarray
+) -> np.ndarray:
+    """The shading's NumPy reference: `rgb [H, W, 3]` uint8 before blur and noise (see `_shade`).
+
+    `ehaze [H*W]` float32 the haze exponential. `pfactory/synth/_shade.c` repeats every operation
+    here in the same order and precision; change both together (tests/synth/test_synth_native.py).
     """
     light = scene.light
     height, width = t.shape
@@ -361,18 +441,17 @@ def _shade(scene: Scene, grid: CameraGrid, t, prim, rng, shadowing: np.ndarray) 
     d = rows_of(grid.d32, hit)  # [Nh, 3]
     th = t_f[hit].astype(f32)
     pts = grid.origin.astype(f32) + d * th[:, None]
-    normals, mat, rgb, _refl = surface(scene, pts, p_idx)
-    d_len = np.take(grid.d_len, hit)
+    normals, mat, rgb, _refl = _surface_numpy(scene, pts, p_idx)
     view = rows_of(grid.view, hit)
-    n_dot_v = np.einsum("ij,ij->i", normals, view)
+    n_dot_v = _dot3(normals, view)
     normals[n_dot_v < 0] *= -1  # seen from behind (thin parts): light the visible side
     # Texture: value noise on a per-material cell grid, so asphalt, grass and leaves look grainy.
     tex_amp, tex_cell = MATERIAL_TEXTURE.astype(f32).T
-    cells = np.floor(pts * (f32(1.0) / tex_cell[mat])[:, None]).astype(np.int32)
+    cells = np.floor(pts * (f32(1.0) / tex_cell)[mat][:, None]).astype(np.int32)
     cells[:, 0] += mat.astype(np.int32) * 7919  # different materials, different patterns
     tex = f32(1.0) + tex_amp[mat] * (f32(2.0) * _hash01(cells) - f32(1.0))
     sun = light.sun.astype(f32)
-    ndl = np.clip(normals @ sun, 0.0, 1.0)
+    ndl = np.clip(_dot3(normals, sun), 0.0, 1.0)
     # Sky light comes mostly from above; the sun adds Lambertian light.
     shade = f32(light.ambient) * (f32(0.75) + f32(0.25) * normals[:, 2]) + f32(light.sun_strength) * ndl
     spec_k = MATERIAL_SPECULAR.astype(f32)[mat]
@@ -380,26 +459,16 @@ def _shade(scene: Scene, grid: CameraGrid, t, prim, rng, shadowing: np.ndarray) 
     spec = np.zeros(len(hit), dtype=f32)
     if len(shiny):
         half = sun + rows_of(view, shiny)
-        half /= np.sqrt(np.einsum("ij,ij->i", half, half))[:, None]
-        n_dot_h = np.clip(np.einsum("ij,ij->i", rows_of(normals, shiny), half), 0, 1)
-        spec[shiny] = spec_k[shiny] * n_dot_h**40 * f32(light.sun_strength)
+        half /= np.sqrt(_dot3(half, half))[:, None]
+        n_dot_h = np.clip(_dot3(rows_of(normals, shiny), half), 0, 1)
+        spec[shiny] = spec_k[shiny] * _pow40(n_dot_h) * f32(light.sun_strength)
     col = rgb * (tex * shade + MATERIAL_EMISSION.astype(f32)[mat])[:, None] + spec[:, None]
     g = np.flatnonzero(p_idx == HIT_GROUND)
     if len(g) and shadowing.any():
         col[g] *= _contact_shadow(scene.boxes[shadowing], pts[g])[:, None]
-    haze = (f32(1.0) - np.exp(-(th * d_len) * f32(1.0 / light.haze_m)))[:, None]
+    haze = (f32(1.0) - np.take(ehaze, hit))[:, None]
     put_rows(out, hit, col * (f32(1.0) - haze) + light.horizon.astype(f32) * haze)
-    img = np.clip(out.reshape(height, width, 3) * (255.0 * light.exposure) + 0.5, 0, 255).astype(np.uint8)
-    from PIL import Image, ImageFilter
-
-    # Optics: no real lens is pixel-sharp. A 3x3 binomial kernel (~Gaussian sigma 0.7 px) costs
-    # 4 ms where ImageFilter.GaussianBlur costs 11-23 ms at 1242x375.
-    im = Image.fromarray(img).filter(ImageFilter.Kernel((3, 3), (1, 2, 1, 2, 4, 2, 1, 2, 1)))
-    # Sensor noise: the sum of two uniform 0..3 draws minus 3 (triangular, sigma 1.6 DN) from one
-    # random byte per value: 1 ms instead of 28 ms for Gaussian draws, and visually the same.
-    b = np.frombuffer(rng.bytes(img.size), dtype=np.uint8).reshape(img.shape)
-    noise = (b & 3).astype(np.int16) + ((b >> 2) & 3) - 3
-    return np.clip(np.asarray(im, dtype=np.int16) + noise, 0, 255).astype(np.uint8)
+    return np.clip(out.reshape(height, width, 3) * (255.0 * light.exposure) + 0.5, 0, 255).astype(np.uint8)
 
 
 def _contact_shadow(boxes: np.ndarray, ground_pts: np.ndarray) -> np.ndarray:
