@@ -1,8 +1,10 @@
-"""The camera's per-pixel shading in C (pfactory/synth/_shade.c), compiled on first use, called via ctypes.
+"""Camera shading and the lidar's surface() in C (pfactory/synth/_shade.c), built on first use, via ctypes.
 
     available() -> bool      whether the library is built and loaded (the first call builds it: ~1 s)
     status() -> str          "native", or why the NumPy path is used (disabled, no compiler, build refused)
     shade(scene, grid, t, prim, ehaze, shadowing) -> rgb [H, W, 3] uint8   the C twin of `sensors._shade_numpy`
+    blur_noise(img, noise) -> [H, W, 3] uint8            the C twin of `sensors._blur_noise_numpy`
+    surface(scene, points, prim) -> normals, mat, rgb, refl   the C twin of `sensors._surface_numpy`
 
 Why: shading a 1242x375 render in NumPy is ~25 passes over ~465k pixels (~95 ms: `surface()`, normals,
 façade windows, texture hash, light, haze, exposure); one C loop does it in a few ms. The two give
@@ -70,6 +72,8 @@ _PARAMS: dict[str, tuple[tuple[str, object], ...]] = {
         ("ground_rgb", _f32), ("ground_refl", _f32), ("normals", _f32), ("mat", np.int16), ("rgb", _f32),
         ("refl", _f32),
     ),
+    "pfs_blur_noise": (("h", ctypes.c_int64), ("w", ctypes.c_int64), ("img", np.uint8), ("noise", np.uint8),
+                       ("out", np.uint8)),
 }  # fmt: skip
 
 
@@ -167,7 +171,7 @@ def check_constants(text: str) -> None:
 
 
 def build(source: Path = _SOURCE, out_dir: Path | None = None) -> ctypes.CDLL:
-    """Compile `source` (cached by source, flags, compiler and CPU) and load it with `pfs_shade` typed.
+    """Compile `source` (cached by source, flags, compiler and CPU) and load it, each `_PARAMS` function typed.
 
     Raises RuntimeError (no compiler, a failed build, a cache folder or library file refused) or OSError."""
     text = source.read_text()
@@ -204,14 +208,6 @@ def build(source: Path = _SOURCE, out_dir: Path | None = None) -> ctypes.CDLL:
         fn = getattr(cdll, name)
         fn.argtypes = [p if _is_scalar(p) else ctypes.c_void_p for _, p in params]
         fn.restype = ctypes.c_int
-    cdll.pfs_blur_noise.argtypes = [
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-    ]
-    cdll.pfs_blur_noise.restype = ctypes.c_int
     return cdll
 
 
@@ -399,5 +395,5 @@ def blur_noise(img: np.ndarray, noise: np.ndarray) -> np.ndarray:
     if noise.shape != img.shape:
         raise TypeError(f"blur_noise: noise {noise.shape} and img {img.shape} differ")
     out = np.empty_like(img)
-    lib.pfs_blur_noise(img.shape[0], img.shape[1], img.ctypes.data, noise.ctypes.data, out.ctypes.data)
+    _call(lib, "pfs_blur_noise", h=img.shape[0], w=img.shape[1], img=img, noise=noise, out=out)
     return out
